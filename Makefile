@@ -1,0 +1,31 @@
+# Two commands on a fresh machine (see README):
+#   make demo   create .venv, install alt-tvm, run the main job
+#   make test   create .venv, install alt-tvm with its dev tools, run the test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP_FLAGS ?= --disable-pip-version-check
+
+.PHONY: demo test test-all install install-dev lint
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) --upgrade "pip>=23.2"
+
+install: $(VENV)/bin/python
+	$(PY) -m pip install $(PIP_FLAGS) -e .
+
+install-dev: $(VENV)/bin/python
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[dev]"
+
+demo: install
+	$(PY) scripts/r18_first_layer.py
+
+test: install-dev
+	$(PY) -m pytest -q
+
+test-all: install-dev
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: install-dev
+	$(VENV)/bin/ruff check alt_tvm strategies tuning vta_mapping scripts tests

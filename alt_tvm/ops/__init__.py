@@ -1,0 +1,51 @@
+"""Complex and element-wise operators written once in TE, in canonical (PyTorch) layouts.
+
+Every function returns a ``te.Tensor`` whose producing compute carries a ``tag`` (``"conv2d"``,
+``"dense"``, ``"elemwise"``, ``"broadcast"``, ``"pad"`` ...) and, for complex operators, attrs
+describing the workload. Layout primitives (:mod:`alt_tvm.layout`) rewrite these computes
+before ``te.create_prim_func``.
+"""
+
+from .conv import conv, conv1d, conv2d, conv3d, window_index
+from .conv_transpose import (
+    conv_transpose,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+)
+from .elementwise import (
+    add,
+    bias_add,
+    clip,
+    identity,
+    multiply,
+    relu,
+    sigmoid,
+    subtract,
+)
+from .gemm import batch_matmul, dense, matmul
+from .pad import pad
+
+__all__ = [
+    "add",
+    "batch_matmul",
+    "bias_add",
+    "clip",
+    "conv",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "dense",
+    "identity",
+    "matmul",
+    "multiply",
+    "pad",
+    "relu",
+    "sigmoid",
+    "subtract",
+    "window_index",
+]

@@ -1,0 +1,246 @@
+"""Element-wise and broadcast operators, one ``te.compute`` each.
+
+Tags follow TVM's conventions so layout propagation can find paths of element-wise ops:
+``"elemwise"`` when the output has the shape of every tensor operand, ``"broadcast"`` otherwise.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+import tvm
+from tvm import te
+
+from ._utils import check_tensor, dtype_of, index_dtype, index_shape, shape_of
+
+__all__ = [
+    "add",
+    "bias_add",
+    "clip",
+    "identity",
+    "multiply",
+    "relu",
+    "sigmoid",
+    "subtract",
+]
+
+
+def _unary(data: te.Tensor, fn: Callable[[tvm.ir.Expr], tvm.ir.Expr], name: str, attrs=None) -> te.Tensor:
+    check_tensor(data, "data")
+    return te.compute(data.shape, lambda *idx: fn(data(*idx)), name=name, tag="elemwise", attrs=attrs)
+
+
+def relu(data: te.Tensor, *, name: str = "relu") -> te.Tensor:
+    """``max(x, 0)``, tagged ``"elemwise"``."""
+    zero = tvm.tirx.const(0, dtype_of(data))
+    return _unary(data, lambda x: tvm.tirx.max(x, zero), name)
+
+
+def identity(data: te.Tensor, *, name: str = "identity") -> te.Tensor:
+    """A copy of ``data`` as its own stage, tagged ``"elemwise"``."""
+    return _unary(data, lambda x: x, name)
+
+
+def sigmoid(data: te.Tensor, *, name: str = "sigmoid") -> te.Tensor:
+    """Logistic function ``1 / (1 + exp(-x))`` for float tensors, tagged ``"elemwise"``.
+
+    Raises
+    ------
+    ValueError
+        If ``data`` is not a floating-point tensor.
+    """
+    check_tensor(data, "data")
+    if not dtype_of(data).startswith(("float", "bfloat")):
+        raise ValueError(f"sigmoid needs a floating-point tensor, got dtype {dtype_of(data)}")
+    return _unary(data, tvm.tirx.sigmoid, name)
+
+
+def clip(data: te.Tensor, *, a_min: float, a_max: float, name: str = "clip") -> te.Tensor:
+    """Clamp every element to ``[a_min, a_max]``, tagged ``"elemwise"``.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        Any shape.
+    a_min, a_max : float
+        Bounds, cast to the dtype of ``data``; ``a_min <= a_max``.
+    name : str, optional
+        Name of the compute stage.
+
+    Raises
+    ------
+    ValueError
+        If ``a_min > a_max``.
+    """
+    check_tensor(data, "data")
+    if a_min > a_max:
+        raise ValueError(f"clip needs a_min <= a_max, got a_min={a_min!r} > a_max={a_max!r}")
+    dtype = dtype_of(data)
+    lo = tvm.tirx.const(a_min, dtype)
+    hi = tvm.tirx.const(a_max, dtype)
+    return _unary(
+        data,
+        lambda x: tvm.tirx.min(tvm.tirx.max(x, lo), hi),
+        name,
+        attrs={"a_min": float(a_min), "a_max": float(a_max)},
+    )
+
+
+def bias_add(data: te.Tensor, bias: te.Tensor, *, axis: int = 1, name: str = "bias_add") -> te.Tensor:
+    """Add a 1-D ``bias`` along ``axis`` of ``data``, tagged ``"broadcast"``.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        Any rank >= 1, e.g. ``N C H W``.
+    bias : te.Tensor
+        ``[data.shape[axis]]``.
+    axis : int, optional
+        The channel axis; negative values count from the end.
+    name : str, optional
+        Name of the compute stage.
+
+    Raises
+    ------
+    ValueError
+        On an axis out of range, a bias that is not 1-D or does not match that dimension,
+        or mismatched dtypes.
+    """
+    check_tensor(data, "data")
+    check_tensor(bias, "bias")
+    ndim = len(data.shape)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for data of rank {ndim}")
+    axis %= ndim
+    if len(bias.shape) != 1:
+        raise ValueError(f"bias must be 1-D, got shape {list(bias.shape)}")
+    size, b_size = shape_of(data)[axis], shape_of(bias)[0]
+    if isinstance(size, int) and isinstance(b_size, int) and size != b_size:
+        raise ValueError(
+            f"bias length {b_size} does not match data dim {axis} of size {size} (data shape {list(data.shape)})"
+        )
+    _same_dtype(data, bias)
+    return te.compute(
+        data.shape,
+        lambda *idx: data(*idx) + bias(idx[axis]),
+        name=name,
+        tag="broadcast",
+        attrs={"axis": axis},
+    )
+
+
+def _same_dtype(a: te.Tensor, b: te.Tensor) -> None:
+    if dtype_of(a) != dtype_of(b):
+        raise ValueError(f"operands must have the same dtype, got {dtype_of(a)} and {dtype_of(b)}")
+
+
+def _broadcast_shape(lhs: tuple, rhs: tuple) -> tuple:
+    """NumPy broadcasting of two shapes (constant dims compared; symbolic must be equal)."""
+    out = []
+    for i in range(1, max(len(lhs), len(rhs)) + 1):
+        a = lhs[-i] if i <= len(lhs) else 1
+        b = rhs[-i] if i <= len(rhs) else 1
+        if isinstance(a, int) and a == 1:
+            out.append(b)
+        elif isinstance(b, int) and b == 1:
+            out.append(a)
+        elif isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                raise ValueError(f"shapes {list(lhs)} and {list(rhs)} are not broadcastable (dim -{i}: {a} vs {b})")
+            out.append(a)
+        elif a is b or (not isinstance(a, int) and not isinstance(b, int) and a.same_as(b)):
+            out.append(a)
+        else:
+            raise ValueError(
+                f"shapes {list(lhs)} and {list(rhs)} are not broadcastable: dim -{i} "
+                f"({a} vs {b}) cannot be proven equal"
+            )
+    return tuple(reversed(out))
+
+
+def _operand_index(shape: tuple, out_ndim: int, idx: tuple) -> list:
+    """Right-aligned index into an operand, 0 on its size-1 (broadcast) dims."""
+    offset = out_ndim - len(shape)
+    zero = tvm.tirx.IntImm(dtype_of(idx[0]), 0) if idx else 0
+    return [zero if isinstance(dim, int) and dim == 1 else idx[offset + i] for i, dim in enumerate(shape)]
+
+
+def _binary(
+    lhs: te.Tensor | float,
+    rhs: te.Tensor | float,
+    fn: Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr],
+    name: str,
+) -> te.Tensor:
+    tensors = [t for t in (lhs, rhs) if isinstance(t, te.Tensor)]
+    for t, what in ((lhs, "lhs"), (rhs, "rhs")):
+        if not isinstance(t, te.Tensor | numbers.Number) or isinstance(t, bool):
+            raise TypeError(f"{what} must be a te.Tensor or a number, got {type(t).__name__}")
+    if not tensors:
+        raise ValueError("at least one operand must be a te.Tensor, got two numbers")
+    if len(tensors) == 2:
+        _same_dtype(lhs, rhs)
+    dtype = dtype_of(tensors[0])
+    shapes = [shape_of(t) for t in tensors]
+    out_shape = shapes[0] if len(shapes) == 1 else _broadcast_shape(*shapes)
+    out_ndim = len(out_shape)
+    # "elemwise" only when no operand is broadcast: propagation relies on equal shapes.
+    same = all(len(s) == out_ndim and _dims_equal(s, out_shape) for s in shapes)
+
+    def operand(x, idx):
+        if isinstance(x, te.Tensor):
+            return x(*_operand_index(shape_of(x), out_ndim, idx))
+        return tvm.tirx.const(x, dtype)
+
+    return te.compute(
+        index_shape(out_shape, index_dtype(tensors[0])),
+        lambda *idx: fn(operand(lhs, idx), operand(rhs, idx)),
+        name=name,
+        tag="elemwise" if same else "broadcast",
+    )
+
+
+def _dims_equal(a: tuple, b: tuple) -> bool:
+    return all(
+        x == y if isinstance(x, int) and isinstance(y, int) else x is y or x.same_as(y)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+_BINARY_DOC = """Element-wise ``lhs {op} rhs`` with NumPy broadcasting.
+
+    Parameters
+    ----------
+    lhs, rhs : te.Tensor or number
+        Tensors of the same dtype; either may have lower rank or size-1 dims, or be a
+        Python number (cast to the tensor dtype).
+    name : str, optional
+        Name of the compute stage.
+
+    Returns
+    -------
+    te.Tensor
+        Tagged ``"elemwise"`` when no operand is broadcast, ``"broadcast"`` otherwise.
+
+    Raises
+    ------
+    ValueError
+        On shapes that do not broadcast or mismatched dtypes.
+    """
+
+
+def add(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "add") -> te.Tensor:
+    return _binary(lhs, rhs, lambda a, b: a + b, name)
+
+
+def subtract(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "subtract") -> te.Tensor:
+    return _binary(lhs, rhs, lambda a, b: a - b, name)
+
+
+def multiply(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "multiply") -> te.Tensor:
+    return _binary(lhs, rhs, lambda a, b: a * b, name)
+
+
+add.__doc__ = _BINARY_DOC.format(op="+")
+subtract.__doc__ = _BINARY_DOC.format(op="-")
+multiply.__doc__ = _BINARY_DOC.format(op="*")

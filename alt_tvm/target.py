@@ -1,0 +1,354 @@
+"""Hardware descriptions: the host CPU (detected) and a few boards (as data).
+
+A :class:`HardwareTarget` carries what the strategies need beyond TVM's own target: core
+count, SIMD width and register count (micro-kernel sizing), and cache sizes (analytic tiling,
+e.g. SConv's CSA). ``tvm_target`` is the JSON-style dict that ``tvm.target.Target(dict)``
+accepts in TVM 0.27 (string targets such as ``"llvm -mcpu=..."`` are gone).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import platform
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import tvm
+
+__all__ = [
+    "BOARDS",
+    "HardwareTarget",
+    "board",
+    "detect_host",
+    "host",
+    "known_boards",
+    "parse_cache_size",
+]
+
+KIB = 1024
+MIB = 1024 * KIB
+
+_SYS_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+_CPUINFO = Path("/proc/cpuinfo")
+
+# Used when /sys or /proc cannot be read (containers, non-Linux): typical of recent x86/Arm.
+_DEFAULT_L1D = 32 * KIB
+_DEFAULT_L2 = 1 * MIB
+_DEFAULT_L3 = 0
+_DEFAULT_LINE = 64
+
+_X86 = ("x86_64", "amd64", "i386", "i686")
+
+
+@dataclass(frozen=True)
+class HardwareTarget:
+    """One machine a kernel can be built for.
+
+    Attributes
+    ----------
+    name, description : str
+        Short key (``"host"``, ``"kirin990"`` ...) and a human-readable line.
+    tvm_target : dict
+        Argument for ``tvm.target.Target``; use :meth:`to_tvm` (it passes a copy).
+    num_cores : int
+        Cores used for parallel loops (SMs for a GPU).
+    vector_bits : int
+        SIMD register width in bits (128 for a GPU's ``float4`` loads).
+    vector_registers : int
+        Architectural SIMD registers (32 for AVX-512/NEON/RVV, 16 for AVX2); 0 where the
+        notion does not apply (GPUs).
+    l1d_bytes, l2_bytes, l3_bytes : int
+        Cache sizes as one core sees them (an instance of a shared cache counts once);
+        0 for an absent level.
+    cache_line_bytes : int
+        Cache line size.
+    cross_compiler : str or None
+        gcc driver that links shared objects for this target (``None``: host or CUDA).
+    """
+
+    name: str
+    description: str
+    tvm_target: dict[str, Any] = field(hash=False)
+    num_cores: int
+    vector_bits: int
+    vector_registers: int
+    l1d_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+    cache_line_bytes: int
+    cross_compiler: str | None = None
+
+    def vector_lanes(self, dtype: str = "float32") -> int:
+        """Elements of ``dtype`` in one vector register (at least 1).
+
+        Raises
+        ------
+        ValueError
+            If ``dtype`` is not a TVM data type string.
+        """
+        try:
+            bits = tvm.runtime.DataType(dtype).bits
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"unknown dtype {dtype!r}: {err}") from None
+        return max(1, self.vector_bits // max(1, bits))
+
+    def to_tvm(self) -> tvm.target.Target:
+        """The ``tvm.target.Target`` for this hardware (built from a copy of ``tvm_target``)."""
+        return tvm.target.Target(copy.deepcopy(self.tvm_target))
+
+
+def parse_cache_size(text: str) -> int:
+    """Bytes from a sysfs cache size such as ``"32K"``, ``"1024K"``, ``"1M"`` or ``"512"``.
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not a number with an optional K/M/G suffix.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"cannot parse cache size {text!r}; expected e.g. '32K', '1M', '512'")
+    scale = {"": 1, "K": KIB, "M": MIB, "G": 1024 * MIB}[match.group(2).upper()]
+    return int(match.group(1)) * scale
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _read_caches(cache_dir: Path) -> tuple[dict[int, int], int | None]:
+    """Sizes of the data/unified caches by level, and the line size, from sysfs."""
+    sizes: dict[int, int] = {}
+    line = None
+    for index in sorted(cache_dir.glob("index*")) if cache_dir.is_dir() else []:
+        level, kind, size = (_read(index / f) for f in ("level", "type", "size"))
+        if level is None or kind is None or size is None:
+            continue
+        # L1 counts only its data half; L2/L3 only when unified (skip instruction caches).
+        if kind not in ("Data", "Unified"):
+            continue
+        try:
+            sizes.setdefault(int(level), parse_cache_size(size))
+        except ValueError:
+            continue
+        if line is None:
+            text = _read(index / "coherency_line_size")
+            line = int(text) if text and text.isdigit() else None
+    return sizes, line
+
+
+def _cpu_flags(cpuinfo_path: Path) -> set[str]:
+    """ISA feature flags of the first CPU (x86 ``flags``, Arm ``Features``, RISC-V ``isa``)."""
+    text = _read(cpuinfo_path) or ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("flags", "features"):
+            return set(value.split())
+        if key == "isa":
+            # e.g. "rv64imafdcv_zba_zbb": single-letter base extensions, then "_z..." ones.
+            base, *rest = value.strip().split("_")
+            letters = set(re.sub(r"^rv\d+", "", base))
+            return letters | set(rest)
+    return set()
+
+
+def _vector_width(machine: str, flags: set[str]) -> tuple[int, int]:
+    """(vector bits, vector registers) from the architecture and its feature flags."""
+    if machine in _X86:
+        if "avx512f" in flags:
+            return 512, 32
+        if "avx2" in flags or "avx" in flags:
+            return 256, 16
+        return 128, 16  # SSE2 is baseline on x86-64
+    if machine in ("aarch64", "arm64"):
+        return 128, 32  # NEON; SVE widths are not used by our kernels
+    if machine.startswith("riscv"):
+        return 128, 32  # RVV guarantees VLEN >= 128 (Zvl128b); the exact VLEN is not in cpuinfo
+    return 128, 16
+
+
+def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | str = _CPUINFO) -> HardwareTarget:
+    """Describe the machine this process runs on (uncached; see :func:`host`).
+
+    Parameters
+    ----------
+    cache_dir : path, optional
+        sysfs cache directory of CPU 0.
+    cpuinfo_path : path, optional
+        ``/proc/cpuinfo``.
+
+    Returns
+    -------
+    HardwareTarget
+        ``name="host"``. Missing cache information falls back to 32 KiB L1d, 1 MiB L2, no
+        L3, 64-byte lines; a missing cpuinfo to LLVM's vector width for the detected CPU.
+    """
+    mcpu = tvm.target.codegen.llvm_get_system_cpu()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    sizes, line = _read_caches(Path(cache_dir))
+    flags = _cpu_flags(Path(cpuinfo_path))
+    machine = platform.machine().lower()
+    vbits, vregs = _vector_width(machine, flags)
+    tvm_target = {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
+    if not flags:
+        # No cpuinfo: ask LLVM what the detected CPU's widest vector is.
+        llvm_bits = int(tvm.target.codegen.llvm_get_vector_width(tvm.target.Target(tvm_target)))
+        if llvm_bits > 0:
+            vbits = llvm_bits
+            # x86 has 32 vector registers only with AVX-512; Arm and RISC-V always have 32.
+            vregs = 16 if machine in _X86 and vbits < 512 else 32
+    l1d = sizes.get(1, _DEFAULT_L1D)
+    l2 = sizes.get(2, _DEFAULT_L2)
+    l3 = sizes.get(3, _DEFAULT_L3)
+    return HardwareTarget(
+        name="host",
+        description=(
+            f"host CPU ({mcpu}, {machine}, {cores} cores, {vbits}-bit vectors, "
+            f"L1d {l1d // KIB} KiB, L2 {l2 // KIB} KiB, L3 {l3 // KIB} KiB)"
+        ),
+        tvm_target=tvm_target,
+        num_cores=cores,
+        vector_bits=vbits,
+        vector_registers=vregs,
+        l1d_bytes=l1d,
+        l2_bytes=l2,
+        l3_bytes=l3,
+        cache_line_bytes=line or _DEFAULT_LINE,
+        cross_compiler=None,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def host() -> HardwareTarget:
+    """The detected host CPU (computed once per process)."""
+    return detect_host()
+
+
+_BOARD_LIST = (
+    # Banana Pi BPI-F3, SpacemiT K1: 8 X60 cores (rv64gcv, RVA22, RVV 1.0 with VLEN=256) in two
+    # clusters of 4. Per core 32 KiB L1d; 512 KiB L2 shared per 4-core cluster; no L3
+    # (SpacemiT K1 datasheet, docs.banana-pi.org/en/BPI-F3/SpacemiT_K1_datasheet, and hwloc
+    # output published by owners). We target one cluster: 4 cores sharing one L2.
+    # mcpu stays generic-rv64 (LLVM 22 also knows "spacemit-x60"); +zvl256b tells LLVM the
+    # VLEN, so its vectorizer uses 256-bit registers (llvm_get_vector_width reports 256).
+    HardwareTarget(
+        name="bananapi-f3",
+        description="Banana Pi BPI-F3 (SpacemiT K1, 4-core X60 cluster, RVV 1.0 VLEN=256)",
+        tvm_target={
+            "kind": "llvm",
+            "mtriple": "riscv64-unknown-linux-gnu",
+            "mcpu": "generic-rv64",
+            "mabi": "lp64d",
+            "mattr": [
+                "+64bit",
+                "+m",
+                "+a",
+                "+f",
+                "+d",
+                "+c",
+                "+v",
+                "+zvl256b",
+                "+zba",
+                "+zbb",
+                "+zbs",
+            ],
+            "num-cores": 4,
+        },
+        num_cores=4,
+        vector_bits=256,
+        vector_registers=32,
+        l1d_bytes=32 * KIB,
+        l2_bytes=512 * KIB,
+        l3_bytes=0,
+        cache_line_bytes=64,
+        cross_compiler="riscv64-linux-gnu-gcc",
+    ),
+    # Kirin 990, big cores only: 4x Cortex-A76 (2 @ 2.86 GHz + 2 @ 2.36/2.09 GHz), AArch64
+    # NEON 128-bit, 32 vector registers. L1d 64 KiB per core (Arm Cortex-A76 TRM: fixed
+    # 64 KiB L1D); L2 512 KiB per big core (AnandTech's Kirin 980 table; WikiChip and
+    # AnandTech describe the 990 as the same core organisation at higher clocks). The L3
+    # (DSU, shared) is taken as 2 MiB, the project's figure; AnandTech lists 4 MB DSU L3 for
+    # the Kirin 980, so 2 MiB is the conservative choice for tiling. Not measured here.
+    HardwareTarget(
+        name="kirin990",
+        description="HiSilicon Kirin 990, 4 big Cortex-A76 cores (AArch64, NEON 128-bit)",
+        tvm_target={
+            "kind": "llvm",
+            "mtriple": "aarch64-linux-gnu",
+            "mcpu": "cortex-a76",
+            "mattr": ["+neon"],
+            "num-cores": 4,
+        },
+        num_cores=4,
+        vector_bits=128,
+        vector_registers=32,
+        l1d_bytes=64 * KIB,
+        l2_bytes=512 * KIB,
+        l3_bytes=2 * MIB,
+        cache_line_bytes=64,
+        cross_compiler="aarch64-linux-gnu-gcc",
+    ),
+    # NVIDIA Tesla V100 (Volta, sm_70): 80 SMs, 128 KiB combined L1/shared memory per SM
+    # (48 KiB shared per block without opt-in), 6 MiB L2, 128-byte L1 lines, 64K registers
+    # per SM (and per block), warp 32. "Vectors" are 128-bit (float4) loads.
+    HardwareTarget(
+        name="v100",
+        description="NVIDIA Tesla V100 (Volta sm_70, 80 SMs, 6 MiB L2)",
+        tvm_target={
+            "kind": "cuda",
+            "arch": "sm_70",
+            "max_threads_per_block": 1024,
+            "max_num_threads": 1024,
+            "max_shared_memory_per_block": 49152,
+            "thread_warp_size": 32,
+            "registers_per_block": 65536,
+            "l2_cache_size_bytes": 6 * MIB,
+            "host": {"kind": "llvm"},
+        },
+        num_cores=80,
+        vector_bits=128,
+        vector_registers=0,
+        l1d_bytes=128 * KIB,
+        l2_bytes=6 * MIB,
+        l3_bytes=0,
+        cache_line_bytes=128,
+        cross_compiler=None,
+    ),
+)
+
+#: Known boards by name (read-only).
+BOARDS: Mapping[str, HardwareTarget] = MappingProxyType({b.name: b for b in _BOARD_LIST})
+
+
+def known_boards() -> tuple[str, ...]:
+    """Names accepted by :func:`board` (``"host"`` is accepted as well)."""
+    return tuple(sorted(BOARDS))
+
+
+def board(name: str) -> HardwareTarget:
+    """The description of board ``name``; ``"host"`` gives :func:`host`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the known ones.
+    """
+    if name == "host":
+        return host()
+    try:
+        return BOARDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown board {name!r}; known boards: {', '.join(known_boards())} (or 'host')") from None

@@ -1,0 +1,46 @@
+"""alt-tvm: joint layout and loop optimisation, and operator strategies, for Apache TVM."""
+
+from setuptools import setup
+
+# TVM 0.27 ships only on this line; the newer ffi (0.1.15.x) segfaults in tvm.ir.save_json.
+RUNTIME = [
+    "apache-tvm==0.27.0.post1",
+    "apache-tvm-ffi==0.1.14.post1",
+    "numpy>=1.26",
+    "torch==2.13.0",
+    "xgboost>=2.1",
+    "onnx>=1.16",
+    "onnxruntime>=1.18",
+    "ortools>=9.10",
+    "psutil>=5.9",
+    "tornado>=6.4",
+    "cloudpickle>=3.0",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+]
+
+setup(
+    name="alt-tvm",
+    version="0.1.0",
+    description="Layout primitives, joint layout+loop tuning and operator strategies for Apache TVM",
+    python_requires=">=3.10",
+    packages=[
+        "alt_tvm",
+        "alt_tvm.layout",
+        "alt_tvm.ops",
+        "alt_tvm.graph",
+        "alt_tvm.strategies",
+        "alt_tvm.tuning",
+        "alt_tvm.vta_mapping",
+    ],
+    package_dir={
+        "alt_tvm": "alt_tvm",
+        "alt_tvm.tuning": "tuning",
+        "alt_tvm.strategies": "strategies",
+        "alt_tvm.vta_mapping": "vta_mapping",
+    },
+    install_requires=RUNTIME,
+    extras_require={
+        "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
+    },
+)

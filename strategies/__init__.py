@@ -1,0 +1,1 @@
+"""alt_tvm.strategies (see DESIGN.md §1)."""

@@ -1,0 +1,49 @@
+"""Shared test helpers: the host LLVM target and a build-and-run helper for TE tensors."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+
+@functools.lru_cache(maxsize=1)
+def host_target() -> tvm.target.Target:
+    """LLVM target for this machine (``mcpu`` from LLVM, cores from the affinity mask)."""
+    return tvm.target.Target(
+        {
+            "kind": "llvm",
+            "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+            "num-cores": len(os.sched_getaffinity(0)),
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def llvm_target() -> tvm.target.Target:
+    """The host LLVM target."""
+    return host_target()
+
+
+def build_and_run(
+    tensors_in: Sequence[te.Tensor],
+    tensors_out: Sequence[te.Tensor],
+    inputs_np: Sequence[np.ndarray],
+    target: tvm.target.Target | None = None,
+) -> list[np.ndarray]:
+    """Compile ``tensors_in -> tensors_out`` as one PrimFunc (no schedule) and run it on CPU.
+
+    Outputs are allocated with the shapes and dtypes of ``tensors_out`` and returned as NumPy.
+    """
+    func = te.create_prim_func([*tensors_in, *tensors_out])
+    rt = tvm.compile(tvm.IRModule({"main": func}), target=target or host_target())
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs_np]
+    outs = [tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], dtype=str(t.dtype)), dev) for t in tensors_out]
+    rt["main"](*args, *outs)
+    return [o.numpy() for o in outs]
