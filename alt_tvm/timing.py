@@ -68,7 +68,8 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
     module = tvm.compile(sch.mod, target=target or machine.to_tvm()).jit()
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.random(s, dtype=np.float32), dev) for s in ((threads, accumulators, lanes), (steps,))]
+    shapes = ((threads, accumulators, lanes), (steps,))
+    args = [tvm.runtime.tensor(rng.random(s, dtype=np.float32), dev) for s in shapes]
     args.append(tvm.runtime.tensor(np.zeros((threads, accumulators, lanes), np.float32), dev))
     module["main"](*args)
     result = module.time_evaluator("main", dev, number=10, repeat=repeat)(*args)

@@ -50,9 +50,6 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
     import tvm
-    from tvm import te
-
-    from alt_tvm.layout import rewrite
     from alt_tvm.strategies.alt_conv import (
         R18_FIRST_LAYER,
         ConvTiling,
@@ -60,6 +57,9 @@ def main(argv=None) -> int:
         conv2d_layouts,
         schedule_conv2d,
     )
+    from tvm import te
+
+    from alt_tvm.layout import rewrite
     from alt_tvm.target import host
     from alt_tvm.timing import measure_peak_gflops, time_compiled
 

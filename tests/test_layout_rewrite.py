@@ -5,8 +5,8 @@ template (output N.H/ht.W/wt.O/ot.ht.wt.ot, input unfolded into overlapping tile
 weight O/ot.I/it.K.it.ot), with tile sizes that do not divide the extents (padding).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest

@@ -9,9 +9,15 @@ from .rewrite import create_prim_func
 
 
 def fig3_prim_func(*, size: int, channels: int, out_channels: int, ot: int, kernel: int = 3):
-    """The Fig. 3 program: Conv[n][oh][ow][oo][ih][iw][io] += Inp[n][oh][ow][i][ih+rh][iw+rw] * Ker[oo][i][rh][rw][io]."""
+    """The Fig. 3 program of the ALT paper.
+
+    ``Conv[n][oh][ow][oo][ih][iw][io] += Inp[n][oh][ow][i][ih+rh][iw+rw] * Ker[oo][i][rh][rw][io]``:
+    the output tiled 2x2 in space and split by ``ot`` in channels, the input unfolded into
+    overlapping tiles. Returns the PrimFunc and the layouts (keys: Conv, Inp, Ker tensors).
+    """
     if size % 2 or out_channels % ot:
-        raise ValueError(f"size must be even and out_channels a multiple of ot, got size={size}, out_channels={out_channels}, ot={ot}")
+        raise ValueError(f"size must be even and out_channels a multiple of ot, "
+                         f"got size={size}, out_channels={out_channels}, ot={ot}")
     padded = size + kernel - 1
     inp = te.placeholder((1, channels, padded, padded), name="Inp")
     ker = te.placeholder((out_channels, channels, kernel, kernel), name="Ker")

@@ -91,40 +91,40 @@ class Layout:
         return [p for p in self._steps if isinstance(p, StoreAt)]
 
     # -------------------------------------------------------------- primitives
-    def _then(self, prim: Primitive) -> "Layout":
+    def _then(self, prim: Primitive) -> Layout:
         return Layout(self._orig, self._steps + (prim,))
 
-    def split(self, dim: int, factors: Sequence[int]) -> "Layout":
+    def split(self, dim: int, factors: Sequence[int]) -> Layout:
         """Split ``dim`` into ``factors`` (outer to inner); their product must equal the extent."""
         return self._then(Split(dim, tuple(factors)))
 
-    def reorder(self, perm: Sequence[int]) -> "Layout":
+    def reorder(self, perm: Sequence[int]) -> Layout:
         """Permute dimensions: new dimension ``k`` is the current dimension ``perm[k]``."""
         return self._then(Reorder(tuple(perm)))
 
-    def fuse(self, dims: Sequence[int]) -> "Layout":
+    def fuse(self, dims: Sequence[int]) -> Layout:
         """Fuse consecutive dimensions ``dims`` into one."""
         return self._then(Fuse(tuple(dims)))
 
-    def unfold(self, dim: int, tile_size: int, stride: int) -> "Layout":
+    def unfold(self, dim: int, tile_size: int, stride: int) -> Layout:
         """Overlapped tiling of ``dim`` into (tiles, ``tile_size``), tiles ``stride`` apart."""
         return self._then(Unfold(dim, tile_size, stride))
 
-    def fold(self, dim: int, stride: int, length: int) -> "Layout":
+    def fold(self, dim: int, stride: int, length: int) -> Layout:
         """Undo an unfold: merge dims (``dim``, ``dim+1``) back into ``length`` elements."""
         return self._then(Fold(dim, stride, length))
 
-    def pad(self, dim: int, amount: int | tuple[int, int]) -> "Layout":
+    def pad(self, dim: int, amount: int | tuple[int, int]) -> Layout:
         """Pad ``dim`` with zeros: an int appends, ``(before, after)`` pads both ends."""
         before, after = _pad_amount(amount, "pad")
         return self._then(Pad(dim, before, after))
 
-    def unpad(self, dim: int, amount: int | tuple[int, int]) -> "Layout":
+    def unpad(self, dim: int, amount: int | tuple[int, int]) -> Layout:
         """Remove padding from ``dim`` (the inverse of :meth:`pad`)."""
         before, after = _pad_amount(amount, "unpad")
         return self._then(Unpad(dim, before, after))
 
-    def store_at(self, guest: Any, dim: int) -> "Layout":
+    def store_at(self, guest: Any, dim: int) -> Layout:
         """Attach ``guest`` (a ``te.Tensor``, or a shape) at the end of ``dim`` of this tensor.
 
         The guest's shape must be this tensor's current shape without ``dim``. A
@@ -137,7 +137,7 @@ class Layout:
             shape, key = tuple(int(s) for s in guest), None
         return self._then(StoreAt(dim, shape, key))
 
-    def decouple_at(self, dim: int) -> "Layout":
+    def decouple_at(self, dim: int) -> Layout:
         """Detach the tensor last attached at ``dim`` (the inverse of :meth:`store_at`)."""
         return self._then(DecoupleAt(dim))
 
@@ -233,7 +233,7 @@ class Layout:
         return self._steps[step].extract_guest(array)
 
     # -------------------------------------------------------------- inversion
-    def inverse(self) -> "Layout":
+    def inverse(self) -> Layout:
         """The layout on :attr:`shape` whose primitives undo this one's."""
         prims = [p.inverse(s) for p, s in zip(reversed(self._steps), reversed(self._shapes[:-1]))]
         return Layout(self.shape, prims)
@@ -244,7 +244,7 @@ class Layout:
                 "primitives": [p.to_json() for p in self._steps]}
 
     @classmethod
-    def from_json(cls, record: dict[str, Any] | str) -> "Layout":
+    def from_json(cls, record: dict[str, Any] | str) -> Layout:
         if isinstance(record, str):
             record = json.loads(record)
         if record.get("schema") != SCHEMA_VERSION:

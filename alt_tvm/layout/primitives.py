@@ -66,7 +66,7 @@ class Primitive(abc.ABC):
         """Move data in the new layout back to ``shape``."""
 
     @abc.abstractmethod
-    def inverse(self, shape: Shape) -> "Primitive":
+    def inverse(self, shape: Shape) -> Primitive:
         """The primitive that undoes this one (applied to ``out_shape(shape)``)."""
 
     def expands_data(self, shape: Shape) -> bool:

@@ -26,7 +26,7 @@ from tvm.sym import Analyzer, detect_linear_equation
 
 from .expr import rebuild, tensor_loads
 from .layout import Layout
-from .primitives import StoreAt, Unfold
+from .primitives import Unfold
 
 
 def _int(value: Any) -> int:
