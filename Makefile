@@ -10,7 +10,6 @@ PIP_FLAGS ?= --disable-pip-version-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install $(PIP_FLAGS) --upgrade "pip>=23.2"
 
 install: $(VENV)/bin/python
 	$(PY) -m pip install $(PIP_FLAGS) -e .

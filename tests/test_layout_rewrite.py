@@ -13,6 +13,8 @@ import pytest
 import torch
 import tvm
 from conftest import host_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm import te
 
 from alt_tvm import ops
@@ -301,3 +303,42 @@ def test_rewritten_function_takes_loop_primitives():
     y = tvm.runtime.tensor(np.zeros(tiled.shape, np.float32), dev)
     executable["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(layouts[weight].apply(w), dev), y)
     assert_close(tiled.inverse_apply(y.numpy()), F.relu(F.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1)))
+
+
+@pytest.mark.parametrize("extent, tile, stride", [(11, 5, 3), (12, 3, 3), (13, 7, 2)])
+def test_elementwise_read_of_unfolded_tensor(extent, tile, stride):
+    """Reads of single elements pick a tile holding them; the last tile may be clamped."""
+    a = te.placeholder((2, extent), name="a")
+    out = ops.relu(a)
+    layouts = {a: Layout((2, extent)).unfold(1, tile, stride)}
+    text = create_prim_func([a, out], layouts=layouts).script()
+    # Tiles that only just cover the reads need no clamp.
+    assert ("T.min" in text) == (Layout((extent,)).unfold(0, tile, stride).shape[0] * stride < extent)
+    x = np.random.default_rng(2).standard_normal((2, extent), dtype=np.float32)
+    (got,) = run_with_layouts([a, out], layouts, [x])
+    assert_close(got, np.maximum(x, 0))
+
+
+def test_conversion_op_is_exported_from_ops():
+    assert ops.convert_layout is convert_layout
+
+
+@settings(max_examples=12, deadline=None)
+@given(stride=st.integers(1, 3), dilation=st.integers(1, 2), kernel=st.integers(1, 4),
+       out_width=st.integers(1, 9), tile=st.integers(1, 5), slack=st.integers(0, 2))
+def test_unfold_rewrite_of_random_sliding_windows(stride, dilation, kernel, out_width, tile, slack):
+    """Equation (1) for any stride V and window M, with tiles of exactly or more than P windows."""
+    window = (kernel - 1) * dilation + 1
+    width = (out_width - 1) * stride + window
+    data = te.placeholder((1, 2, width), name="data")
+    weight = te.placeholder((3, 2, kernel), name="weight")
+    out = ops.conv(data, weight, strides=(stride,), dilation=(dilation,))
+    tile = min(tile, out_width)
+    size = min((tile - 1) * stride + window + slack, width)
+    layouts = {data: Layout((1, 2, width)).unfold(2, size, tile * stride)}
+    rng = np.random.default_rng(stride * 100 + kernel)
+    x = rng.standard_normal((1, 2, width), dtype=np.float32)
+    w = rng.standard_normal((3, 2, kernel), dtype=np.float32)
+    (got,) = run_with_layouts([data, weight, out], layouts, [x, w])
+    ref = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), stride=stride, dilation=dilation)
+    assert_close(got, ref.numpy())

@@ -250,7 +250,7 @@ class Unfold(Primitive):
         x = index[self.dim]
         mapped = None
         if context is not None:
-            mapped = context.sliding_window(x, self)
+            mapped = context.sliding_window(x, self, shape[self.dim])
         if mapped is None:
             if not self.covers:
                 raise ValueError(

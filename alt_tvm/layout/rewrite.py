@@ -53,7 +53,7 @@ class _WindowContext:
         self.spatial = spatial
         self.reduce = reduce
 
-    def sliding_window(self, x: Any, unfold: Unfold) -> tuple[Any, Any] | None:
+    def sliding_window(self, x: Any, unfold: Unfold, extent: int) -> tuple[Any, Any] | None:
         if isinstance(x, int) or not self.spatial:
             return None
         coeffs = detect_linear_equation(x, self.spatial + self.reduce)
@@ -73,7 +73,12 @@ class _WindowContext:
         per_tile = unfold.stride // stride  # windows per tile (P)
         if stride * (per_tile - 1) + window > unfold.tile_size:
             return None
-        return i // per_tile, (i % per_tile) * stride + rest
+        last = unfold.num_tiles(extent) - 1
+        if self.analyzer.const_int_bound(i // per_tile).max_value <= last:
+            return i // per_tile, (i % per_tile) * stride + rest
+        # Tiles longer than P windows end early: the last windows live in the last tile.
+        tile = tirx.min(i // per_tile, last)
+        return tile, x - tile * unfold.stride
 
 
 @dataclass

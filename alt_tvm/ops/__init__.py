@@ -6,6 +6,9 @@ describing the workload. Layout primitives (:mod:`alt_tvm.layout`) rewrite these
 before ``te.create_prim_func``.
 """
 
+# The layout-conversion operator lives with the layout machinery it is built from.
+from alt_tvm.layout.rewrite import convert_layout  # noqa: E402
+
 from .conv import conv, conv1d, conv2d, conv3d, window_index
 from .conv_transpose import (
     conv_transpose,
@@ -39,6 +42,7 @@ __all__ = [
     "conv_transpose1d",
     "conv_transpose2d",
     "conv_transpose3d",
+    "convert_layout",
     "dense",
     "identity",
     "matmul",
