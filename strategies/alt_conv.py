@@ -10,12 +10,14 @@ same loop schedule whatever the layout, so layouts can be compared at equal loop
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import tvm
 from tvm import te
 
 from alt_tvm import ops
+from alt_tvm.graph.lower import attrs_dict
+from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
 from alt_tvm.layout.templates import (
     channels_last,
@@ -194,3 +196,165 @@ def schedule_conv2d(func: tvm.tirx.PrimFunc, graph: Conv2dGraph, *, kind: Layout
     pad_loops = sch.get_loops(sch.get_sblock(graph.padded.op.name))
     sch.parallel(sch.fuse(*pad_loops[:3]) if kind == "tiled" else sch.fuse(*pad_loops[:2]))
     return sch.mod
+
+
+# --------------------------------------------------------------------------------------
+# The default ``alt`` strategy for the model build: any conv (1-3 spatial dims, grouped,
+# depthwise, dilated, transposed) with its epilogue, in the tiled template with tiles
+# chosen analytically from the target, and a register-blocked schedule.
+# --------------------------------------------------------------------------------------
+
+_CONV_OPS = {
+    "relax.nn.conv1d": (1, False), "relax.nn.conv2d": (2, False), "relax.nn.conv3d": (3, False),
+    "relax.nn.conv1d_transpose": (1, True), "relax.nn.conv2d_transpose": (2, True),
+    "relax.nn.conv3d_transpose": (3, True),
+}
+_CANONICAL = {1: ("NCW", "OIW"), 2: ("NCHW", "OIHW"), 3: ("NCDHW", "OIDHW")}
+_CANONICAL_T = {1: ("NCW", "IOW"), 2: ("NCHW", "IOHW"), 3: ("NCDHW", "IODHW")}
+
+
+@dataclass(frozen=True)
+class DefaultConvTiling:
+    """Analytic tiles: ``spatial`` output tiles, channel tiles, register block."""
+
+    spatial: tuple[int, ...]
+    ot: int
+    it: int
+    reg: int  # register block along the last spatial dim
+
+
+def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
+                        lanes: int, registers: int) -> DefaultConvTiling:
+    """Tiles that divide the extents (so layouts propagate), sized to the vector registers.
+
+    ``ot`` is one vector of output channels (within a group, so grouped reads stay
+    contiguous); the innermost spatial tile is up to 16 wide, outer ones up to 4 (2-D)
+    or 1 (3-D); the register block keeps ``outer tiles x reg`` accumulators of ``ot``
+    lanes in about three quarters of the register file.
+    """
+    from alt_tvm.graph.lower import tiles_for
+
+    spatial = list(out_shape[2:])
+    ot = tiles_for(out_channels_per_group, lanes)
+    it = tiles_for(in_channels_per_group, lanes)
+    tiles = [tiles_for(s, 4 if len(spatial) == 2 else 1) for s in spatial[:-1]] + [tiles_for(spatial[-1], 16)]
+    outer = 1
+    for t in tiles[:-1]:
+        outer *= t
+    vectors = -(-ot // lanes)
+    budget = max(1, (registers * 3 // 4) // max(1, outer * vectors))
+    reg = tiles_for(tiles[-1], budget)
+    return DefaultConvTiling(tuple(tiles), ot, it, reg)
+
+
+def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: list, source: te.Tensor | None,
+                        rank: int, reg: int) -> tvm.IRModule:
+    """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused."""
+    sch = tvm.s_tir.Schedule(func)
+    block = sch.get_sblock(conv.op.name)
+    loops = sch.get_loops(block)
+    n, outer, oo = loops[0], loops[1:1 + rank], loops[1 + rank]
+    inner, oi = loops[2 + rank:2 + 2 * rank], loops[2 + 2 * rank]
+    reduce = loops[3 + 2 * rank:]
+    last_o, last_i = sch.split(inner[-1], [None, reg])
+    sch.reorder(n, *outer, oo, last_o, *reduce, *inner[:-1], last_i, oi)
+    sch.parallel(sch.fuse(n, *outer))
+    sch.vectorize(oi)
+    sch.unroll(last_i)
+    for loop in inner[:-1]:
+        sch.unroll(loop)
+    sch.decompose_reduction(block, reduce[0])
+    if stages:
+        for stage in stages[:-1]:
+            sch.compute_inline(sch.get_sblock(stage.op.name))
+        final = sch.get_sblock(stages[-1].op.name)
+        sch.reverse_compute_at(final, oo)
+        sch.vectorize(sch.get_loops(final)[-1])
+    if source is not None:
+        pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
+        sch.parallel(sch.fuse(*pad_loops[:2]))
+    return sch.mod
+
+
+class AltConvStrategy(Strategy):
+    """ALT's conv template with analytic tiles (the ``alt`` default strategy for convs)."""
+
+    name = "alt"
+    ops = tuple(_CONV_OPS)
+    priority = 10
+
+    def applicable(self, info: OpInfo) -> str | None:
+        rank, transposed = _CONV_OPS[info.op]
+        data_layout, kernel_layout = (_CANONICAL_T if transposed else _CANONICAL)[rank]
+        if info.attrs.get("data_layout", data_layout) != data_layout or \
+                info.attrs.get("kernel_layout", kernel_layout) != kernel_layout:
+            return (f"layouts {info.attrs.get('data_layout')}/{info.attrs.get('kernel_layout')} "
+                    f"(needs {data_layout}/{kernel_layout})")
+        if info.input_dtypes[0] not in ("float32",):
+            return f"dtype {info.input_dtypes[0]} (needs float32)"
+        if 1 not in info.constants:
+            return "weight is not a constant"
+        if transposed:
+            pads = list(info.attrs.get("padding", [0] * (2 * rank)))
+            if pads[:rank] != pads[rank:]:
+                return f"asymmetric padding {pads}"
+        return None
+
+    def implement(self, anchor, context) -> Any:
+        call = anchor.value
+        rank, transposed = _CONV_OPS[str(call.op.name)]
+        attrs = attrs_dict(call.attrs)
+        data = context.te_input(call.args[0], "data")
+        weight = context.te_input(call.args[1], "weight")
+        strides = tuple(attrs.get("strides", [1] * rank))
+        dilation = tuple(attrs.get("dilation", [1] * rank))
+        pads = list(attrs.get("padding", [0] * (2 * rank)))
+        groups = int(attrs.get("groups", 1))
+        if transposed:
+            conv = ops.conv_transpose(data, weight, stride=strides, padding=tuple(pads[:rank]),
+                                      output_padding=tuple(attrs.get("output_padding", [0] * rank)),
+                                      dilation=dilation, groups=groups)
+            out_per_group = int(weight.shape[1])
+        else:
+            padded = ops.pad(data, [0, 0, *pads[:rank]], [0, 0, *pads[rank:]])
+            conv = ops.conv(padded, weight, strides=strides, dilation=dilation, groups=groups)
+            out_per_group = int(weight.shape[0]) // groups
+        stages = context.epilogue_te(conv)
+        final = stages[-1] if stages else conv
+        out_shape = tuple(int(s) for s in conv.shape)
+        in_per_group = int(data.shape[1]) // groups
+        machine = context.target
+        tiling = default_conv_tiling(out_shape, in_per_group, out_per_group,
+                                     lanes=machine.vector_lanes("float32"), registers=machine.vector_registers or 16)
+        source = conv.op.input_tensors[0]
+        kernel = [int(s) for s in weight.shape[2:]]
+        conv_strides = [1] * rank if transposed else list(strides)
+        out_layout = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot)
+        in_layout = conv_input_unfolded([int(s) for s in source.shape], spatial_tiles=tiling.spatial,
+                                        channel_tile=tiling.it, kernel=kernel, strides=conv_strides,
+                                        dilation=list(dilation))
+        layouts = {t: out_layout for t in [conv, *stages]}
+        layouts[weight] = _weight_layout([int(s) for s in weight.shape], tiling, transposed)
+        if source.same_as(data):
+            context.require_layout(data, in_layout)  # no pad stage to convert for free
+            pad_stage = None
+        else:
+            layouts[source] = in_layout  # the pad stage writes the conv's input layout
+            pad_stage = source
+        return context.finish(
+            output=final, layouts=layouts, strategy=self.name,
+            schedule=lambda f: schedule_tiled_conv(f, conv=conv, stages=stages, source=pad_stage, rank=rank,
+                                                   reg=tiling.reg))
+
+
+def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:
+    if not transposed:
+        return conv_weight_tiled(shape, out_tile=tiling.ot, in_tile=tiling.it)
+    # Transposed weights are I x O/g x K...: tile I by it and O/g by ot, O innermost.
+    rank = len(shape) - 2
+    layout = Layout(shape).split(1, [shape[1] // tiling.ot, tiling.ot]).split(0, [shape[0] // tiling.it, tiling.it])
+    # Now: I/it, it, O/ot, ot, K...
+    return layout.reorder([0, 2, *range(4, 4 + rank), 1, 3])
+
+
+register_strategy(AltConvStrategy())

@@ -20,16 +20,28 @@ from .elementwise import (
     add,
     bias_add,
     clip,
+    divide,
+    erf_gelu,
     identity,
+    maximum,
+    minimum,
     multiply,
     relu,
     sigmoid,
     subtract,
+    tanh,
+    tanh_gelu,
 )
 from .gemm import batch_matmul, dense, matmul
 from .pad import pad
 
 __all__ = [
+    "tanh_gelu",
+    "erf_gelu",
+    "tanh",
+    "minimum",
+    "maximum",
+    "divide",
     "add",
     "batch_matmul",
     "bias_add",

@@ -244,3 +244,41 @@ def multiply(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "mul
 add.__doc__ = _BINARY_DOC.format(op="+")
 subtract.__doc__ = _BINARY_DOC.format(op="-")
 multiply.__doc__ = _BINARY_DOC.format(op="*")
+
+
+def divide(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "divide") -> te.Tensor:
+    return _binary(lhs, rhs, lambda a, b: a / b, name)
+
+
+def maximum(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "maximum") -> te.Tensor:
+    return _binary(lhs, rhs, tvm.tirx.max, name)
+
+
+def minimum(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "minimum") -> te.Tensor:
+    return _binary(lhs, rhs, tvm.tirx.min, name)
+
+
+divide.__doc__ = _BINARY_DOC.format(op="/")
+maximum.__doc__ = _BINARY_DOC.format(op="max")
+minimum.__doc__ = _BINARY_DOC.format(op="min")
+
+
+def tanh(data: te.Tensor, *, name: str = "tanh") -> te.Tensor:
+    """Hyperbolic tangent, tagged ``"elemwise"``."""
+    return _unary(data, tvm.tirx.tanh, name)
+
+
+def erf_gelu(data: te.Tensor, *, name: str = "gelu") -> te.Tensor:
+    """GELU with the exact erf form ``x/2 * (1 + erf(x/sqrt(2)))``, tagged ``"elemwise"``."""
+    dtype = dtype_of(data)
+    half, one = tvm.tirx.const(0.5, dtype), tvm.tirx.const(1.0, dtype)
+    inv_sqrt2 = tvm.tirx.const(0.7071067811865476, dtype)
+    return _unary(data, lambda x: half * x * (one + tvm.tirx.erf(x * inv_sqrt2)), name)
+
+
+def tanh_gelu(data: te.Tensor, *, name: str = "gelu_tanh") -> te.Tensor:
+    """GELU with the tanh approximation, tagged ``"elemwise"``."""
+    dtype = dtype_of(data)
+    c, k = tvm.tirx.const(0.7978845608028654, dtype), tvm.tirx.const(0.044715, dtype)
+    half, one = tvm.tirx.const(0.5, dtype), tvm.tirx.const(1.0, dtype)
+    return _unary(data, lambda x: half * x * (one + tvm.tirx.tanh(c * (x + k * x * x * x))), name)

@@ -1,0 +1,314 @@
+"""``alt_tvm.build``: a Relax model to a callable module, through the strategy registry.
+
+The flow (what ``relay.build`` with registered op strategies was, on Relax):
+
+1. import (ONNX file/proto, torch module, Relax IRModule), weights as constants;
+2. ``DecomposeOpsForInference`` + ``FoldConstant`` (batch norm to arithmetic, constant
+   reshapes/transposes of weights folded);
+3. :class:`AltLayoutPass`: partition into anchor + epilogue, lower each partition with
+   the selected strategy into one scheduled PrimFunc (``call_tir``), propagate layouts
+   along the partition and to the next partitions, insert a conversion only where a
+   consumer needs another layout and no pad stage can convert for it;
+4. ``tvm.compile`` (TVM's own legalization for everything left) and the Relax VM.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from alt_tvm.layout import Layout, convert_layout
+from alt_tvm.target import HardwareTarget, host
+
+from . import registry
+from .lower import PartitionContext, attrs_dict, const_value
+from .partition import Partition, dtype_of, find_partitions, op_name, static_shape
+
+VARIANTS = ("alt", "alt-wp", "alt-ol")
+
+
+@dataclass
+class BuildReport:
+    """What the build did: strategies per partition, fallbacks, conversions inserted."""
+
+    partitions: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (strategy, anchor op, ops)
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)  # op -> reasons no strategy applied
+    conversions: int = 0
+
+    def summary(self) -> str:
+        lines = [f"{len(self.partitions)} partitions, {self.conversions} layout conversions"]
+        for op, reasons in sorted(self.fallbacks.items()):
+            lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        return "\n".join(lines)
+
+
+def _is_anchor_op(name: str | None) -> bool:
+    return name is not None and any(name in s.ops for s in registry.registered_strategies())
+
+
+class AltLayoutPass:
+    """The Relax pass: lower registered operators through strategies, with layout propagation.
+
+    Usable in a user's own pipeline: ``mod = AltLayoutPass(target=...)(mod)`` before ``tvm.compile``.
+    """
+
+    def __init__(self, *, target: HardwareTarget | None = None, variant: str = "alt",
+                 strategies: Sequence[str] | None = None) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
+        _load_builtin_strategies()
+        self.target = target or host()
+        self.variant = variant
+        self.allowed = registry.check_names(strategies)
+        self.report = BuildReport()
+
+    def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
+        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+            raise ValueError("the Relax module has no 'main' function")
+        func = mod["main"]
+        selected: dict = {}
+
+        def is_anchor(binding) -> bool:
+            name = op_name(binding.value)
+            if not _is_anchor_op(name):
+                return False
+            info = op_info(binding, self.target)
+            strategy, reasons = registry.select(info, allowed=self.allowed)
+            if strategy is None:
+                self.report.fallbacks.setdefault(name, []).extend(reasons)
+                return False
+            selected[binding.var] = strategy
+            return True
+
+        partitions = find_partitions(func, is_anchor=is_anchor)
+        mutator = _Mutator(mod, partitions, selected, self)
+        new_func = mutator.visit_expr(func)
+        new_mod = mutator.builder_.get()
+        new_mod["main"] = relax.analysis.remove_all_unused(new_func)
+        return new_mod
+
+
+def op_info(binding: relax.VarBinding, target: HardwareTarget) -> registry.OpInfo:
+    call = binding.value
+    tensors = [a for a in call.args if static_shape(a) is not None]
+    constants = {i: const_value(a) for i, a in enumerate(call.args) if const_value(a) is not None}
+    return registry.OpInfo(
+        op=op_name(call), attrs=attrs_dict(call.attrs),
+        input_shapes=tuple(static_shape(a) for a in tensors), input_dtypes=tuple(dtype_of(a) for a in tensors),
+        output_shape=static_shape(binding.var) or (), output_dtype=dtype_of(binding.var) or "",
+        target_kind=target.to_tvm().kind.name, constants=constants)
+
+
+@relax.expr_functor.mutator
+class _Mutator(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, partitions: list[Partition], selected: dict, owner: AltLayoutPass):
+        super().__init__(mod)
+        self.owner = owner
+        self.selected = selected
+        self.final = {p.output: p for p in partitions}
+        self.members = {b.var for p in partitions for b in p.bindings}
+        self.layouts: dict = {}  # original var -> (new var holding the value, its Layout)
+        self.canonical: dict = {}  # original var -> new var in canonical layout
+        self.count = 0
+
+    # ----------------------------------------------------------------- helpers
+    def _emit_call(self, func: tvm.tirx.PrimFunc, name: str, args: list, shape, dtype: str) -> relax.Var:
+        gvar = self.builder_.add_func(func.with_attr("global_symbol", name), name)
+        call = relax.call_tir(gvar, args, relax.TensorType(shape, dtype))
+        return self.builder_.emit(call, name)
+
+    def _convert(self, value: relax.Var, src: Layout | None, dst: Layout | None, shape, dtype: str) -> relax.Var:
+        src = src or Layout(shape)
+        dst = dst or Layout(shape)
+        placeholder = te.placeholder(src.shape, dtype=dtype, name="src")
+        out = convert_layout(placeholder, src=src, dst=dst)
+        sch = tvm.s_tir.Schedule(te.create_prim_func([placeholder, out]))
+        loops = sch.get_loops(sch.get_sblock(out.op.name))
+        sch.parallel(sch.fuse(*loops[: max(1, min(2, len(loops) - 1))]))
+        self.owner.report.conversions += 1
+        self.count += 1
+        return self._emit_call(sch.mod["main"], f"layout_convert{self.count}", [value], dst.shape, dtype)
+
+    def _canonical_arg(self, var: relax.Var) -> None:
+        """Before a default (non-partition) use, make ``var`` available in canonical layout."""
+        if var not in self.layouts or var in self.canonical:
+            return
+        new_var, layout = self.layouts[var]
+        self.canonical[var] = self._convert(new_var, layout, None, static_shape(var), dtype_of(var))
+        self.set_var_remap(var, self.canonical[var])
+
+    # ---------------------------------------------------------------- bindings
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        var = binding.var
+        if var in self.members and var not in self.final:
+            return  # computed inside its partition's kernel
+        if var in self.final:
+            self._emit_partition(self.final[var])
+            return
+        for used in relax.analysis.free_vars(binding.value):
+            self._canonical_arg(used)
+        super().visit_var_binding_(binding)
+
+    def _emit_partition(self, partition: Partition) -> None:
+        strategy = self.selected[partition.anchor.var]
+        input_layouts = {}
+        for binding in partition.bindings:
+            for used in relax.analysis.free_vars(binding.value):
+                if used in self.layouts:
+                    input_layouts[used] = self.layouts[used][1]
+        context = PartitionContext(partition, self.owner.target, self.owner.variant, input_layouts)
+        lowered = strategy.implement(partition.anchor, context)
+        args = []
+        for arg in lowered.args:
+            if isinstance(arg, relax.Var):
+                if arg in context.conversions:
+                    current = self.layouts[arg] if arg in self.layouts else (self.visit_expr(arg), None)
+                    arg = self._convert(current[0], current[1], context.conversions[arg], static_shape(arg),
+                                        dtype_of(arg))
+                elif arg in self.layouts:
+                    arg = self.layouts[arg][0]
+                else:
+                    arg = self.visit_expr(arg)
+            args.append(arg)
+        self.count += 1
+        name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
+        out = partition.output
+        new_var = self._emit_call(lowered.func, name, args, lowered.output_shape, lowered.output_dtype)
+        self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
+        if lowered.output_layout is not None:
+            self.layouts[out] = (new_var, lowered.output_layout)
+            if not isinstance(out, relax.DataflowVar):
+                # The value leaves the dataflow block: hand it out in canonical layout.
+                self._canonical_arg(out)
+                self._rebind(out, self.canonical[out])
+            return
+        self._rebind(out, new_var)
+
+    def _rebind(self, original: relax.Var, value: relax.Var) -> None:
+        if isinstance(original, relax.DataflowVar):
+            self.set_var_remap(original, value)
+        else:
+            self.set_var_remap(original, self.builder_.emit_output(value, original.name))
+
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_strategies() -> None:
+    """Import the strategy modules that register themselves."""
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        import alt_tvm.strategies.alt_conv  # noqa: F401
+        import alt_tvm.strategies.alt_gmm  # noqa: F401
+        _BUILTINS_LOADED = True
+
+
+# ------------------------------------------------------------------------------ build
+class CompiledModel:
+    """A built model: call it on NumPy arrays; ``report`` says how it was built."""
+
+    def __init__(self, executable, mod: tvm.IRModule, report: BuildReport, input_shapes, input_dtypes,
+                 input_names, device=None) -> None:
+        self.executable = executable
+        self.mod = mod
+        self.report = report
+        self.input_shapes = [tuple(s) for s in input_shapes]
+        self.input_dtypes = list(input_dtypes)
+        self.input_names = list(input_names)
+        self.device = device or tvm.cpu()
+        self.vm = relax.VirtualMachine(executable, self.device)
+
+    def _arguments(self, arrays: Sequence[np.ndarray]) -> list:
+        if len(arrays) != len(self.input_shapes):
+            raise ValueError(f"model takes {len(self.input_shapes)} inputs {self.input_names}, got {len(arrays)}")
+        out = []
+        for name, array, shape, dtype in zip(self.input_names, arrays, self.input_shapes, self.input_dtypes):
+            array = np.asarray(array)
+            if tuple(array.shape) != shape:
+                raise ValueError(f"input {name!r} has shape {tuple(array.shape)}, the model expects {shape}")
+            if str(array.dtype) != dtype:
+                raise ValueError(f"input {name!r} has dtype {array.dtype}, the model expects {dtype}")
+            out.append(tvm.runtime.tensor(np.ascontiguousarray(array), self.device))
+        return out
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        result = self.vm["main"](*self._arguments(arrays))
+        return [r.numpy() for r in _flatten(result)]
+
+    def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
+        """(min, median) latency in ms of one call, VM overhead included."""
+        args = self._arguments(arrays)
+        self.vm["main"](*args)
+        timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
+        results = np.asarray(timer(*args).results) * 1e3
+        return float(results.min()), float(np.median(results))
+
+
+def _flatten(value: Any) -> list:
+    if hasattr(value, "numpy"):
+        return [value]
+    out = []
+    for item in value:
+        out.extend(_flatten(item))
+    return out
+
+
+def prepare(mod: tvm.IRModule) -> tvm.IRModule:
+    """Inference simplifications that expose weights and epilogues to the partitioner."""
+    seq = tvm.ir.transform.Sequential([
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+    ])
+    return seq(mod)
+
+
+def build(model: Any, target: Any = None, *, records: Any = None, variant: str = "alt",
+          strategies: Sequence[str] | None = None, example_inputs: Sequence[Any] | None = None,
+          input_shapes: dict | None = None) -> CompiledModel:
+    """Build ``model`` to a callable module with alt-tvm's strategies.
+
+    Parameters
+    ----------
+    model
+        Path to an ONNX file, an ``onnx.ModelProto``, a ``torch.nn.Module`` (with
+        ``example_inputs``) or a Relax ``IRModule``.
+    target
+        An :class:`alt_tvm.target.HardwareTarget`, a board name, or None for this host.
+    records
+        A tuning log whose best records are applied (not yet supported: must be None).
+    variant
+        ``"alt"`` (layouts propagated), ``"alt-wp"`` (layouts, conversions at every
+        boundary) or ``"alt-ol"`` (loop-only, channels-last).
+    strategies
+        Restrict (and thereby force) the strategies used, by name.
+
+    Returns
+    -------
+    CompiledModel
+        Call it on NumPy arrays; ``.report`` lists partitions and fallbacks.
+    """
+    if records is not None:
+        raise ValueError("records: applying tuning logs arrives with the tuner (alt_tvm.tuning); pass None")
+    from .frontend import load_model
+
+    if isinstance(target, str):
+        from alt_tvm.target import board
+
+        target = board(target)
+    machine = target or host()
+    imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
+    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies)
+    mod = alt_pass(prepare(imported.mod))
+    if alt_pass.report.fallbacks:
+        warnings.warn("alt-tvm: " + alt_pass.report.summary(), stacklevel=2)
+    with machine.to_tvm():
+        executable = tvm.compile(mod, target=machine.to_tvm())
+    return CompiledModel(executable, mod, alt_pass.report, imported.input_shapes, imported.input_dtypes,
+                         imported.input_names)

@@ -1,0 +1,54 @@
+"""TE for the element-wise Relax ops that an epilogue fuses (bias, activations, residuals).
+
+Every stage gets a unique name (``<op>_<k>``) so schedules can address its block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tvm import relax, te
+
+from alt_tvm import ops
+
+_BINARY = {
+    "relax.add": ops.add,
+    "relax.subtract": ops.subtract,
+    "relax.multiply": ops.multiply,
+    "relax.divide": ops.divide,
+    "relax.maximum": ops.maximum,
+    "relax.minimum": ops.minimum,
+}
+
+
+def _scalar(value: Any) -> float:
+    inner = getattr(value, "value", value)
+    inner = getattr(inner, "value", inner)
+    return float(inner)
+
+
+def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], chain: te.Tensor, *, index: int) -> te.Tensor:
+    """TE of one epilogue op; ``chain`` is the running value, ``operands`` its TE arguments."""
+    name = str(call.op.name)
+    stage = f"{name.split('.')[-1]}_{index}"
+    if name in _BINARY:
+        lhs, rhs = operands
+        return _BINARY[name](lhs, rhs, name=stage)
+    if name == "relax.nn.relu":
+        return ops.relu(chain, name=stage)
+    if name == "relax.nn.relu6":
+        return ops.clip(chain, a_min=0.0, a_max=6.0, name=stage)
+    if name == "relax.clip":
+        return ops.clip(chain, a_min=_scalar(call.args[1]), a_max=_scalar(call.args[2]), name=stage)
+    if name == "relax.sigmoid":
+        return ops.sigmoid(chain, name=stage)
+    if name == "relax.tanh":
+        return ops.tanh(chain, name=stage)
+    if name == "relax.nn.silu":
+        return ops.multiply(chain, ops.sigmoid(chain, name=f"{stage}_sigmoid"), name=stage)
+    if name == "relax.nn.gelu":
+        return ops.erf_gelu(chain, name=stage)
+    if name == "relax.nn.gelu_tanh":
+        return ops.tanh_gelu(chain, name=stage)
+    raise ValueError(f"no epilogue lowering for {name}")

@@ -1,0 +1,190 @@
+"""Lowering one partition to a scheduled PrimFunc, and the layout bookkeeping around it.
+
+A strategy describes a partition as TE (anchor + epilogue), picks layouts for its
+tensors and a loop schedule; :class:`PartitionContext` does the common rest: TE
+placeholders for the Relax arguments, the layouts the arguments are already stored in
+(so reads go through them, and a pad stage converts for free), weight packing at
+compile time, the rewrite pass and ``te.create_prim_func``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from alt_tvm.layout import Layout, rewrite
+from alt_tvm.target import HardwareTarget
+
+from .partition import Partition, dtype_of, static_shape
+
+
+def const_value(expr: relax.Expr) -> np.ndarray | None:
+    """The NumPy data of a Relax constant, or None for anything else."""
+    value = getattr(expr, "value", None)
+    if value is None or not hasattr(value, "numpy"):
+        return None
+    return value.numpy()
+
+
+def equivalent(a: Layout | None, b: Layout | None, shape: Sequence[int]) -> bool:
+    """True if two layouts (None = canonical) store ``shape`` identically."""
+    a = a or Layout(shape)
+    b = b or Layout(shape)
+    if a.shape != b.shape:
+        return False
+    if a.primitives == b.primitives:
+        return True
+    index = list(np.indices(tuple(shape), sparse=False))
+    return all(np.array_equal(x, y) for x, y in zip(a.forward(index), b.forward(index)))
+
+
+@dataclass
+class LoweredPartition:
+    """A partition compiled to one PrimFunc, with the Relax arguments to call it on."""
+
+    func: tvm.tirx.PrimFunc
+    args: list[relax.Expr]
+    output_shape: tuple[int, ...]
+    output_dtype: str
+    output_layout: Layout | None
+    strategy: str
+
+
+@dataclass
+class PartitionContext:
+    """Everything a strategy needs to lower one partition."""
+
+    partition: Partition
+    target: HardwareTarget
+    variant: str
+    input_layouts: dict  # relax Var -> Layout of the value it currently holds
+    #: filled while lowering
+    placeholders: list = field(default_factory=list)  # (relax expr, te placeholder)
+    conversions: dict = field(default_factory=dict)  # relax Var -> Layout it must be converted to first
+
+    def te_input(self, expr: relax.Expr, name: str) -> te.Tensor:
+        """A TE placeholder (canonical shape) for a Relax argument, one per distinct argument."""
+        for source, tensor in self.placeholders:
+            if source.same_as(expr):
+                return tensor
+        shape = static_shape(expr)
+        if shape is None:
+            raise ValueError(f"alt-tvm needs static shapes; argument {name!r} of "
+                             f"{self.partition.ops[0]} has type {getattr(expr, 'ty', None)}")
+        tensor = te.placeholder(shape, dtype=dtype_of(expr), name=name)
+        self.placeholders.append((expr, tensor))
+        return tensor
+
+    def epilogue_te(self, anchor_out: te.Tensor) -> list[te.Tensor]:
+        """TE of the partition's epilogue ops applied after ``anchor_out``; returns every stage."""
+        from .epilogue import epilogue_te
+
+        stages = []
+        chain = anchor_out
+        previous = self.partition.anchor.var
+        for k, binding in enumerate(self.partition.epilogue):
+            operands = []
+            for j, arg in enumerate(binding.value.args):
+                if arg.same_as(previous):
+                    operands.append(chain)
+                elif static_shape(arg) is not None:
+                    operands.append(self.te_input(arg, f"ep{k}_{j}"))
+                else:
+                    operands.append(None)
+            chain = epilogue_te(binding.value, operands, chain, index=k)
+            stages.append(chain)
+            previous = binding.var
+        return stages
+
+    def source_of(self, tensor: te.Tensor) -> relax.Expr:
+        for source, placeholder in self.placeholders:
+            if placeholder.same_as(tensor):
+                return source
+        raise KeyError(tensor.op.name)
+
+    def require_layout(self, tensor: te.Tensor, layout: Layout) -> None:
+        """Have the activation behind ``tensor`` arrive in ``layout``.
+
+        If it is stored differently, the build inserts one conversion operator before
+        the partition (the paper's Fig. 5(a)); a pad stage inside the partition never
+        needs this, as it writes the layout its consumer wants while padding.
+        """
+        source = self.source_of(tensor)
+        if not equivalent(self.input_layouts.get(source), layout, static_shape(source)):
+            self.conversions[source] = layout
+
+    def finish(self, *, output: te.Tensor, layouts: dict, schedule: Callable[[tvm.tirx.PrimFunc], tvm.IRModule],
+               strategy: str) -> LoweredPartition:
+        """Rewrite layouts, create and schedule the PrimFunc, pack constants."""
+        layouts = {t: lay for t, lay in layouts.items() if lay is not None}
+        for source, tensor in self.placeholders:
+            if const_value(source) is not None:
+                continue
+            if source in self.conversions:
+                layouts[tensor] = self.conversions[source]
+            elif tensor not in layouts or self.input_layouts.get(source) is not None:
+                current = self.input_layouts.get(source)
+                if current is not None:
+                    layouts[tensor] = current  # read the producer's layout directly
+                else:
+                    layouts.pop(tensor, None)
+        result = rewrite([output], layouts=layouts)
+        args = []
+        relax_args = []
+        for source, tensor in self.placeholders:
+            data = const_value(source)
+            layout = layouts.get(tensor)
+            if data is not None:
+                packed = layout.apply(data) if layout is not None else data
+                relax_args.append(relax.const(np.ascontiguousarray(packed), dtype_of(source)))
+            else:
+                relax_args.append(source)
+            args.append(result[tensor])
+        func = te.create_prim_func([*args, result[output]])
+        mod = schedule(func)
+        out_layout = layouts.get(output)
+        return LoweredPartition(mod["main"], relax_args, tuple(int(s) for s in result[output].shape),
+                                str(output.dtype), out_layout if out_layout and not out_layout.is_identity else None,
+                                strategy)
+
+
+def tiles_for(extent: int, preferred: int) -> int:
+    """The largest divisor of ``extent`` not above ``preferred`` (tiles that need no padding)."""
+    for tile in range(min(preferred, extent), 0, -1):
+        if extent % tile == 0:
+            return tile
+    return 1
+
+
+def attrs_dict(attrs: Any) -> dict[str, Any]:
+    """Relax call attributes as plain Python values."""
+    out = {}
+    if attrs is None:
+        return out
+    for key in attrs.keys() if hasattr(attrs, "keys") else dir(attrs):
+        if key.startswith("_"):
+            continue
+        try:
+            value = getattr(attrs, key) if not hasattr(attrs, "keys") else attrs[key]
+        except (AttributeError, KeyError):
+            continue
+        if callable(value):
+            continue
+        out[key] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "value") and isinstance(value.value, (int, float, str)):
+        return value.value
+    try:
+        return [_plain(v) for v in value]
+    except TypeError:
+        return str(value)

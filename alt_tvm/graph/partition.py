@@ -1,0 +1,118 @@
+"""Group a Relax dataflow graph into "complex operator + element-wise epilogue" partitions.
+
+A partition starts at an *anchor* (a call a strategy implements: conv, matmul) and
+extends along its single-consumer chain of element-wise ops of the same output shape
+(bias add, activation, residual add, batch-norm arithmetic ...). The whole partition
+becomes one kernel, and the anchor's output layout is shared by every epilogue tensor —
+the paper's layout propagation along element-wise paths (§4.2), which is what lets the
+epilogue fuse into the anchor's loop nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tvm import relax
+
+#: Element-wise Relax ops an epilogue may contain (binary ones broadcast their other operand).
+UNARY_EPILOGUE = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
+                  "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh")
+BINARY_EPILOGUE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+                   "relax.minimum")
+
+
+def op_name(expr: relax.Expr) -> str | None:
+    if isinstance(expr, relax.Call) and hasattr(expr.op, "name"):
+        return str(expr.op.name)
+    return None
+
+
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    ty = expr.ty if hasattr(expr, "ty") else None
+    shape = getattr(ty, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def dtype_of(expr: relax.Expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    dtype = getattr(ty, "dtype", None)
+    return None if dtype is None else str(dtype)
+
+
+@dataclass
+class Partition:
+    """An anchor binding and the epilogue bindings fused after it, in program order."""
+
+    anchor: relax.VarBinding
+    epilogue: list[relax.VarBinding] = field(default_factory=list)
+
+    @property
+    def bindings(self) -> list[relax.VarBinding]:
+        return [self.anchor, *self.epilogue]
+
+    @property
+    def output(self) -> relax.Var:
+        return self.bindings[-1].var
+
+    @property
+    def ops(self) -> list[str]:
+        return [op_name(b.value) for b in self.bindings]
+
+
+def consumers(func: relax.Function) -> dict:
+    """For every variable, the bindings (or the string ``"output"``) that read it."""
+    users: dict = {}
+    body = func.body
+    for block in body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                users.setdefault(var, []).append(binding)
+    for var in relax.analysis.free_vars(body.body):
+        users.setdefault(var, []).append("output")
+    return users
+
+
+def _extends(binding: relax.VarBinding, current: relax.Var, shape: tuple[int, ...]) -> bool:
+    name = op_name(binding.value)
+    if name not in UNARY_EPILOGUE and name not in BINARY_EPILOGUE:
+        return False
+    if static_shape(binding.var) != shape:
+        return False
+    args = list(binding.value.args)
+    if name in UNARY_EPILOGUE:
+        return args[0].same_as(current)
+    # The chain value must be an operand; the other may be a constant or any tensor
+    # broadcasting to the output (bias, batch-norm scale, residual).
+    return any(a.same_as(current) for a in args) and all(static_shape(a) is not None for a in args)
+
+
+def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool]) -> list[Partition]:
+    """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says."""
+    users = consumers(func)
+    partitions: list[Partition] = []
+    taken: set = set()
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if binding.var in taken or not isinstance(binding, relax.VarBinding) or not is_anchor(binding):
+                continue
+            part = Partition(binding)
+            shape = static_shape(binding.var)
+            current = binding.var
+            while True:
+                readers = users.get(current, [])
+                if len(readers) != 1 or readers[0] == "output":
+                    break
+                nxt = readers[0]
+                if nxt.var in taken or is_anchor(nxt) or not _extends(nxt, current, shape):
+                    break
+                part.epilogue.append(nxt)
+                current = nxt.var
+            taken.update(b.var for b in part.bindings)
+            partitions.append(part)
+    return partitions

@@ -1,0 +1,82 @@
+"""The ALT GEMM template: ``matmul`` with a constant right-hand side, epilogue fused.
+
+The weight ``B[K, N]`` is a constant, so its layout is chosen freely and packed at
+compile time: ``N/nt . K . nt`` (each k step reads one contiguous vector of ``nt``
+outputs). Activations and the output keep the canonical row-major layout, which is
+already "N innermost" and needs no conversion around LayerNorm/softmax in transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import te
+
+from alt_tvm.graph.lower import tiles_for
+from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
+from alt_tvm.layout import Layout
+
+
+def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
+                  vec: int) -> tvm.IRModule:
+    """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers."""
+    sch = tvm.s_tir.Schedule(func)
+    block = sch.get_sblock(gemm.op.name)
+    loops = sch.get_loops(block)
+    lead, m, n, k = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 2]
+    mo, mi = sch.split(m, [None, mt])
+    no, ni = sch.split(n, [None, nt])
+    sch.reorder(*lead, mo, no, k, mi, ni)
+    write = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write, no)
+    sch.parallel(sch.fuse(*lead, mo, no))
+    nio, nii = sch.split(ni, [None, vec])
+    sch.vectorize(nii)
+    sch.unroll(nio)
+    sch.unroll(mi)
+    sch.decompose_reduction(block, k)
+    sch.vectorize(sch.get_loops(write)[-1])
+    for stage in stages:
+        sch.reverse_compute_inline(sch.get_sblock(stage.op.name))
+    return sch.mod
+
+
+class AltGemmStrategy(Strategy):
+    """Matmul with a constant 2-D right-hand side (dense / linear layers)."""
+
+    name = "alt"
+    ops = ("relax.matmul",)
+    priority = 10
+
+    def applicable(self, info: OpInfo) -> str | None:
+        if info.input_dtypes[0] != "float32" or info.input_dtypes[1] != "float32":
+            return f"dtypes {info.input_dtypes} (needs float32)"
+        if 1 not in info.constants:
+            return "right-hand side is not a constant"
+        if len(info.input_shapes[1]) != 2 or len(info.input_shapes[0]) < 2:
+            return f"shapes {info.input_shapes} (needs [..., M, K] x [K, N])"
+        return None
+
+    def implement(self, anchor, context) -> Any:
+        call = anchor.value
+        a = context.te_input(call.args[0], "a")
+        b = context.te_input(call.args[1], "b")
+        *lead, m, kdim = (int(s) for s in a.shape)
+        n = int(b.shape[1])
+        k = te.reduce_axis((0, kdim), "k")
+        gemm = te.compute((*lead, m, n), lambda *i: te.sum(a(*i[:-1], k) * b(k, i[-1]), axis=k),
+                          name="matmul", tag="matmul")
+        stages = context.epilogue_te(gemm)
+        final = stages[-1] if stages else gemm
+        lanes = context.target.vector_lanes("float32")
+        nt = tiles_for(n, 2 * lanes)
+        mt = tiles_for(m, 4)
+        layouts = {b: Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2])}
+        return context.finish(
+            output=final, layouts=layouts, strategy=self.name,
+            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt,
+                                             vec=tiles_for(nt, lanes)))
+
+
+register_strategy(AltGemmStrategy())
