@@ -19,6 +19,7 @@ from alt_tvm import ops
 from alt_tvm.graph.lower import attrs_dict
 from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
+from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.layout.templates import (
     channels_last,
     conv_input_unfolded,
@@ -224,7 +225,7 @@ class DefaultConvTiling:
 
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
-                        lanes: int, registers: int) -> DefaultConvTiling:
+                        lanes: int, registers: int, in_channels: int | None = None) -> DefaultConvTiling:
     """Tiles that divide the extents (so layouts propagate), sized to the vector registers.
 
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
@@ -235,8 +236,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     from alt_tvm.graph.lower import tiles_for
 
     spatial = list(out_shape[2:])
-    ot = tiles_for(out_channels_per_group, lanes)
-    it = tiles_for(in_channels_per_group, lanes)
+    # With one output channel per group (depthwise), input channel o reads channel o:
+    # a vector may span groups. Otherwise stay inside a group so reads stay contiguous.
+    ot = tiles_for(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes)
+    it = tiles_for(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes)
     tiles = [tiles_for(s, 4 if len(spatial) == 2 else 1) for s in spatial[:-1]] + [tiles_for(spatial[-1], 16)]
     outer = 1
     for t in tiles[:-1]:
@@ -248,16 +251,28 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
 
 
 def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: list, source: te.Tensor | None,
-                        rank: int, reg: int) -> tvm.IRModule:
-    """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused."""
+                        rank: int, reg: int, loop_tiles: DefaultConvTiling | None = None) -> tvm.IRModule:
+    """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
+
+    With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
+    layout's tiles are then whole extents, e.g. channels-last): the ALT-OL ablation.
+    """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
     loops = sch.get_loops(block)
-    n, outer, oo = loops[0], loops[1:1 + rank], loops[1 + rank]
-    inner, oi = loops[2 + rank:2 + 2 * rank], loops[2 + 2 * rank]
+    n, outer, oo = loops[0], list(loops[1:1 + rank]), loops[1 + rank]
+    inner, oi = list(loops[2 + rank:2 + 2 * rank]), loops[2 + 2 * rank]
     reduce = loops[3 + 2 * rank:]
+    channel_outer = [oo]
+    if loop_tiles is not None:
+        split = [sch.split(loop, [None, t]) for loop, t in zip(inner, loop_tiles.spatial)]
+        outer += [o for o, _ in split]
+        inner = [i for _, i in split]
+        oo2, oi = sch.split(oi, [None, loop_tiles.ot])
+        channel_outer.append(oo2)
+    oo = channel_outer[-1]
     last_o, last_i = sch.split(inner[-1], [None, reg])
-    sch.reorder(n, *outer, oo, last_o, *reduce, *inner[:-1], last_i, oi)
+    sch.reorder(n, *outer, *channel_outer, last_o, *reduce, *inner[:-1], last_i, oi)
     sch.parallel(sch.fuse(n, *outer))
     sch.vectorize(oi)
     sch.unroll(last_i)
@@ -324,17 +339,33 @@ class AltConvStrategy(Strategy):
         out_shape = tuple(int(s) for s in conv.shape)
         in_per_group = int(data.shape[1]) // groups
         machine = context.target
-        tiling = default_conv_tiling(out_shape, in_per_group, out_per_group,
+        tiling = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=int(data.shape[1]),
                                      lanes=machine.vector_lanes("float32"), registers=machine.vector_registers or 16)
         source = conv.op.input_tensors[0]
         kernel = [int(s) for s in weight.shape[2:]]
         conv_strides = [1] * rank if transposed else list(strides)
-        out_layout = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot)
-        in_layout = conv_input_unfolded([int(s) for s in source.shape], spatial_tiles=tiling.spatial,
-                                        channel_tile=tiling.it, kernel=kernel, strides=conv_strides,
-                                        dilation=list(dilation))
-        layouts = {t: out_layout for t in [conv, *stages]}
-        layouts[weight] = _weight_layout([int(s) for s in weight.shape], tiling, transposed)
+        loop_tiles = None
+        if context.variant == "alt-ol":
+            # Loop-only: channels-last storage (whole-extent layout tiles), tiling by loops.
+            loop_tiles, tiling = tiling, DefaultConvTiling(tuple(out_shape[2:]), out_shape[1],
+                                                           int(data.shape[1]), tiling.reg)
+            # Whole-extent tiles: N.1.1.1.H.W.O stores exactly like NHWO, and keeps the loop
+            # structure the schedule expects.
+            out_layout = conv_output_tiled(out_shape, spatial_tiles=out_shape[2:], channel_tile=out_shape[1])
+            source_shape = [int(s) for s in source.shape]
+            in_layout = conv_input_unfolded(source_shape, spatial_tiles=out_shape[2:], channel_tile=source_shape[1],
+                                            kernel=kernel, strides=conv_strides, dilation=list(dilation))
+        else:
+            out_layout = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot)
+            in_layout = conv_input_unfolded([int(s) for s in source.shape], spatial_tiles=tiling.spatial,
+                                            channel_tile=tiling.it, kernel=kernel, strides=conv_strides,
+                                            dilation=list(dilation))
+        layouts = TensorMap((t, out_layout) for t in [conv, *stages])
+        weight_shape = [int(s) for s in weight.shape]
+        if loop_tiles is None:
+            layouts[weight] = _weight_layout(weight_shape, tiling, transposed)
+        elif not transposed:
+            layouts[weight] = weight_channels_last(weight_shape)  # HWIO, as NHWO kernels use
         if source.same_as(data):
             context.require_layout(data, in_layout)  # no pad stage to convert for free
             pad_stage = None
@@ -344,7 +375,7 @@ class AltConvStrategy(Strategy):
         return context.finish(
             output=final, layouts=layouts, strategy=self.name,
             schedule=lambda f: schedule_tiled_conv(f, conv=conv, stages=stages, source=pad_stage, rank=rank,
-                                                   reg=tiling.reg))
+                                                   reg=tiling.reg, loop_tiles=loop_tiles))
 
 
 def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:

@@ -16,6 +16,7 @@ from tvm import te
 from alt_tvm.graph.lower import tiles_for
 from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
+from alt_tvm.layout.rewrite import TensorMap
 
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
@@ -72,7 +73,7 @@ class AltGemmStrategy(Strategy):
         lanes = context.target.vector_lanes("float32")
         nt = tiles_for(n, 2 * lanes)
         mt = tiles_for(m, 4)
-        layouts = {b: Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2])}
+        layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
         return context.finish(
             output=final, layouts=layouts, strategy=self.name,
             schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt,

@@ -86,7 +86,7 @@ class AltLayoutPass:
             selected[binding.var] = strategy
             return True
 
-        partitions = find_partitions(func, is_anchor=is_anchor)
+        partitions = find_partitions(func, is_anchor=is_anchor, epilogues=self.variant != "alt-wp")
         mutator = _Mutator(mod, partitions, selected, self)
         new_func = mutator.visit_expr(func)
         new_mod = mutator.builder_.get()
@@ -183,6 +183,11 @@ class _Mutator(relax.PyExprMutator):
         self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
         if lowered.output_layout is not None:
             self.layouts[out] = (new_var, lowered.output_layout)
+            if self.owner.variant == "alt-wp":
+                # No propagation: convert back at every boundary; consumers see canonical data.
+                self._canonical_arg(out)
+                self._rebind(out, self.canonical[out])
+                return
             if not isinstance(out, relax.DataflowVar):
                 # The value leaves the dataflow block: hand it out in canonical layout.
                 self._canonical_arg(out)
@@ -265,6 +270,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings(),
+        relax.transform.DeadCodeElimination(),  # e.g. batch norm's unused statistics tuple
     ])
     return seq(mod)
 

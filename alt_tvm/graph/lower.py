@@ -18,6 +18,7 @@ import tvm
 from tvm import relax, te
 
 from alt_tvm.layout import Layout, rewrite
+from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.target import HardwareTarget
 
 from .partition import Partition, dtype_of, static_shape
@@ -121,7 +122,7 @@ class PartitionContext:
     def finish(self, *, output: te.Tensor, layouts: dict, schedule: Callable[[tvm.tirx.PrimFunc], tvm.IRModule],
                strategy: str) -> LoweredPartition:
         """Rewrite layouts, create and schedule the PrimFunc, pack constants."""
-        layouts = {t: lay for t, lay in layouts.items() if lay is not None}
+        layouts = TensorMap((t, lay) for t, lay in layouts.items() if lay is not None)
         for source, tensor in self.placeholders:
             if const_value(source) is not None:
                 continue
@@ -141,7 +142,8 @@ class PartitionContext:
             layout = layouts.get(tensor)
             if data is not None:
                 packed = layout.apply(data) if layout is not None else data
-                relax_args.append(relax.const(np.ascontiguousarray(packed), dtype_of(source)))
+                # (ascontiguousarray would turn a 0-d scalar into shape (1,))
+                relax_args.append(relax.const(np.array(packed, order="C", copy=True), dtype_of(source)))
             else:
                 relax_args.append(source)
             args.append(result[tensor])

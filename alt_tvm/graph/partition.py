@@ -92,8 +92,12 @@ def _extends(binding: relax.VarBinding, current: relax.Var, shape: tuple[int, ..
     return any(a.same_as(current) for a in args) and all(static_shape(a) is not None for a in args)
 
 
-def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool]) -> list[Partition]:
-    """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says."""
+def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool],
+                    epilogues: bool = True) -> list[Partition]:
+    """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
+
+    With ``epilogues=False`` every partition is its anchor alone (the ALT-WP ablation).
+    """
     users = consumers(func)
     partitions: list[Partition] = []
     taken: set = set()
@@ -104,7 +108,7 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
             part = Partition(binding)
             shape = static_shape(binding.var)
             current = binding.var
-            while True:
+            while epilogues:
                 readers = users.get(current, [])
                 if len(readers) != 1 or readers[0] == "output":
                     break

@@ -16,7 +16,7 @@ a harmless value (their content is unspecified, as for any padding).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,41 @@ def _shape(tensor: te.Tensor) -> tuple[int, ...]:
     except (TypeError, ValueError) as err:
         raise ValueError(f"tensor {tensor.op.name!r} has a symbolic shape {tensor.shape}; "
                          f"layouts need static shapes") from err
+
+
+class TensorMap(MutableMapping):
+    """A dict keyed by TE tensors.
+
+    ``te.Tensor.__eq__`` builds expressions (and refuses rank-0 tensors), and every
+    ``op.output(i)`` is a new object, so tensors are keyed by (operation, output index).
+    """
+
+    def __init__(self, items: Any = ()) -> None:
+        self._data: dict = {}
+        for key, value in (items.items() if hasattr(items, "items") else items):
+            self[key] = value
+
+    @staticmethod
+    def _key(tensor: te.Tensor) -> tuple[int, int]:
+        return tensor.op.__chandle__(), int(tensor.value_index)
+
+    def __getitem__(self, tensor: te.Tensor) -> Any:
+        return self._data[self._key(tensor)][1]
+
+    def __setitem__(self, tensor: te.Tensor, value: Any) -> None:
+        self._data[self._key(tensor)] = (tensor, value)
+
+    def __delitem__(self, tensor: te.Tensor) -> None:
+        del self._data[self._key(tensor)]
+
+    def __contains__(self, tensor: object) -> bool:
+        return isinstance(tensor, te.Tensor) and self._key(tensor) in self._data
+
+    def __iter__(self):
+        return (tensor for tensor, _ in self._data.values())
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 def _bind(analyzer: Analyzer, var: Any, extent: int) -> None:
@@ -89,8 +124,8 @@ class RewriteResult:
     attached to another with ``store_at`` maps to its host.
     """
 
-    tensors: dict = field(default_factory=dict)
-    layouts: dict = field(default_factory=dict)
+    tensors: TensorMap = field(default_factory=TensorMap)
+    layouts: TensorMap = field(default_factory=TensorMap)
 
     def __getitem__(self, tensor: te.Tensor) -> te.Tensor:
         return self.tensors[tensor]
@@ -140,8 +175,8 @@ def create_prim_func(args: Sequence[te.Tensor], *, layouts: Mapping[te.Tensor, L
 
 class _Rewriter:
     def __init__(self, layouts: Mapping[te.Tensor, Layout]) -> None:
-        self.layouts: dict = {}
-        self.guests: dict = {}  # guest tensor -> host tensor
+        self.layouts = TensorMap()
+        self.guests = TensorMap()  # guest tensor -> host tensor
         for tensor, layout in layouts.items():
             if not isinstance(layout, Layout):
                 raise ValueError(f"layout for {tensor.op.name!r} must be an alt_tvm.layout.Layout, "
@@ -153,16 +188,16 @@ class _Rewriter:
             for step in layout.guests:
                 if isinstance(step.key, te.Tensor):
                     self.guests[step.key] = tensor
-        self.new: dict = {}
+        self.new = TensorMap()
 
     def run(self, outputs: Sequence[te.Tensor]) -> RewriteResult:
         order: list = []
-        seen: set = set()
+        seen = TensorMap()
 
         def visit(tensor: te.Tensor) -> None:
             if tensor in seen:
                 return
-            seen.add(tensor)
+            seen[tensor] = True
             for inp in tensor.op.input_tensors:
                 visit(inp)
             order.append(tensor)
@@ -182,7 +217,7 @@ class _Rewriter:
             self.new[tensor] = self._rewrite_tensor(tensor)
         for guest, host in self.guests.items():
             self.new[guest] = self.new[host]
-        return RewriteResult(tensors=dict(self.new), layouts=dict(self.layouts))
+        return RewriteResult(tensors=TensorMap(self.new), layouts=TensorMap(self.layouts))
 
     # -------------------------------------------------------------- tensors
     def _rewrite_tensor(self, tensor: te.Tensor) -> te.Tensor:

@@ -1,0 +1,251 @@
+"""Baselines for whole models: TVM's untuned build, ONNX Runtime, PyTorch, and a wall-clock timer.
+
+Every runner is a callable taking NumPy arrays (the model inputs, in order) and returning a
+list of NumPy arrays (the outputs, in order), so tests and the end-to-end benchmark treat
+all of them alike, and timings include the same host-side conversions.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .frontend import ImportedModel
+
+__all__ = [
+    "ORTRunner",
+    "TVMRunner",
+    "TorchRunner",
+    "onnxruntime_session",
+    "time_callable",
+    "torch_runner",
+    "tvm_default_build",
+]
+
+Pipeline = Literal["default", "zero", "cpu"]
+
+
+def _check_threads(threads: int) -> int:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    return threads
+
+
+def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
+    """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy."""
+    if isinstance(value, tvm.runtime.Tensor):
+        out.append(value.numpy())
+    elif isinstance(value, np.ndarray):
+        out.append(value)
+    elif hasattr(value, "detach") and hasattr(value, "numpy"):  # torch.Tensor
+        out.append(value.detach().cpu().numpy())
+    elif isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, (str, bytes)):
+        for item in value:  # Python sequences and TVM FFI Arrays (a VM's tuple outputs)
+            _flatten(item, out)
+    else:
+        raise TypeError(f"unexpected model output of type {type(value).__name__}")
+    return out
+
+
+class TVMRunner:
+    """A compiled Relax module on the CPU through ``relax.VirtualMachine``; call with NumPy arrays.
+
+    Attributes
+    ----------
+    executable : tvm.runtime.Executable
+        What ``tvm.compile`` returned.
+    vm : tvm.relax.VirtualMachine
+        The virtual machine running ``main``.
+    """
+
+    def __init__(self, executable: Any, device: Any | None = None) -> None:
+        self.device = device if device is not None else tvm.cpu()
+        self.executable = executable
+        self.vm = relax.VirtualMachine(executable, self.device)
+        self._main = self.vm["main"]
+
+    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
+        tensors = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in args]
+        return _flatten(self._main(*tensors), [])
+
+
+def tvm_default_build(mod: tvm.IRModule | ImportedModel, target: Any | None = None, *,
+                      pipeline: Pipeline = "default") -> TVMRunner:
+    """Build a Relax module with TVM's own, untuned flow and return a runner for it.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or ImportedModel
+        The Relax module (weights bound as constants), e.g. ``load_model(...).mod``.
+    target : tvm.target.Target or dict or str, optional
+        Compilation target; the host's LLVM target (``alt_tvm.target.host().to_tvm()``) if omitted.
+    pipeline : {"default", "zero", "cpu"}
+        Which of TVM 0.27's stock Relax pipelines runs before code generation:
+
+        * ``"default"`` -- the untuned default, i.e. exactly ``tvm.compile(mod, target)``:
+          ``relax_pipeline="default"`` is ``relax.pipeline.default_build_pipeline()`` on CPU
+          targets (DispatchSampling, DispatchSortScan, LegalizeOps, then the VM lowering passes
+          RewriteDataflowReshape ... AttachGlobalSymbol), with *no* FoldConstant and *no*
+          operator fusion; ``tir_pipeline="default"`` lowers the legalised PrimFuncs with no
+          schedule (no parallel loops, no explicit vectorisation).
+        * ``"zero"`` -- ``relax.get_pipeline("zero")`` first (LegalizeOps,
+          AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR), then ``tvm.compile``: the
+          flow that MetaSchedule tuning starts from, untuned.
+        * ``"cpu"`` -- ``relax.get_default_pipeline(target)``, the cpu_generic backend pipeline
+          (library dispatch, legalize + fold + fuse, lowering) that ``tvm.compile`` uses only
+          for GPU targets.
+
+    Returns
+    -------
+    TVMRunner
+        Callable on NumPy arrays returning the outputs as a list of NumPy arrays.
+    """
+    if isinstance(mod, ImportedModel):
+        mod = mod.mod
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule or an ImportedModel, got {type(mod).__name__}")
+    if target is None:
+        from alt_tvm.target import host
+
+        target = host().to_tvm()
+    target = tvm.target.Target(target)
+    if pipeline == "default":
+        executable = tvm.compile(mod, target)
+    elif pipeline == "zero":
+        with target:
+            mod = relax.get_pipeline("zero")(mod)
+        executable = tvm.compile(mod, target)
+    elif pipeline == "cpu":
+        executable = tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
+    else:
+        raise ValueError(f"pipeline must be 'default', 'zero' or 'cpu', got {pipeline!r}")
+    return TVMRunner(executable)
+
+
+class ORTRunner:
+    """An ONNX Runtime CPU session; call with NumPy arrays in the order of the model's inputs.
+
+    Attributes
+    ----------
+    session : onnxruntime.InferenceSession
+    input_names, output_names : tuple of str
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.input_names = tuple(i.name for i in session.get_inputs())
+        self.output_names = tuple(o.name for o in session.get_outputs())
+
+    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
+        if len(args) != len(self.input_names):
+            raise ValueError(f"the model takes {len(self.input_names)} inputs {self.input_names}, got {len(args)}")
+        return list(self.session.run(None, dict(zip(self.input_names, args))))
+
+
+def onnxruntime_session(path_or_proto: str | os.PathLike | Any, *, threads: int = 1) -> ORTRunner:
+    """An ONNX Runtime session on the CPU with ``threads`` intra-op threads and all graph optimisations.
+
+    Parameters
+    ----------
+    path_or_proto : str, os.PathLike or onnx.ModelProto
+        The model.
+    threads : int
+        Intra-op thread count (inter-op is 1, sequential execution), so ORT uses the same
+        number of cores as the compiled code it is compared with.
+
+    Returns
+    -------
+    ORTRunner
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = _check_threads(threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    model = path_or_proto
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    elif not isinstance(model, (str, bytes)):
+        model = model.SerializeToString()  # an onnx.ModelProto
+    return ORTRunner(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
+
+
+class TorchRunner:
+    """A PyTorch module run in inference mode with a fixed intra-op thread count.
+
+    ``torch.set_num_threads`` is process-wide: the runner sets it before each call if another
+    piece of code changed it.
+    """
+
+    def __init__(self, module: Any, threads: int) -> None:
+        self.module = module
+        self.threads = threads
+
+    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        with torch.inference_mode():
+            return _flatten(self.module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in args)), [])
+
+
+def torch_runner(module: Any, *, threads: int = 1) -> TorchRunner:
+    """A runner for ``module`` (put in eval mode) using ``threads`` intra-op threads.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+    threads : int
+
+    Returns
+    -------
+    TorchRunner
+    """
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    return TorchRunner(module.eval(), _check_threads(threads))
+
+
+def time_callable(fn: Callable[..., Any], args: Sequence[Any], *, warmup: int = 3,
+                  repeat: int = 20) -> tuple[float, float]:
+    """Wall-clock latency of ``fn(*args)``: ``warmup`` untimed calls, then ``repeat`` timed ones.
+
+    Parameters
+    ----------
+    fn : callable
+    args : sequence
+        Positional arguments of every call.
+    warmup : int
+        Calls before timing (first-call allocation, thread-pool start-up, caches).
+    repeat : int
+        Timed calls, each measured on its own with ``time.perf_counter``.
+
+    Returns
+    -------
+    tuple of float
+        ``(min_ms, median_ms)``.
+    """
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be a positive int, got {repeat!r}")
+    for _ in range(warmup):
+        fn(*args)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn(*args)
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times), statistics.median(times)

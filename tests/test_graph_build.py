@@ -1,0 +1,218 @@
+"""The Relax pass: partitions, layout propagation, conversions, fallbacks, variants, registry."""
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from conftest import host_target
+from tvm import relax
+
+from alt_tvm.graph import registry
+from alt_tvm.graph.build import AltLayoutPass, prepare
+from alt_tvm.graph.registry import OpInfo, Strategy
+
+torch.manual_seed(0)
+
+
+def relax_module(model: torch.nn.Module, *inputs: torch.Tensor) -> tvm.IRModule:
+    from tvm.relax.frontend.torch import from_exported_program
+
+    return from_exported_program(torch.export.export(model.eval(), inputs), keep_params_as_input=False)
+
+
+def build_and_run(model, inputs, **options):
+    alt_pass = AltLayoutPass(**options)
+    mod = alt_pass(prepare(relax_module(model, *inputs)))
+    vm = relax.VirtualMachine(tvm.compile(mod, target=host_target()), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x.numpy(), tvm.cpu()) for x in inputs])
+    with torch.no_grad():
+        ref = model(*inputs)
+    np.testing.assert_allclose(out[0].numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+    return mod, alt_pass.report
+
+
+def calls(mod: tvm.IRModule) -> list[str]:
+    """Names of the PrimFuncs main calls, in order."""
+    text = mod["main"].script()
+    return [line.split("R.call_tir(")[1].split(",")[0] for line in text.splitlines() if "R.call_tir(" in line]
+
+
+class ConvBiasRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 32, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) * 2.0
+
+
+def test_epilogue_shares_the_conv_layout_and_fuses_into_one_kernel():
+    mod, report = build_and_run(ConvBiasRelu(), [torch.rand(1, 8, 16, 16)])
+    assert report.partitions == [("alt", "relax.nn.conv2d",
+                                  ["relax.nn.conv2d", "relax.add", "relax.nn.relu", "relax.multiply"])]
+    names = calls(mod)
+    assert len(names) == 2 and names[0].startswith("alt_conv2d") and names[1].startswith("layout_convert")
+    # The partition's output is in the tiled layout N.H/ht.W/wt.O/ot.ht.wt.ot ...
+    call = [line for line in mod["main"].script().splitlines() if f"R.call_tir({names[0]}," in line][0]
+    assert call.split("out_ty=R.Tensor((")[1].split(")")[0].count(",") == 6
+    # ... and the epilogue is computed inside the conv's tile loop, in the same kernel.
+    text = mod[names[0]].script()
+    assert 'T.sblock("multiply_2")' in text  # the last epilogue stage, with bias and ReLU inlined
+    assert 'T.sblock("add_0")' not in text and 'T.sblock("relu_1")' not in text
+
+
+class TwoConvs(torch.nn.Module):
+    def __init__(self, second_stride: int, second_kernel: int):
+        super().__init__()
+        self.a = torch.nn.Conv2d(16, 32, 1)
+        self.b = torch.nn.Conv2d(32, 32, second_kernel, stride=second_stride, padding=second_kernel // 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_pad_stage_absorbs_the_conversion_between_two_convs():
+    mod, report = build_and_run(TwoConvs(second_stride=2, second_kernel=3), [torch.rand(1, 16, 16, 16)])
+    names = calls(mod)
+    # The model input is converted for the 1x1 conv (no pad stage); then conv -> conv directly.
+    assert [n.rstrip("0123456789").rstrip("_") for n in names] == ["layout_convert", "alt_conv2d", "alt_conv2d",
+                                                                  "layout_convert"]
+    assert report.conversions == 2
+
+
+def test_exactly_one_conversion_between_convs_whose_layouts_differ():
+    # A 1x1 stride-2 conv wants every other row/column: its input layout has gaps that the
+    # producer's layout does not, and there is no pad stage to convert.
+    mod, report = build_and_run(TwoConvs(second_stride=2, second_kernel=1), [torch.rand(1, 16, 16, 16)])
+    names = calls(mod)
+    assert [n.rstrip("0123456789").rstrip("_") for n in names] == ["layout_convert", "alt_conv2d", "layout_convert",
+                                                                  "alt_conv2d", "layout_convert"]
+    assert report.conversions == 3  # model input, between the convs, model output
+
+
+class SharedProducer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(16, 16, 1)
+        self.b = torch.nn.Conv2d(16, 16, 1)
+        self.c = torch.nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return self.b(y) + self.c(y) + y
+
+
+def test_layout_reaches_every_consumer():
+    mod, report = build_and_run(SharedProducer(), [torch.rand(1, 16, 8, 16)])
+    # a, b and c all read/write one layout: no conversion but the model input's and output's.
+    assert report.conversions == 2
+    assert len(report.partitions) == 3
+
+
+class NoStrategyOps(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+
+    def forward(self, x, y):
+        z = torch.relu(self.conv(x)).flatten(1)
+        return torch.softmax(z @ y, dim=-1)  # matmul of two activations: no alt strategy
+
+
+def test_ops_without_strategy_fall_back_and_are_reported():
+    mod, report = build_and_run(NoStrategyOps(), [torch.rand(1, 4, 4, 4), torch.rand(128, 5)])
+    assert "relax.matmul" in report.fallbacks
+    assert any("not a constant" in why for why in report.fallbacks["relax.matmul"])
+    assert "fell back to TVM's legalization: relax.matmul" in report.summary()
+
+
+class SmallNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(16, 32, 3, padding=1, stride=2)
+        self.c3 = torch.nn.Conv2d(32, 32, 1)
+        self.bn = torch.nn.BatchNorm2d(32)
+        self.dw = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.fc = torch.nn.Linear(32, 10)
+        self.bn.running_mean.uniform_()
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        z = torch.relu(self.c2(y))
+        z = torch.nn.functional.relu6(self.bn(self.c3(z))) + z
+        return self.fc(self.dw(z).mean((2, 3)))
+
+
+@pytest.mark.parametrize("variant", ["alt", "alt-wp", "alt-ol"])
+def test_variants_match_pytorch(variant):
+    mod, report = build_and_run(SmallNet(), [torch.rand(1, 3, 32, 32)], variant=variant)
+    assert len(report.partitions) == 5
+    if variant == "alt-wp":
+        # Nothing propagates: one conversion after each of the 4 convs, and one into the 1x1 conv.
+        assert report.conversions == 5
+        assert all(len(ops) == 1 for _, _, ops in report.partitions)
+    else:
+        assert report.conversions == 1  # before the global mean only
+        assert max(len(ops) for _, _, ops in report.partitions) == 8  # conv + bias + BN + relu6 + residual
+
+
+def test_conv1d_conv3d_and_transposed_convs_build_with_alt():
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv1d(4, 8, 3, padding=1, dilation=1)
+            self.c3 = torch.nn.Conv3d(2, 4, 3, padding=1, stride=(1, 2, 2))
+            self.t2 = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+
+        def forward(self, a, b):
+            x = torch.relu(self.c1(a))
+            y = self.c3(b).mean(2)
+            return x.sum() + self.t2(y).sum(dim=(1, 2, 3))
+
+    _, report = build_and_run(Mixed(), [torch.rand(1, 4, 20), torch.rand(1, 2, 4, 8, 8)])
+    assert {op for _, op, _ in report.partitions} == {"relax.nn.conv1d", "relax.nn.conv3d",
+                                                     "relax.nn.conv2d_transpose"}
+
+
+def test_unknown_variant_and_strategy_names_are_rejected():
+    with pytest.raises(ValueError, match=r"unknown variant 'alt-xx'; choose from \['alt', 'alt-wp', 'alt-ol'\]"):
+        AltLayoutPass(variant="alt-xx")
+    with pytest.raises(ValueError, match=r"unknown strategies \['fast'\]; registered:"):
+        AltLayoutPass(strategies=["fast"])
+
+
+def test_restricting_strategies_forces_fallback():
+    _, report = build_and_run(ConvBiasRelu(), [torch.rand(1, 8, 8, 8)], strategies=[])
+    assert report.partitions == [] and "relax.nn.conv2d" in report.fallbacks
+
+
+class _Probe(Strategy):
+    name = "probe"
+    ops = ("relax.nn.conv2d",)
+    priority = 100
+
+    def applicable(self, info: OpInfo):
+        return None if info.input_shapes[0][1] == 3 else "only 3 input channels"
+
+    def implement(self, anchor, context):
+        raise AssertionError("not built in this test")
+
+
+def test_registry_prefers_priority_and_checks_applicability():
+    probe = registry.register_strategy(_Probe())
+    try:
+        info = OpInfo("relax.nn.conv2d", {}, ((1, 3, 8, 8), (4, 3, 3, 3)), ("float32",) * 2, (1, 4, 6, 6),
+                      "float32", "llvm", {1: np.zeros((4, 3, 3, 3), np.float32)})
+        chosen, _ = registry.select(info)
+        assert chosen is probe
+        other = OpInfo("relax.nn.conv2d", {}, ((1, 5, 8, 8), (4, 5, 3, 3)), ("float32",) * 2, (1, 4, 6, 6),
+                       "float32", "llvm", {1: np.zeros((4, 5, 3, 3), np.float32)})
+        chosen, reasons = registry.select(other)
+        assert chosen is not None and chosen.name == "alt"
+        assert reasons == ["probe: only 3 input channels"]
+        chosen, _ = registry.select(info, allowed=["alt"])
+        assert chosen.name == "alt"
+    finally:
+        registry._REGISTRY.remove(probe)
