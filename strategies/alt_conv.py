@@ -238,20 +238,46 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     spatial = list(out_shape[2:])
     # With one output channel per group (depthwise), input channel o reads channel o:
     # a vector may span groups. Otherwise stay inside a group so reads stay contiguous.
-    ot = tiles_for(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes)
-    it = tiles_for(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes)
-    tiles = [tiles_for(s, 4 if len(spatial) == 2 else 1) for s in spatial[:-1]] + [tiles_for(spatial[-1], 16)]
-    outer = 1
-    for t in tiles[:-1]:
-        outer *= t
+    ot = channel_tile(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes)
+    it = channel_tile(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes)
     vectors = -(-ot // lanes)
-    budget = max(1, (registers * 3 // 4) // max(1, outer * vectors))
-    reg = tiles_for(tiles[-1], budget)
+    budget = max(1, (registers * 3 // 4) // vectors)  # accumulators that fit the register file
+    # Leading spatial dims: tile rows of 1..4 (1 for 3-D, so the block stays 2-D).
+    lead_cap = 4 if len(spatial) == 2 else 1
+    best = None
+    for lead in _divisors_upto(spatial[0], lead_cap) if len(spatial) > 1 else [1]:
+        for wt in _divisors_upto(spatial[-1], 32):
+            for reg in _divisors_upto(wt, budget // lead):
+                # Most accumulators first, then wider tiles (fewer tile switches).
+                score = (lead * reg, wt)
+                if best is None or score > best[0]:
+                    best = (score, lead, wt, reg)
+    _, lead, wt, reg = best
+    tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
     return DefaultConvTiling(tuple(tiles), ot, it, reg)
 
 
+def channel_tile(channels: int, lanes: int) -> int:
+    """The channel tile for ``channels``: one vector, two for wide layers.
+
+    A function of the channel count alone, so a producer's output tile equals its
+    consumer's input tile and 1x1 convolutions read their input without conversion.
+    Two vectors per accumulator row keep the register block full on small maps.
+    """
+    from alt_tvm.graph.lower import tiles_for
+
+    if channels >= 256 and channels % (2 * lanes) == 0:
+        return 2 * lanes
+    return tiles_for(channels, lanes)
+
+
+def _divisors_upto(extent: int, cap: int) -> list[int]:
+    return [d for d in range(1, max(1, min(extent, cap)) + 1) if extent % d == 0]
+
+
 def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: list, source: te.Tensor | None,
-                        rank: int, reg: int, loop_tiles: DefaultConvTiling | None = None) -> tvm.IRModule:
+                        rank: int, reg: int, loop_tiles: DefaultConvTiling | None = None,
+                        channel_tile: int = 1, cores: int = 2) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
@@ -272,13 +298,32 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         channel_outer.append(oo2)
     oo = channel_outer[-1]
     last_o, last_i = sch.split(inner[-1], [None, reg])
+    reduce = list(reduce)
+    extent = int(conv.op.reduce_axis[0].dom.extent)
+    if 1 < channel_tile < extent and extent % channel_tile == 0:
+        # rc = rc_o * it + rc_i, with rc_i after the window loops: the input's and the
+        # weight's innermost (it) dimension is then read in order, with no div/mod.
+        rc_o, rc_i = sch.split(reduce[0], [None, channel_tile])
+        reduce = [rc_o, *reduce[1:], rc_i]
     sch.reorder(n, *outer, *channel_outer, last_o, *reduce, *inner[:-1], last_i, oi)
-    sch.parallel(sch.fuse(n, *outer))
+    # Parallel over output tiles; with few spatial tiles (7x7 maps) also over channel tiles.
+    tasks = 1
+    for loop in [n, *outer]:
+        tasks *= int(sch.get(loop).extent)
+    if tasks >= 4 * cores:
+        sch.parallel(sch.fuse(n, *outer))
+    else:
+        oo = sch.fuse(n, *outer, *channel_outer)
+        sch.parallel(oo)
+    # Accumulate the register block in a local buffer (registers after unrolling).
+    write = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write, last_o)
     sch.vectorize(oi)
     sch.unroll(last_i)
     for loop in inner[:-1]:
         sch.unroll(loop)
     sch.decompose_reduction(block, reduce[0])
+    sch.vectorize(sch.get_loops(write)[-1])
     if stages:
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
@@ -375,7 +420,9 @@ class AltConvStrategy(Strategy):
         return context.finish(
             output=final, layouts=layouts, strategy=self.name,
             schedule=lambda f: schedule_tiled_conv(f, conv=conv, stages=stages, source=pad_stage, rank=rank,
-                                                   reg=tiling.reg, loop_tiles=loop_tiles))
+                                                   reg=tiling.reg, loop_tiles=loop_tiles,
+                                                   channel_tile=tiling.it if loop_tiles is None else 1,
+                                                   cores=machine.num_cores))
 
 
 def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:
