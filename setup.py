@@ -29,6 +29,7 @@ setup(
         "alt_tvm.layout",
         "alt_tvm.ops",
         "alt_tvm.graph",
+        "alt_tvm.models",
         "alt_tvm.strategies",
         "alt_tvm.tuning",
         "alt_tvm.vta_mapping",

@@ -240,8 +240,9 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # a vector may span groups. Otherwise stay inside a group so reads stay contiguous.
     ot = channel_tile(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes)
     it = channel_tile(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes)
-    vectors = -(-ot // lanes)
-    budget = max(1, (registers * 3 // 4) // vectors)  # accumulators that fit the register file
+    budget = max(1, registers * 3 // 4)  # accumulators that fit the register file
+    # The spatial tiles depend on the spatial extents only (not on the channel tile), so
+    # a producer and a 1x1 consumer of the same map agree and no conversion is needed.
     # Leading spatial dims: tile rows of 1..4 (1 for 3-D, so the block stays 2-D).
     lead_cap = 4 if len(spatial) == 2 else 1
     best = None
@@ -251,8 +252,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
                 # Most accumulators first, then wider tiles (fewer tile switches).
                 score = (lead * reg, wt)
                 if best is None or score > best[0]:
-                    best = (score, lead, wt, reg)
-    _, lead, wt, reg = best
+                    best = (score, lead, wt)
+    _, lead, wt = best
+    vectors = -(-ot // lanes)
+    reg = max(_divisors_upto(wt, max(1, budget // (lead * vectors))))
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
     return DefaultConvTiling(tuple(tiles), ot, it, reg)
 

@@ -46,7 +46,7 @@ def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
         out.append(value)
     elif hasattr(value, "detach") and hasattr(value, "numpy"):  # torch.Tensor
         out.append(value.detach().cpu().numpy())
-    elif isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, (str, bytes)):
+    elif hasattr(value, "__iter__") and not isinstance(value, (str, bytes)):
         for item in value:  # Python sequences and TVM FFI Arrays (a VM's tuple outputs)
             _flatten(item, out)
     else:

@@ -264,8 +264,31 @@ def _flatten(value: Any) -> list:
     return out
 
 
+#: PrimFuncs that TVM's importers emit directly (``bb.emit_te(topi.maximum, ...)`` for ONNX
+#: Clip) and the Relax op with the same broadcasting semantics.
+_LIFTABLE_TE = {"maximum": relax.op.maximum, "minimum": relax.op.minimum}
+
+
+@relax.expr_functor.mutator
+class _LiftTECalls(relax.PyExprMutator):
+    """Turn importer-emitted ``call_tir(maximum|minimum, (x, c))`` back into Relax ops,
+    so that, e.g., ONNX's Clip (ReLU6) joins its convolution's epilogue."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if op_name(call) != "relax.call_tir":
+            return call
+        name = call.args[0].name_hint.rstrip("0123456789").rstrip("_")
+        args = call.args[1]
+        if name in _LIFTABLE_TE and isinstance(args, relax.Tuple) and len(args.fields) == 2:
+            return _LIFTABLE_TE[name](*args.fields)
+        return call
+
+
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference simplifications that expose weights and epilogues to the partitioner."""
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod["main"] = _LiftTECalls(mod).visit_expr(mod["main"])
     seq = tvm.ir.transform.Sequential([
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),

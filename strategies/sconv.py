@@ -1,0 +1,498 @@
+"""SConv direct convolution (seed 001): CSO macro-kernel, packing on demand, micro-kernel.
+
+The analysis (CSA) is in :mod:`alt_tvm.strategies.sconv_csa`. This module generates the
+convolution as TE plus an ``s_tir`` schedule:
+
+* **Phase image** ``X[n, c, a, b, f]`` — the padded input, split into ``stride_h x
+  stride_w`` phases and flattened with row length ``Wq`` (one pass over the input, the
+  paper's "padding at the start"). In it every convolution has unit stride and the
+  windows of consecutive output positions ``q = oh * Wq + ow`` start at consecutive
+  addresses, so an input tile of ``N_win`` windows is read with contiguous vector loads,
+  across output rows. The ``Wq - OUT_w`` extra columns per row are computed and dropped.
+* **Packing on demand** ``P[n, t, c, r, s, v]`` (Fig. 7): for input tile ``t``, the
+  element at filter position ``(r, s)`` of each of its ``N_win`` windows, stored
+  consecutively; computed inside the macro-kernel, one tile (IS) or ``K2`` tiles (WS) at
+  a time, into a buffer that lives in L1/L2.
+* **Filters** ``Kt x C x R x S x N_f``, packed once at compile time through an
+  :class:`alt_tvm.layout.Layout` (the weight is a constant).
+* **Micro-kernel**: ``N_f x N_win`` accumulators in registers; per ``(c, r, s)`` one
+  vector load of windows and ``N_f`` broadcast FMAs (an outer product).
+* **Macro-kernel** (Fig. 5): channel sets (layer 5) outermost, then sets of ``K3`` and
+  ``K2`` tiles in the order of the chosen schedule (IS or WS); partial sums of a channel
+  set are added into the output tile.
+* **Vector-Based Packing** (§6.2) for unit stride: a packed row ``P[.., r, 0:S, :]`` is
+  built from ``ceil((N_win + S - 1) / lanes)`` vector loads and ``S`` register shuffles
+  (``shufflevector``, ``valignd`` on AVX-512) instead of ``S`` loads, by tensorizing the
+  packing loops with a TIR intrinsic written with ``T.Shuffle``.
+
+Edge tiles (windows, filters, channels that the tile sizes do not divide) are computed as
+full tiles over zero-padded filters/channels and extra windows that are then dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import tvm
+from tvm import te, tirx
+
+from alt_tvm.graph.lower import attrs_dict
+from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
+from alt_tvm.layout import Layout, create_prim_func
+from alt_tvm.target import HardwareTarget, host
+
+from .sconv_csa import CSAParams, ConvShape, TilingPlan, analyze
+
+__all__ = [
+    "SConvKernel",
+    "SConvOptions",
+    "SConvStrategy",
+    "SConvGeometry",
+    "build_sconv",
+    "sconv_geometry",
+    "sconv_te",
+    "sconv_weight_layout",
+    "schedule_sconv",
+]
+
+_STAGES = ("sconv_phase", "sconv_pack", "sconv_part", "sconv_acc", "sconv_out")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class SConvOptions:
+    """Code-generation switches (the analysis decides everything else).
+
+    Attributes
+    ----------
+    vbp
+        Vector-Based Packing for unit-stride convolutions (§6.2); off: one vector load per
+        packed row element.
+    schedule
+        Force ``"IS"``/``"WS"``; ``None`` lets CSA's cost model choose.
+    threads
+        Parallel tasks for the macro-kernel (1 = serial, as in the paper); ``None``: the
+        target's core count.
+    params
+        CSA parameters (alpha, beta, gamma, level costs).
+    """
+
+    vbp: bool = True
+    schedule: Literal["IS", "WS"] | None = None
+    threads: int | None = None
+    params: CSAParams = CSAParams()
+
+    def __post_init__(self) -> None:
+        if self.schedule not in (None, "IS", "WS"):
+            raise ValueError(f"SConvOptions.schedule must be None, 'IS' or 'WS', got {self.schedule!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"SConvOptions.threads must be a positive int or None, got {self.threads!r}")
+
+
+@dataclass(frozen=True)
+class SConvGeometry:
+    """The CSA plan turned into the extents of the generated kernel.
+
+    Attributes
+    ----------
+    plan
+        CSA's result.
+    wq, hx, span
+        Phase-image row length, rows (with slack), and flat length ``hx * wq``.
+    tiles, k2, k3
+        Input tiles actually computed (a multiple of the schedule's input-tile set size)
+        and the schedule's set sizes, balanced so that sets divide the tile counts.
+    kp, cp
+        Output / input channels padded to whole filter tiles / channel sets.
+    """
+
+    plan: TilingPlan
+    wq: int
+    hx: int
+    span: int
+    tiles: int
+    fs_tiles: int
+    k2: int
+    k3: int
+    kp: int
+    cp: int
+    n_c: int
+
+    @property
+    def shape(self) -> ConvShape:
+        return self.plan.shape
+
+    @property
+    def n_win(self) -> int:
+        return self.plan.n_win
+
+    @property
+    def n_f(self) -> int:
+        return self.plan.n_f
+
+    @property
+    def schedule(self) -> str:
+        return self.plan.schedule
+
+    @property
+    def q(self) -> int:
+        return self.tiles * self.n_win
+
+
+def _balanced(total: int, per_set: int) -> tuple[int, int]:
+    """(set size, padded total): as many sets as CSA asked for, sizes evened out."""
+    sets = _ceil_div(total, max(1, min(per_set, total)))
+    size = _ceil_div(total, sets)
+    return size, sets * size
+
+
+def sconv_geometry(plan: TilingPlan) -> SConvGeometry:
+    """Extents of the kernel for ``plan`` (see :class:`SConvGeometry`)."""
+    sh = plan.shape
+    hp = sh.h + sh.pad_top + sh.pad_bottom
+    wp = sh.w + sh.pad_left + sh.pad_right
+    wq = _ceil_div(wp, sh.stride_w)
+    windows = (sh.out_h - 1) * wq + sh.out_w  # positions q = oh*wq + ow up to the last valid one
+    tiles = _ceil_div(windows, plan.n_win)
+    fs_tiles = plan.fs_tiles
+    # IS: K2 counts filter tiles, K3 input tiles; WS the other way round.
+    in_set, fs_set = (plan.k3, plan.k2) if plan.schedule == "IS" else (plan.k2, plan.k3)
+    in_set, tiles = _balanced(tiles, in_set)
+    fs_set, fs_tiles = _balanced(fs_tiles, fs_set)
+    k3, k2 = (in_set, fs_set) if plan.schedule == "IS" else (fs_set, in_set)
+    n_c = _ceil_div(sh.c, plan.channel_sets)  # same number of sets, less zero padding
+    # Furthest phase-image element a window of the last tile reads, plus one vector of
+    # slack for whole-vector loads (VBP), rounded up to whole rows.
+    lanes = plan.micro.lanes
+    last = tiles * plan.n_win - 1 + ((sh.r - 1) // sh.stride_h) * wq + (sh.s - 1) // sh.stride_w
+    hx = max(_ceil_div(last + 1 + lanes, wq), _ceil_div(hp, sh.stride_h))
+    return SConvGeometry(plan=plan, wq=wq, hx=hx, span=hx * wq, tiles=tiles, fs_tiles=fs_tiles, k2=k2, k3=k3,
+                         kp=fs_tiles * plan.n_f, cp=plan.channel_sets * n_c, n_c=n_c)
+
+
+def sconv_weight_layout(geometry: SConvGeometry) -> Layout:
+    """``K C R S`` -> ``Kt C' R S N_f`` (zero-padded filters and channels): the filter packing."""
+    sh = geometry.shape
+    layout = Layout((sh.k, sh.c, sh.r, sh.s))
+    if geometry.kp > sh.k:
+        layout = layout.pad(0, geometry.kp - sh.k)
+    if geometry.cp > sh.c:
+        layout = layout.pad(1, geometry.cp - sh.c)
+    return layout.split(0, [geometry.kp // geometry.n_f, geometry.n_f]).reorder([0, 2, 3, 4, 1])
+
+
+def sconv_te(data: te.Tensor, weight: te.Tensor, geometry: SConvGeometry) -> te.Tensor:
+    """The SConv stages in TE; returns the NCHW output (``weight`` is read in OIHW terms).
+
+    Reads of ``weight`` beyond ``K``/``C`` land in the zero padding of
+    :func:`sconv_weight_layout`, so the weight must be given that layout.
+    """
+    sh, g = geometry.shape, geometry
+    n_img, c_in, sth, stw = sh.n, sh.c, sh.stride_h, sh.stride_w
+    wq, nw, nc = g.wq, g.n_win, g.n_c
+
+    def phase(n, c, a, b, f):
+        row = (f // wq) * sth + a - sh.pad_top
+        col = (f % wq) * stw + b - sh.pad_left
+        inside = tirx.all(c < c_in, row >= 0, row < sh.h, col >= 0, col < sh.w)
+        return tirx.if_then_else(inside, data[n, c, row, col], tirx.const(0, data.dtype))
+
+    x = te.compute((n_img, g.cp, sth, stw, g.span), phase, name="sconv_phase")
+
+    def pack(n, t, c, r, s, v):
+        return x[n, c, r % sth, s % stw, t * nw + v + (r // sth) * wq + s // stw]
+
+    packed = te.compute((n_img, g.tiles, g.cp, sh.r, sh.s, nw), pack, name="sconv_pack")
+    ci = te.reduce_axis((0, nc), "ci")
+    rr = te.reduce_axis((0, sh.r), "rr")
+    rs = te.reduce_axis((0, sh.s), "rs")
+    part = te.compute(
+        (n_img, geometry.plan.channel_sets, g.kp, g.q),
+        lambda n, cs, k, q: te.sum(packed[n, q // nw, cs * nc + ci, rr, rs, q % nw] * weight[k, cs * nc + ci, rr, rs],
+                                   axis=[ci, rr, rs]),
+        name="sconv_part")
+    cs = te.reduce_axis((0, geometry.plan.channel_sets), "cs")
+    acc = te.compute((n_img, g.kp, g.q), lambda n, k, q: te.sum(part[n, cs, k, q], axis=cs), name="sconv_acc")
+    return te.compute((n_img, sh.k, sh.out_h, sh.out_w), lambda n, k, oh, ow: acc[n, k, oh * wq + ow],
+                      name="sconv_out")
+
+
+# ---------------------------------------------------------------------- Vector-Based Packing
+@functools.lru_cache(maxsize=None)
+def _vbp_intrin(width: int, n_win: int, lanes: int) -> str:
+    """Register (once) the VBP intrinsic for ``width`` filter columns; returns its name.
+
+    ``B[s, v] = A[s + v]`` for ``s < width``, ``v < n_win``: the ``n_win + width - 1``
+    source elements are loaded as whole vectors, and each packed row is a
+    ``shufflevector`` of them (element ``s + v``), which LLVM lowers to ``valignd`` /
+    ``vpermt2ps`` on AVX-512.
+    """
+    from tvm.script import tirx as T
+
+    nvec = _ceil_div(n_win + width - 1, lanes)
+    span = nvec * lanes
+    name = f"alt_sconv_vbp_{width}x{n_win}_l{lanes}"
+
+    @T.prim_func(private=True, s_tir=True)
+    def desc(a: T.handle, b: T.handle) -> None:
+        A = T.match_buffer(a, (span,), "float32", offset_factor=1)
+        B = T.match_buffer(b, (width, n_win), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(A[0:span])
+            T.writes(B[0:width, 0:n_win])
+            for s, v in T.grid(width, n_win):
+                with T.sblock("pack"):
+                    vs, vv = T.axis.remap("SS", [s, v])
+                    B[vs, vv] = A[vs + vv]
+
+    # The implementation is built directly in TIR: each packed row is a Shuffle with a
+    # compile-time mask, one per filter column, which TVMScript cannot generate in a loop.
+    impl = _vbp_impl(width, n_win, lanes, nvec)
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+def _vbp_impl(width: int, n_win: int, lanes: int, nvec: int) -> tirx.PrimFunc:
+    span = nvec * lanes
+    a = tirx.Var("a", "handle")
+    b = tirx.Var("b", "handle")
+    buf_a = tirx.decl_buffer((span,), "float32", "A", offset_factor=1)
+    buf_b = tirx.decl_buffer((width, n_win), "float32", "B", offset_factor=1)
+    sources = [tirx.BufferLoad(buf_a, [tirx.Ramp(i * lanes, 1, lanes)]) for i in range(nvec)]
+    body = []
+    for s in range(width):
+        row = tirx.Shuffle(sources, [tirx.const(s + v, "int32") for v in range(n_win)])
+        body.append(tirx.BufferStore(buf_b, row, [tirx.const(s, "int32"), tirx.Ramp(0, 1, n_win)]))
+    def full(buf):
+        return tirx.BufferRegion(buf, [tvm.ir.Range(0, int(extent)) for extent in buf.shape])
+
+    block = tvm.s_tir.SBlock([], [full(buf_a)], [full(buf_b)], "root",
+                             tirx.SeqStmt(body))
+    realize = tvm.s_tir.SBlockRealize([], tirx.const(True, "bool"), block)
+    return tirx.PrimFunc([a, b], realize, buffer_map={a: buf_a, b: buf_b})
+
+
+# ---------------------------------------------------------------------------- the schedule
+def _parallel_choice(sch: Any, loops: list, threads: int) -> Any | None:
+    """The loop whose extent splits best over ``threads`` (outer first on ties)."""
+    if threads <= 1:
+        return None
+    best, best_eff = None, 0.0
+    for loop in loops:
+        extent = int(sch.get(loop).extent)
+        if extent < 2:
+            continue
+        eff = extent / (_ceil_div(extent, threads) * threads)
+        if eff > best_eff + 1e-9:
+            best, best_eff = loop, eff
+    return best
+
+
+def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str = "sconv_out",
+                   inline: tuple[str, ...] = (), options: SConvOptions | None = None,
+                   lanes: int = 16) -> tvm.IRModule:
+    """The five-layer macro-kernel (Fig. 5) around the micro-kernel, for IS or WS.
+
+    Loops of the accumulation (outer to inner)::
+
+        IS: n . channel set . t/K3 . kt/K2 . [t in K3: pack tile] . [kt in K2] . micro-kernel
+        WS: n . channel set . kt/K3 . t/K2 . [pack K2 tiles] . [kt in K3] . [t in K2] . micro-kernel
+        micro-kernel: c . r . s . (N_f unrolled) . (N_win vectorised)
+
+    ``final`` is the last stage (the NCHW output or the epilogue's last stage) and
+    ``inline`` the stages between ``sconv_out`` and it, inlined into it.
+    """
+    options = options or SConvOptions()
+    g = geometry
+    threads = options.threads or 1
+    sch = tvm.s_tir.Schedule(func)
+    acc = sch.get_sblock("sconv_acc")
+    n, k, q, cs = sch.get_loops(acc)
+    kt, kf = sch.split(k, [None, g.n_f])
+    t, v = sch.split(q, [None, g.n_win])
+    if g.schedule == "IS":
+        t3, t2 = sch.split(t, [None, g.k3])
+        k3, k1 = sch.split(kt, [None, g.k2])
+        sch.reorder(n, cs, t3, k3, t2, k1, kf, v)
+        pack_at, micro_at, par_loops = t2, k1, [t2, k1]
+    else:
+        k3, k1 = sch.split(kt, [None, g.k3])
+        t3, t1 = sch.split(t, [None, g.k2])
+        sch.reorder(n, cs, k3, t3, k1, t1, kf, v)
+        pack_at, micro_at, par_loops = t3, t1, [t3, k1, t1]
+    # Micro-kernel: the channel set's partial sums in registers.
+    part = sch.get_sblock("sconv_part")
+    sch.compute_at(part, micro_at)
+    sch.set_scope(part, 0, "local")
+    p_kf, p_v, ci, rr, rs = sch.get_loops(part)[-5:]
+    sch.reorder(ci, rr, rs, p_kf, p_v)
+    sch.unroll(p_kf)
+    sch.vectorize(p_v)
+    sch.unroll(kf)
+    sch.vectorize(v)
+    # Packing on demand, at layer 2 (IS: one tile) or layer 3 (WS: K2 tiles).
+    pack = sch.get_sblock("sconv_pack")
+    sch.compute_at(pack, pack_at)
+    # Parallel loops are set before the reductions are decomposed (s_tir checks dataflow).
+    par = _parallel_choice(sch, par_loops, threads)
+    if par is not None:
+        sch.parallel(par)
+        if g.schedule == "WS" and not sch.get(par).same_as(sch.get(t3)):
+            # WS packs K2 tiles outside the parallel loop: split that packing over threads too.
+            tile_loop = sch.get_loops(pack)[-5]
+            if int(sch.get(tile_loop).extent) >= threads:
+                sch.parallel(tile_loop)
+    init = sch.decompose_reduction(part, ci)
+    i_kf, i_v = sch.get_loops(init)[-2:]
+    sch.unroll(i_kf)
+    sch.vectorize(i_v)
+    pack_loops = sch.get_loops(pack)
+    sh = g.shape
+    if options.vbp and sh.stride_w == 1 and g.n_win % lanes == 0:
+        # Tensorize the (s, v) loops of each packed row with the VBP shuffle intrinsic.
+        sch.tensorize(pack_loops[-2], _vbp_intrin(sh.s, g.n_win, lanes))
+    else:
+        sch.vectorize(pack_loops[-1])
+    acc_init = sch.decompose_reduction(acc, cs)
+    init_loops = sch.get_loops(acc_init)
+    sch.vectorize(init_loops[-1])
+    # The init loops copy the parallel annotation of the loops they come from, if any.
+    if threads > 1 and not any(int(sch.get(lp).kind) == int(tirx.ForKind.PARALLEL) for lp in init_loops):
+        sch.parallel(init_loops[1])
+    # Phase image: one pass, rows of the flat image split out so indices stay affine.
+    phase = sch.get_sblock("sconv_phase")
+    pn, pc, pa, pb, pf = sch.get_loops(phase)
+    sch.split(pf, [g.hx, g.wq])
+    if threads > 1:
+        sch.parallel(sch.fuse(pn, pc))
+    # Crop (+ epilogue): a parallel pass over the NCHW output.
+    sch.compute_inline(sch.get_sblock("sconv_out")) if final != "sconv_out" else None
+    for name in inline:
+        sch.compute_inline(sch.get_sblock(name))
+    out_loops = sch.get_loops(sch.get_sblock(final))
+    if threads > 1 and len(out_loops) >= 2:
+        sch.parallel(sch.fuse(*out_loops[:2]))
+    if int(sch.get(out_loops[-1]).extent) <= 64:
+        sch.vectorize(out_loops[-1])
+    return sch.mod
+
+
+# ------------------------------------------------------------------------ standalone use
+@dataclass(frozen=True)
+class SConvKernel:
+    """A compiled SConv convolution (no bias) and what was decided for it.
+
+    Call it with NumPy NCHW data; the weight was packed when the kernel was built.
+    """
+
+    geometry: SConvGeometry
+    options: SConvOptions
+    module: Any
+    packed_weight: Any  # tvm.runtime.Tensor
+
+    @property
+    def plan(self) -> TilingPlan:
+        return self.geometry.plan
+
+    def __call__(self, data: np.ndarray, *, out: Any = None) -> np.ndarray:
+        dev = tvm.cpu()
+        sh = self.geometry.shape
+        x = data if isinstance(data, tvm.runtime.Tensor) else tvm.runtime.tensor(
+            np.ascontiguousarray(data, dtype=np.float32), dev)
+        y = out or tvm.runtime.tensor(np.empty((sh.n, sh.k, sh.out_h, sh.out_w), np.float32), dev)
+        self.module["main"](x, self.packed_weight, y)
+        return y.numpy() if out is None else y
+
+
+def build_sconv(shape: ConvShape, weight: np.ndarray, *, target: HardwareTarget | None = None,
+                options: SConvOptions | None = None) -> SConvKernel:
+    """Analyse, generate and compile SConv for ``shape`` with the constant ``weight`` (OIHW).
+
+    Raises
+    ------
+    ValueError
+        If ``weight`` does not have shape ``(k, c, r, s)`` of ``shape``.
+    """
+    target = target or host()
+    options = options or SConvOptions()
+    expected = (shape.k, shape.c, shape.r, shape.s)
+    if tuple(weight.shape) != expected:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected} (OIHW) for {shape}")
+    plan = analyze(shape, target, params=options.params, schedule=options.schedule)
+    geometry = sconv_geometry(plan)
+    data = te.placeholder((shape.n, shape.c, shape.h, shape.w), name="data")
+    w = te.placeholder(expected, name="weight")
+    out = sconv_te(data, w, geometry)
+    layout = sconv_weight_layout(geometry)
+    func = create_prim_func([data, w, out], layouts={w: layout})
+    threads = options.threads or target.num_cores
+    opts = SConvOptions(vbp=options.vbp, schedule=options.schedule, threads=threads, params=options.params)
+    mod = schedule_sconv(func, geometry, options=opts, lanes=target.vector_lanes("float32"))
+    module = tvm.compile(mod, target=target.to_tvm()).jit()
+    packed = tvm.runtime.tensor(np.ascontiguousarray(layout.apply(np.asarray(weight, np.float32))), tvm.cpu())
+    return SConvKernel(geometry, opts, module, packed)
+
+
+# -------------------------------------------------------------------- the build strategy
+class SConvStrategy(Strategy):
+    """SConv for ``relax.nn.conv2d`` (NCHW/OIHW, float32, constant weight, groups 1, no dilation).
+
+    Priority 5, below ``alt`` (10): a build uses it only when selected, e.g.
+    ``AltLayoutPass(strategies=["sconv"])``. No tuning: CSA decides the tiling. The output
+    is NCHW, so neighbouring SConv partitions need no layout conversions.
+    """
+
+    name = "sconv"
+    ops = ("relax.nn.conv2d",)
+    priority = 5
+
+    def applicable(self, info: OpInfo) -> str | None:
+        attrs = info.attrs
+        if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW":
+            return f"layouts {attrs.get('data_layout')}/{attrs.get('kernel_layout')} (needs NCHW/OIHW)"
+        if attrs.get("out_layout", "NCHW") not in ("NCHW", "", None):
+            return f"out_layout {attrs.get('out_layout')} (needs NCHW)"
+        if info.input_dtypes[0] != "float32" or info.output_dtype != "float32":
+            return f"dtype {info.input_dtypes[0]} -> {info.output_dtype} (needs float32)"
+        if int(attrs.get("groups", 1)) != 1:
+            return f"groups={attrs.get('groups')} (needs 1)"
+        if list(attrs.get("dilation", [1, 1])) != [1, 1]:
+            return f"dilation {attrs.get('dilation')} (needs 1)"
+        if 1 not in info.constants:
+            return "weight is not a constant"
+        return None
+
+    def implement(self, anchor: Any, context: Any) -> Any:
+        call = anchor.value
+        attrs = attrs_dict(call.attrs)
+        data = context.te_input(call.args[0], "data")
+        weight = context.te_input(call.args[1], "weight")
+        strides = [int(x) for x in attrs.get("strides", [1, 1])]
+        pads = [int(x) for x in attrs.get("padding", [0, 0, 0, 0])]
+        if len(pads) == 2:
+            pads = pads * 2
+        n, c, h, w = (int(x) for x in data.shape)
+        k, _, r, s = (int(x) for x in weight.shape)
+        shape = ConvShape(n, c, h, w, k, r, s, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3])
+        machine = context.target
+        plan = analyze(shape, machine)
+        geometry = sconv_geometry(plan)
+        out = sconv_te(data, weight, geometry)
+        stages = context.epilogue_te(out)
+        final = stages[-1] if stages else out
+        context.require_layout(data, Layout((n, c, h, w)))  # read NCHW directly
+        options = SConvOptions(threads=machine.num_cores)
+        return context.finish(
+            output=final, layouts={weight: sconv_weight_layout(geometry)}, strategy=self.name,
+            schedule=lambda f: schedule_sconv(f, geometry, final=final.op.name,
+                                              inline=tuple(st.op.name for st in stages[:-1]), options=options,
+                                              lanes=machine.vector_lanes("float32")))
+
+
+register_strategy(SConvStrategy())

@@ -1,0 +1,386 @@
+"""SConv's Convolution Slicing Analysis (CSA): tile sizes, cache distribution, IS vs WS.
+
+Pure Python, no TVM. Follows Ferrari et al., "Advancing Direct Convolution using
+Convolution Slicing Optimization and ISA Extensions" (seed 001), §4.1 and §5:
+
+* the micro-kernel fixes ``N_win`` (windows per input tile, along vector lanes) and ``N_f``
+  (filters per filter tile, one accumulator vector each) from the target's vector registers
+  (:func:`micro_kernel_for`);
+* ``N_c`` is the largest channel count, found by halving from ``IN_c``, with
+  ``|IN^T| + |FS^T| + |OUT^T| <= alpha * L1`` (eqs. 1-2);
+* ``K2`` and ``K3`` — tiles kept in L2 and L3 — by halving from the tile counts until
+  eqs. (4)-(5) hold, for Input-Stationary (IS) and, with the roles of input and filter
+  tiles swapped, Weight-Stationary (WS);
+* the cost model (6)-(14) picks the schedule with fewer cycles spent loading tiles.
+
+Ratios such as ``#FS^T / K2`` are counts of tile *sets*, so they are rounded up (the paper
+writes plain divisions, which agree whenever the sizes divide). A cache level of size 0
+(absent) satisfies no inequality, so its ``K`` falls to 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from alt_tvm.target import HardwareTarget
+
+__all__ = [
+    "CSAParams",
+    "ConvShape",
+    "MicroKernel",
+    "ScheduleCost",
+    "TilingPlan",
+    "analyze",
+    "micro_kernel_for",
+    "schedule_cost",
+]
+
+Schedule = Literal["IS", "WS"]
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One 2-D convolution, NCHW / OIHW (batch ``n``; the analysis is per image).
+
+    Padding is ``(top, left, bottom, right)`` as in Relax; use :meth:`symmetric` for the
+    common case.
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride_h: int = 1
+    stride_w: int = 1
+    pad_top: int = 0
+    pad_left: int = 0
+    pad_bottom: int = 0
+    pad_right: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n", "c", "h", "w", "k", "r", "s", "stride_h", "stride_w"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ConvShape.{name} must be a positive int, got {value!r}")
+        for name in ("pad_top", "pad_left", "pad_bottom", "pad_right"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ConvShape.{name} must be a non-negative int, got {value!r}")
+        if self.h + self.pad_top + self.pad_bottom < self.r or self.w + self.pad_left + self.pad_right < self.s:
+            raise ValueError(f"filter {self.r}x{self.s} is larger than the padded input "
+                             f"{self.h + self.pad_top + self.pad_bottom}x{self.w + self.pad_left + self.pad_right}")
+
+    @classmethod
+    def symmetric(cls, *, n: int, c: int, h: int, w: int, k: int, r: int, s: int, stride: int = 1,
+                  pad: int = 0) -> ConvShape:
+        """Same stride in both dims and the same padding on every side."""
+        return cls(n, c, h, w, k, r, s, stride, stride, pad, pad, pad, pad)
+
+    @property
+    def out_h(self) -> int:
+        return (self.h + self.pad_top + self.pad_bottom - self.r) // self.stride_h + 1
+
+    @property
+    def out_w(self) -> int:
+        return (self.w + self.pad_left + self.pad_right - self.s) // self.stride_w + 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.n * self.k * self.out_h * self.out_w * self.c * self.r * self.s
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1, unit stride, no padding: a plain GEMM (the paper's §7.5 case)."""
+        return (self.r, self.s, self.stride_h, self.stride_w) == (1, 1, 1, 1) and \
+            not (self.pad_top or self.pad_left or self.pad_bottom or self.pad_right)
+
+
+@dataclass(frozen=True)
+class MicroKernel:
+    """Outer-product micro-kernel: ``n_f`` filters x ``n_win`` windows of accumulators.
+
+    ``window_vectors`` vectors of ``lanes`` windows each; ``n_f * window_vectors``
+    accumulator registers.
+    """
+
+    n_win: int
+    n_f: int
+    lanes: int
+    window_vectors: int
+    registers: int
+
+
+@dataclass(frozen=True)
+class CSAParams:
+    """Knobs of the analysis.
+
+    Attributes
+    ----------
+    alpha, beta, gamma
+        Share of L1, L2, L3 available to tiles (eqs. 2, 4, 5); the paper uses 0.9.
+    dtype_bytes
+        ``DT``: 4 for float32.
+    cost_l2, cost_l3, cost_dram
+        Cycles per cache-line load from L2, L3 and main memory (eq. 6). Typical of recent
+        x86 server parts; only their ratios matter for the IS/WS choice.
+    """
+
+    alpha: float = 0.9
+    beta: float = 0.9
+    gamma: float = 0.9
+    dtype_bytes: int = 4
+    cost_l2: float = 14.0
+    cost_l3: float = 50.0
+    cost_dram: float = 200.0
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "gamma"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"CSAParams.{name} must be in (0, 1], got {value!r}")
+        if self.dtype_bytes < 1:
+            raise ValueError(f"CSAParams.dtype_bytes must be >= 1, got {self.dtype_bytes!r}")
+        for name in ("cost_l2", "cost_l3", "cost_dram"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"CSAParams.{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class ScheduleCost:
+    """Eqs. (6)-(14) for one schedule: line loads per level and the total in cycles."""
+
+    schedule: Schedule
+    k2: int
+    k3: int
+    n_dram1: float
+    n_dram2: float
+    n_l3: float
+    n_l2: float
+    total: float
+
+
+@dataclass(frozen=True)
+class TilingPlan:
+    """CSA's result for one convolution.
+
+    Attributes
+    ----------
+    micro : MicroKernel
+        ``n_win``, ``n_f`` come from here.
+    n_c, channel_sets
+        Channels per tile, and ``ceil(IN_c / n_c)`` channel sets (layer 5).
+    in_tiles, fs_tiles
+        ``#IN^T = ceil(OUT_h * OUT_w / N_win)`` and ``#FS^T = ceil(OUT_c / N_f)`` (eq. 3).
+    in_tile_bytes, fs_tile_bytes, out_tile_bytes
+        Eq. (1).
+    schedule, k2, k3
+        The chosen schedule and its L2/L3 tile counts. In IS, ``k2`` counts filter tiles
+        and ``k3`` input tiles; in WS the other way round.
+    costs
+        Both schedules' costs (eq. 6), IS first.
+    edge_channels, edge_windows, edge_filters
+        Sizes of the last, smaller channel set / input tile / filter tile (equal to the
+        full size when the extents divide).
+    """
+
+    shape: ConvShape
+    micro: MicroKernel
+    params: CSAParams
+    n_c: int
+    channel_sets: int
+    in_tiles: int
+    fs_tiles: int
+    in_tile_bytes: int
+    fs_tile_bytes: int
+    out_tile_bytes: int
+    schedule: Schedule
+    k2: int
+    k3: int
+    costs: tuple[ScheduleCost, ScheduleCost] = field(repr=False)
+    edge_channels: int
+    edge_windows: int
+    edge_filters: int
+
+    @property
+    def n_win(self) -> int:
+        return self.micro.n_win
+
+    @property
+    def n_f(self) -> int:
+        return self.micro.n_f
+
+    def summary(self) -> str:
+        """One line, for logs and benchmark tables."""
+        return (f"{self.schedule} Nwin={self.n_win} Nf={self.n_f} Nc={self.n_c} sets={self.channel_sets} "
+                f"#IN={self.in_tiles} #FS={self.fs_tiles} K2={self.k2} K3={self.k3}")
+
+
+def _broadcast_cost(target: HardwareTarget) -> float:
+    """Loads spent per broadcast filter value in the micro-kernel.
+
+    AVX-512 FMAs take a broadcast memory operand ({1to16}), so a broadcast is free; NEON
+    multiplies by a lane of a loaded vector (one load serves ``lanes`` filters); AVX2 and
+    RVV broadcast or load one scalar per filter.
+    """
+    kind = str(target.tvm_target.get("kind", "llvm"))
+    triple = str(target.tvm_target.get("mtriple", ""))
+    if kind != "llvm":
+        return 1.0
+    if triple.startswith("aarch64") or triple.startswith("arm"):
+        return 1.0 / target.vector_lanes("float32")
+    if triple.startswith("riscv"):
+        return 1.0
+    return 0.0 if target.vector_bits >= 512 else 1.0
+
+
+def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulator_share: float = 0.75) -> MicroKernel:
+    """Size the outer-product micro-kernel for ``target``'s vector register file.
+
+    Accumulators ``n_f x window_vectors`` may take ``accumulator_share`` of the registers
+    (the rest hold the window vectors, broadcasts and addresses). Among shapes with the
+    most accumulators, the one with the fewest loads per rank-1 update
+    (``window_vectors + n_f x broadcast cost``) wins, then the fewest window vectors
+    (fewer wasted windows at edges). AVX-512 gives the paper's 16 windows x 24 filters.
+
+    Raises
+    ------
+    ValueError
+        If the target has no vector registers (a GPU) or ``accumulator_share`` is not in (0, 1).
+    """
+    if target.vector_registers < 4:
+        raise ValueError(f"target {target.name!r} has {target.vector_registers} vector registers; "
+                         "SConv's micro-kernel needs a SIMD CPU")
+    if not 0.0 < accumulator_share < 1.0:
+        raise ValueError(f"accumulator_share must be in (0, 1), got {accumulator_share!r}")
+    lanes = max(1, target.vector_bits // (8 * dtype_bytes))
+    regs = target.vector_registers
+    budget = int(regs * accumulator_share)
+    bcast = _broadcast_cost(target)
+    best = None
+    for vecs in range(1, budget + 1):
+        # Accumulators within the budget, and room left for the window vectors + 1 spare.
+        n_f = min(budget // vecs, (regs - vecs - 1) // vecs)
+        if n_f < 1:
+            continue
+        key = (-(vecs * n_f), vecs + n_f * bcast, vecs)
+        if best is None or key < best[0]:
+            best = (key, vecs, n_f)
+    _, vecs, n_f = best
+    return MicroKernel(n_win=vecs * lanes, n_f=n_f, lanes=lanes, window_vectors=vecs, registers=regs)
+
+
+def _halve(start: int, fits) -> int:
+    """The paper's heuristic: start high, halve (rounding up) until ``fits``; at least 1."""
+    value = max(1, start)
+    while value > 1 and not fits(value):
+        value = -(-value // 2)
+    return value
+
+
+def _sets(total: int, per_set: int) -> int:
+    return -(-total // per_set)
+
+
+def schedule_cost(*, schedule: Schedule, channel_sets: int, in_tiles: int, fs_tiles: int, in_bytes: int,
+                  fs_bytes: int, k2: int, k3: int, line: int, params: CSAParams) -> ScheduleCost:
+    """Eqs. (6)-(14) for ``schedule``; for WS input and filter tiles trade places.
+
+    ``k2``/``k3`` are that schedule's counts (IS: filter tiles in L2, input tiles in L3).
+    """
+    if schedule not in ("IS", "WS"):
+        raise ValueError(f"schedule must be 'IS' or 'WS', got {schedule!r}")
+    if line < 1:
+        raise ValueError(f"cache line size must be positive, got {line}")
+    # The stationary operand ("IN" in the paper's IS equations) and the streamed one.
+    n_st, b_st, n_mv, b_mv = ((in_tiles, in_bytes, fs_tiles, fs_bytes) if schedule == "IS"
+                              else (fs_tiles, fs_bytes, in_tiles, in_bytes))
+    sets = channel_sets
+    n_dram1 = sets * (n_st * b_st + n_mv * b_mv) / line  # (8)
+    mv_fitmin = min(_sets(n_mv, k2) - 1, 1)  # (9)
+    st_fit = _sets(n_st, k3) - 1  # (10)
+    n_dram2 = sets * mv_fitmin * st_fit * n_mv * b_mv / line  # (11)
+    mv_fit = _sets(n_mv, k2) - 1  # (12)
+    n_l3 = sets * mv_fit * n_st * b_st / line  # (13)
+    n_l2 = sets * (n_st - 1) * n_mv * b_mv / line  # (14)
+    total = params.cost_dram * (n_dram1 + n_dram2) + params.cost_l3 * n_l3 + params.cost_l2 * n_l2  # (6), (7)
+    return ScheduleCost(schedule, k2, k3, n_dram1, n_dram2, n_l3, n_l2, total)
+
+
+def analyze(shape: ConvShape, target: HardwareTarget, *, params: CSAParams | None = None,
+            micro: MicroKernel | None = None, schedule: Schedule | None = None) -> TilingPlan:
+    """Run CSA on one convolution for ``target``.
+
+    Parameters
+    ----------
+    shape
+        The convolution.
+    target
+        Cache sizes, line size and vector registers (``alt_tvm.target.host()`` or a board).
+    params
+        alpha/beta/gamma and the per-level costs; defaults to :class:`CSAParams()`.
+    micro
+        Override the micro-kernel (e.g. the paper's POWER10 8x16); default
+        :func:`micro_kernel_for`.
+    schedule
+        Force ``"IS"`` or ``"WS"`` instead of the cost model's choice.
+
+    Returns
+    -------
+    TilingPlan
+    """
+    if not isinstance(shape, ConvShape):
+        raise ValueError(f"shape must be a ConvShape, got {type(shape).__name__}")
+    if schedule not in (None, "IS", "WS"):
+        raise ValueError(f"schedule must be None, 'IS' or 'WS', got {schedule!r}")
+    params = params or CSAParams()
+    micro = micro or micro_kernel_for(target, dtype_bytes=params.dtype_bytes)
+    dt = params.dtype_bytes
+    window = shape.r * shape.s
+    n_win, n_f = micro.n_win, micro.n_f
+
+    def in_bytes(nc: int) -> int:
+        return n_win * nc * window * dt
+
+    def fs_bytes(nc: int) -> int:
+        return n_f * nc * window * dt
+
+    out_bytes = n_win * n_f * dt
+    l1 = target.l1d_bytes * params.alpha
+    n_c = _halve(shape.c, lambda nc: in_bytes(nc) + fs_bytes(nc) + out_bytes <= l1)  # (2)
+    channel_sets = _sets(shape.c, n_c)
+    in_tiles = _sets(shape.out_h * shape.out_w, n_win)  # (3)
+    fs_tiles = _sets(shape.k, n_f)
+    b_in, b_fs = in_bytes(n_c), fs_bytes(n_c)
+    l2, l3 = target.l2_bytes * params.beta, target.l3_bytes * params.gamma
+
+    def counts(sched: Schedule) -> tuple[int, int]:
+        # IS: K2 filter tiles share L2 with the stationary input tile, K3 input tiles sit in L3.
+        n_st, b_st, n_mv, b_mv = ((in_tiles, b_in, fs_tiles, b_fs) if sched == "IS"
+                                  else (fs_tiles, b_fs, in_tiles, b_in))
+        k2 = _halve(n_mv, lambda k: b_st + k * (b_mv + out_bytes) <= l2)  # (4)
+        k3 = _halve(n_st, lambda k: k * b_st + k2 * b_mv + k2 * k * out_bytes <= l3)  # (5)
+        return k2, k3
+
+    costs = []
+    for sched in ("IS", "WS"):
+        k2, k3 = counts(sched)
+        costs.append(schedule_cost(schedule=sched, channel_sets=channel_sets, in_tiles=in_tiles,
+                                   fs_tiles=fs_tiles, in_bytes=b_in, fs_bytes=b_fs, k2=k2, k3=k3,
+                                   line=target.cache_line_bytes, params=params))
+    # Ties go to IS: its packing happens one tile at a time, right before use.
+    chosen = schedule or ("IS" if costs[0].total <= costs[1].total else "WS")
+    pick = costs[0] if chosen == "IS" else costs[1]
+    windows = shape.out_h * shape.out_w
+    return TilingPlan(
+        shape=shape, micro=micro, params=params, n_c=n_c, channel_sets=channel_sets, in_tiles=in_tiles,
+        fs_tiles=fs_tiles, in_tile_bytes=b_in, fs_tile_bytes=b_fs, out_tile_bytes=out_bytes, schedule=chosen,
+        k2=pick.k2, k3=pick.k3, costs=(costs[0], costs[1]),
+        edge_channels=shape.c - (channel_sets - 1) * n_c,
+        edge_windows=windows - (in_tiles - 1) * n_win,
+        edge_filters=shape.k - (fs_tiles - 1) * n_f,
+    )
+
