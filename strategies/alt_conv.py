@@ -233,7 +233,6 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     or 1 (3-D); the register block keeps ``outer tiles x reg`` accumulators of ``ot``
     lanes in about three quarters of the register file.
     """
-    from alt_tvm.graph.lower import tiles_for
 
     spatial = list(out_shape[2:])
     # With one output channel per group (depthwise), input channel o reads channel o:
