@@ -38,8 +38,11 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
     sch.unroll(mi)
     sch.decompose_reduction(block, k)
     sch.vectorize(sch.get_loops(write)[-1])
-    for stage in stages:
-        sch.reverse_compute_inline(sch.get_sblock(stage.op.name))
+    if stages:
+        # Inline the epilogue DAG into its last stage, then that stage into the write-back.
+        for stage in stages[:-1]:
+            sch.compute_inline(sch.get_sblock(stage.op.name))
+        sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
     return sch.mod
 
 
@@ -81,3 +84,46 @@ class AltGemmStrategy(Strategy):
 
 
 register_strategy(AltGemmStrategy())
+
+
+class AltBatchMatmulStrategy(Strategy):
+    """Matmul of two activations (attention scores and context): ``A[.., M, K] x B[.., K, N]``.
+
+    Nothing is constant, so layouts stay canonical (N is already contiguous in B and in
+    the output); the schedule blocks ``mt x nt`` outputs in registers and runs batch and
+    row blocks in parallel.
+    """
+
+    name = "alt"
+    ops = ("relax.matmul",)
+    priority = 9
+
+    def applicable(self, info: OpInfo) -> str | None:
+        if any(d != "float32" for d in info.input_dtypes):
+            return f"dtypes {info.input_dtypes} (needs float32)"
+        a, b = info.input_shapes
+        if len(a) < 2 or len(a) != len(b) or a[:-2] != b[:-2] or a[-1] != b[-2]:
+            return f"shapes {info.input_shapes} (needs [..., M, K] x [..., K, N] with equal batch dims)"
+        return None
+
+    def implement(self, anchor, context) -> Any:
+        call = anchor.value
+        a = context.te_input(call.args[0], "a")
+        b = context.te_input(call.args[1], "b")
+        *lead, m, kdim = (int(s) for s in a.shape)
+        n = int(b.shape[-1])
+        k = te.reduce_axis((0, kdim), "k")
+        gemm = te.compute((*lead, m, n), lambda *i: te.sum(a(*i[:-1], k) * b(*i[:-2], k, i[-1]), axis=k),
+                          name="batch_matmul", tag="batch_matmul")
+        stages = context.epilogue_te(gemm)
+        final = stages[-1] if stages else gemm
+        lanes = context.target.vector_lanes("float32")
+        nt = tiles_for(n, 2 * lanes)
+        mt = tiles_for(m, 4)
+        return context.finish(
+            output=final, layouts=TensorMap(), strategy=self.name,
+            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt,
+                                             vec=tiles_for(nt, lanes)))
+
+
+register_strategy(AltBatchMatmulStrategy())

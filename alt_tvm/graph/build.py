@@ -81,7 +81,8 @@ class AltLayoutPass:
             info = op_info(binding, self.target)
             strategy, reasons = registry.select(info, allowed=self.allowed)
             if strategy is None:
-                self.report.fallbacks.setdefault(name, []).extend(reasons)
+                known = self.report.fallbacks.setdefault(name, [])
+                known.extend(r for r in reasons if r not in known)
                 return False
             selected[binding.var] = strategy
             return True
@@ -153,6 +154,9 @@ class _Mutator(relax.PyExprMutator):
             return
         for used in relax.analysis.free_vars(binding.value):
             self._canonical_arg(used)
+        name = op_name(binding.value)
+        if name is not None and name not in self.owner.report.fallbacks:
+            self.owner.report.fallbacks[name] = [] if _is_anchor_op(name) else ["no alt-tvm strategy"]
         super().visit_var_binding_(binding)
 
     def _emit_partition(self, partition: Partition) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tvm import relax, te
+from tvm import relax, te, tirx
 
 from alt_tvm import ops
 
@@ -22,15 +22,25 @@ _BINARY = {
 }
 
 
+_UNARY_TIR = {
+    "relax.erf": tirx.erf,
+    "relax.exp": tirx.exp,
+    "relax.sqrt": tirx.sqrt,
+    "relax.negative": lambda x: -x,
+    "relax.abs": tirx.abs,
+}
+
+
 def _scalar(value: Any) -> float:
     inner = getattr(value, "value", value)
     inner = getattr(inner, "value", inner)
     return float(inner)
 
 
-def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], chain: te.Tensor, *, index: int) -> te.Tensor:
-    """TE of one epilogue op; ``chain`` is the running value, ``operands`` its TE arguments."""
+def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], *, index: int) -> te.Tensor:
+    """TE of one epilogue op given the TE tensors of its tensor arguments (None for scalars)."""
     name = str(call.op.name)
+    chain = operands[0]
     stage = f"{name.split('.')[-1]}_{index}"
     if name in _BINARY:
         lhs, rhs = operands
@@ -51,4 +61,7 @@ def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], chain: t
         return ops.erf_gelu(chain, name=stage)
     if name == "relax.nn.gelu_tanh":
         return ops.tanh_gelu(chain, name=stage)
+    if name in _UNARY_TIR:
+        fn = _UNARY_TIR[name]
+        return te.compute(chain.shape, lambda *i: fn(chain(*i)), name=stage, tag="elemwise")
     raise ValueError(f"no epilogue lowering for {name}")

@@ -86,20 +86,19 @@ class PartitionContext:
         from .epilogue import epilogue_te
 
         stages = []
-        chain = anchor_out
-        previous = self.partition.anchor.var
+        values = {self.partition.anchor.var: anchor_out}  # region var -> its TE stage
         for k, binding in enumerate(self.partition.epilogue):
             operands = []
             for j, arg in enumerate(binding.value.args):
-                if arg.same_as(previous):
-                    operands.append(chain)
+                if arg in values:
+                    operands.append(values[arg])
                 elif static_shape(arg) is not None:
                     operands.append(self.te_input(arg, f"ep{k}_{j}"))
                 else:
                     operands.append(None)
-            chain = epilogue_te(binding.value, operands, chain, index=k)
-            stages.append(chain)
-            previous = binding.var
+            stage = epilogue_te(binding.value, operands, index=k)
+            values[binding.var] = stage
+            stages.append(stage)
         return stages
 
     def source_of(self, tensor: te.Tensor) -> relax.Expr:

@@ -17,7 +17,8 @@ from tvm import relax
 
 #: Element-wise Relax ops an epilogue may contain (binary ones broadcast their other operand).
 UNARY_EPILOGUE = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
-                  "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh")
+                  "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.exp",
+                  "relax.sqrt", "relax.negative", "relax.abs")
 BINARY_EPILOGUE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
                    "relax.minimum")
 
@@ -66,19 +67,20 @@ class Partition:
 
 
 def consumers(func: relax.Function) -> dict:
-    """For every variable, the bindings (or the string ``"output"``) that read it."""
+    """For every variable, the variables bound from it (or ``"output"`` for the function result)."""
     users: dict = {}
     body = func.body
     for block in body.blocks:
         for binding in block.bindings:
             for var in relax.analysis.free_vars(binding.value):
-                users.setdefault(var, []).append(binding)
+                users.setdefault(var, []).append(binding.var)
     for var in relax.analysis.free_vars(body.body):
         users.setdefault(var, []).append("output")
     return users
 
 
-def _extends(binding: relax.VarBinding, current: relax.Var, shape: tuple[int, ...]) -> bool:
+def _joins(binding: relax.VarBinding, region: set, shape: tuple[int, ...]) -> bool:
+    """Can ``binding`` join an epilogue region (element-wise, same shape, reads the region)?"""
     name = op_name(binding.value)
     if name not in UNARY_EPILOGUE and name not in BINARY_EPILOGUE:
         return False
@@ -86,37 +88,54 @@ def _extends(binding: relax.VarBinding, current: relax.Var, shape: tuple[int, ..
         return False
     args = list(binding.value.args)
     if name in UNARY_EPILOGUE:
-        return args[0].same_as(current)
-    # The chain value must be an operand; the other may be a constant or any tensor
-    # broadcasting to the output (bias, batch-norm scale, residual).
-    return any(a.same_as(current) for a in args) and all(static_shape(a) is not None for a in args)
+        return args[0] in region
+    # One operand comes from the region; the other may be a constant or any tensor
+    # broadcasting to the output (bias, batch-norm scale, residual, or the region itself).
+    return any(a in region for a in args) and all(static_shape(a) is not None for a in args)
 
 
 def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool],
                     epilogues: bool = True) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
+    The epilogue is the largest run of element-wise ops after the anchor that reads the
+    anchor's value (a chain, or a small DAG such as GELU's ``x * (1 + erf(x))``) and whose
+    intermediate values are used nowhere else: only the last value leaves the kernel.
     With ``epilogues=False`` every partition is its anchor alone (the ALT-WP ablation).
     """
     users = consumers(func)
     partitions: list[Partition] = []
     taken: set = set()
     for block in func.body.blocks:
-        for binding in block.bindings:
+        bindings = list(block.bindings)
+        for pos, binding in enumerate(bindings):
             if binding.var in taken or not isinstance(binding, relax.VarBinding) or not is_anchor(binding):
                 continue
             part = Partition(binding)
             shape = static_shape(binding.var)
-            current = binding.var
-            while epilogues:
-                readers = users.get(current, [])
-                if len(readers) != 1 or readers[0] == "output":
+            region = {binding.var}
+            for later in bindings[pos + 1:] if epilogues else []:
+                if later.var in taken or not isinstance(later, relax.VarBinding):
+                    continue
+                reads_region = any(v in region for v in relax.analysis.free_vars(later.value))
+                if not reads_region:
+                    continue
+                if is_anchor(later) or not _joins(later, region, shape):
                     break
-                nxt = readers[0]
-                if nxt.var in taken or is_anchor(nxt) or not _extends(nxt, current, shape):
-                    break
-                part.epilogue.append(nxt)
-                current = nxt.var
+                part.epilogue.append(later)
+                region.add(later.var)
+            _trim(part, users)
             taken.update(b.var for b in part.bindings)
             partitions.append(part)
     return partitions
+
+
+def _trim(part: Partition, users: dict) -> None:
+    """Drop epilogue ops from the end until only the last value is used outside the partition."""
+    while part.epilogue:
+        members = {b.var for b in part.bindings}
+        leaking = [b.var for b in part.bindings[:-1]
+                   if any(isinstance(u, str) or u not in members for u in users.get(b.var, []))]
+        if not leaking:
+            return
+        part.epilogue.pop()

@@ -71,11 +71,14 @@ _REGISTRY: list[Strategy] = []
 
 
 def register_strategy(strategy: Strategy) -> Strategy:
-    """Add ``strategy`` to the registry (a same-named strategy for the same ops is replaced)."""
+    """Add ``strategy`` to the registry; registering the same class again replaces it.
+
+    A name may cover several strategies (the ``alt`` family has one per operator kind).
+    """
     if not strategy.name or not strategy.ops:
         raise ValueError(f"a strategy needs a name and ops, got name={strategy.name!r}, ops={strategy.ops!r}")
     for i, existing in enumerate(_REGISTRY):
-        if existing.name == strategy.name and set(existing.ops) & set(strategy.ops):
+        if type(existing) is type(strategy):
             _REGISTRY[i] = strategy
             return strategy
     _REGISTRY.append(strategy)

@@ -1,0 +1,95 @@
+"""End-to-end latency of the reference models at batch 1, all measured in this one run.
+
+For each model: alt-tvm (untuned default strategies; optionally the ALT-WP / ALT-OL
+variants), TVM 0.27's untuned default build (``tvm.compile`` of the imported module),
+ONNX Runtime and PyTorch, on the same ONNX export and the same thread count. Every
+alt-tvm build is checked against ONNX Runtime before it is timed.
+
+    python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
+                                [--threads 2] [--variants alt alt-wp alt-ol] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+DEFAULT_MODELS = ["small_cnn", "resnet18", "mobilenet_v2", "bert_tiny", "resnet3d_18"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--variants", nargs="+", default=["alt"], choices=["alt", "alt-wp", "alt-ol"])
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls per runner (median reported)")
+    parser.add_argument("--tvm-repeat", type=int, default=3, help="timed calls for TVM's untuned build (slow)")
+    parser.add_argument("--skip-tvm-default", action="store_true", help="skip TVM's untuned build")
+    parser.add_argument("--json", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+
+    import numpy as np
+
+    from alt_tvm.graph.baselines import onnxruntime_session, time_callable, torch_runner, tvm_default_build
+    from alt_tvm.graph.build import build
+    from alt_tvm.graph.frontend import load_model
+    from alt_tvm.models import MODEL_NAMES, MODELS, export_onnx, get_model
+
+    unknown = [m for m in args.models if m not in MODEL_NAMES]
+    if unknown:
+        raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)}")
+    results = []
+    workdir = tempfile.mkdtemp(prefix="alt_e2e_")
+    for name in args.models:
+        info = MODELS[name]
+        module, inputs = get_model(name)
+        arrays = [x.numpy() for x in inputs]
+        path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
+        ort = onnxruntime_session(str(path), threads=args.threads)
+        reference = ort(*arrays)
+        rows = {}
+        for variant in args.variants:
+            t0 = time.perf_counter()
+            compiled = build(str(path), variant=variant)
+            build_s = time.perf_counter() - t0
+            got = compiled(*arrays)
+            for g, r in zip(got, reference):
+                if not np.allclose(g, r, rtol=info.rtol, atol=info.atol):
+                    print(f"{name} {variant}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
+                          file=sys.stderr)
+                    return 1
+            rows[f"alt-tvm ({variant})"] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
+        rows["onnxruntime"] = (time_callable(ort, arrays, repeat=args.repeat), None)
+        rows["pytorch"] = (time_callable(torch_runner(module, threads=args.threads), inputs, repeat=args.repeat), None)
+        if not args.skip_tvm_default:
+            t0 = time.perf_counter()
+            default = tvm_default_build(load_model(str(path)))
+            build_s = time.perf_counter() - t0
+            rows["tvm untuned"] = (time_callable(default, arrays, warmup=1, repeat=args.tvm_repeat), build_s)
+        alt_ms = rows[f"alt-tvm ({args.variants[0]})"][0][1]
+        print(f"\n{name} ({info.description}), batch 1, {args.threads} thread(s)")
+        print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s}")
+        for runner, ((low, med), build_s) in rows.items():
+            built = f"{build_s:8.1f}" if build_s is not None else " " * 8
+            print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x")
+            results.append({"model": name, "runner": runner, "median_ms": med, "min_ms": low, "build_s": build_s,
+                            "ratio_to_alt": med / alt_ms, "threads": args.threads})
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
