@@ -218,3 +218,27 @@ def test_registry_prefers_priority_and_checks_applicability():
         assert chosen.name == "alt"
     finally:
         registry._REGISTRY.remove(probe)
+
+
+def test_alt_layout_pass_runs_inside_a_tvm_pipeline():
+    from alt_tvm.graph.build import alt_layout_pass
+
+    model, x = ConvBiasRelu().eval(), torch.rand(1, 8, 8, 8)
+    seq = tvm.ir.transform.Sequential([alt_layout_pass(), relax.transform.FoldConstant()])
+    mod = seq(prepare(relax_module(model, x)))
+    assert any(g.name_hint.startswith("alt_conv2d") for g in mod.get_global_vars())
+    vm = relax.VirtualMachine(tvm.compile(mod, target=host_target()), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
+    with torch.no_grad():
+        np.testing.assert_allclose(out[0].numpy(), model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_package_level_build_takes_a_torch_module():
+    import alt_tvm
+
+    model, x = ConvBiasRelu().eval(), torch.rand(1, 8, 8, 8)
+    compiled = alt_tvm.build(model, example_inputs=(x,))
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
+    low, median = compiled.time(x.numpy(), number=2, repeat=2)
+    assert 0 < low <= median

@@ -95,6 +95,23 @@ class AltLayoutPass:
         return new_mod
 
 
+def alt_layout_pass(*, target: HardwareTarget | None = None, variant: str = "alt",
+                    strategies: Sequence[str] | None = None) -> tvm.ir.transform.Pass:
+    """:class:`AltLayoutPass` as a ``tvm.ir.transform`` module pass, for custom pipelines::
+
+        seq = tvm.ir.transform.Sequential([alt_layout_pass(), relax.get_pipeline("zero")])
+        executable = tvm.compile(seq(mod), target=host().to_tvm())
+
+    Run :func:`prepare` first (or equivalent passes) so weights are constants.
+    """
+    lowering = AltLayoutPass(target=target, variant=variant, strategies=strategies)
+
+    def transform(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return lowering(mod)
+
+    return tvm.ir.transform.module_pass(transform, opt_level=0, name="AltLayoutStrategies")
+
+
 def op_info(binding: relax.VarBinding, target: HardwareTarget) -> registry.OpInfo:
     call = binding.value
     tensors = [a for a in call.args if static_shape(a) is not None]
