@@ -216,12 +216,38 @@ _CANONICAL_T = {1: ("NCW", "IOW"), 2: ("NCHW", "IOHW"), 3: ("NCDHW", "IODHW")}
 
 @dataclass(frozen=True)
 class DefaultConvTiling:
-    """Analytic tiles: ``spatial`` output tiles, channel tiles, register block."""
+    """The layout and loop parameters of the conv template (analytic defaults or tuned).
+
+    Layout: ``spatial`` output tiles and ``ot`` (output), ``it`` (input), ``weight_ot`` /
+    ``weight_it`` (weight, ``o_t'`` / ``i_t'`` in the paper; 0 = same as ``ot`` / ``it``).
+    Loops: ``reg`` register block along the last spatial dim, ``rc_split`` the inner
+    channel block of the reduction (0 = ``it``), ``parallel_channels`` also runs channel
+    tiles in parallel (None = when spatial tiles are few).
+    """
 
     spatial: tuple[int, ...]
     ot: int
     it: int
-    reg: int  # register block along the last spatial dim
+    reg: int
+    weight_ot: int = 0
+    weight_it: int = 0
+    rc_split: int = 0
+    parallel_channels: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spatial": list(self.spatial), "ot": self.ot, "it": self.it, "reg": self.reg,
+                "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
+                "parallel_channels": self.parallel_channels}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> DefaultConvTiling:
+        try:
+            return cls(spatial=tuple(int(s) for s in record["spatial"]), ot=int(record["ot"]), it=int(record["it"]),
+                       reg=int(record["reg"]), weight_ot=int(record.get("weight_ot", 0)),
+                       weight_it=int(record.get("weight_it", 0)), rc_split=int(record.get("rc_split", 0)),
+                       parallel_channels=record.get("parallel_channels"))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a conv tiling record: {record!r} ({err})") from None
 
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
@@ -279,7 +305,8 @@ def _divisors_upto(extent: int, cap: int) -> list[int]:
 
 def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: list, source: te.Tensor | None,
                         rank: int, reg: int, loop_tiles: DefaultConvTiling | None = None,
-                        channel_tile: int = 1, cores: int = 2) -> tvm.IRModule:
+                        channel_tile: int = 1, cores: int = 2,
+                        parallel_channels: bool | None = None) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
@@ -312,7 +339,9 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     tasks = 1
     for loop in [n, *outer]:
         tasks *= int(sch.get(loop).extent)
-    if tasks >= 4 * cores:
+    if parallel_channels is None:
+        parallel_channels = tasks < 4 * cores
+    if not parallel_channels:
         sch.parallel(sch.fuse(n, *outer))
     else:
         oo = sch.fuse(n, *outer, *channel_outer)
@@ -362,6 +391,27 @@ class AltConvStrategy(Strategy):
                 return f"asymmetric padding {pads}"
         return None
 
+    def space(self, anchor, context) -> Any:
+        """The tuning space of this partition (the defaults are the untuned build's choice)."""
+        from alt_tvm.tuning.space import ConvSpace
+
+        from alt_tvm.graph.partition import static_shape
+
+        call = anchor.value
+        _, transposed = _CONV_OPS[str(call.op.name)]
+        data_shape, weight_shape = static_shape(call.args[0]), static_shape(call.args[1])
+        out_shape = static_shape(anchor.var)
+        groups = int(attrs_dict(call.attrs).get("groups", 1))
+        in_per_group = data_shape[1] // groups
+        out_per_group = weight_shape[1] if transposed else weight_shape[0] // groups
+        machine = context.target
+        lanes, registers = machine.vector_lanes("float32"), machine.vector_registers or 16
+        default = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=data_shape[1],
+                                      lanes=lanes, registers=registers)
+        return ConvSpace(out_shape=out_shape, in_channels_per_group=in_per_group,
+                         out_channels_per_group=out_per_group, default=default.to_json(), registers=registers,
+                         lanes=lanes)
+
     def implement(self, anchor, context) -> Any:
         call = anchor.value
         rank, transposed = _CONV_OPS[str(call.op.name)]
@@ -386,8 +436,12 @@ class AltConvStrategy(Strategy):
         out_shape = tuple(int(s) for s in conv.shape)
         in_per_group = int(data.shape[1]) // groups
         machine = context.target
-        tiling = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=int(data.shape[1]),
-                                     lanes=machine.vector_lanes("float32"), registers=machine.vector_registers or 16)
+        if context.params is not None:
+            tiling = DefaultConvTiling.from_json(context.params)
+        else:
+            tiling = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=int(data.shape[1]),
+                                         lanes=machine.vector_lanes("float32"),
+                                         registers=machine.vector_registers or 16)
         source = conv.op.input_tensors[0]
         kernel = [int(s) for s in weight.shape[2:]]
         conv_strides = [1] * rank if transposed else list(strides)
@@ -395,7 +449,8 @@ class AltConvStrategy(Strategy):
         if context.variant == "alt-ol":
             # Loop-only: channels-last storage (whole-extent layout tiles), tiling by loops.
             loop_tiles, tiling = tiling, DefaultConvTiling(tuple(out_shape[2:]), out_shape[1],
-                                                           int(data.shape[1]), tiling.reg)
+                                                           int(data.shape[1]), tiling.reg,
+                                                           parallel_channels=tiling.parallel_channels)
             # Whole-extent tiles: N.1.1.1.H.W.O stores exactly like NHWO, and keeps the loop
             # structure the schedule expects.
             out_layout = conv_output_tiled(out_shape, spatial_tiles=out_shape[2:], channel_tile=out_shape[1])
@@ -423,16 +478,19 @@ class AltConvStrategy(Strategy):
             output=final, layouts=layouts, strategy=self.name,
             schedule=lambda f: schedule_tiled_conv(f, conv=conv, stages=stages, source=pad_stage, rank=rank,
                                                    reg=tiling.reg, loop_tiles=loop_tiles,
-                                                   channel_tile=tiling.it if loop_tiles is None else 1,
-                                                   cores=machine.num_cores))
+                                                   channel_tile=(tiling.rc_split or tiling.it)
+                                                   if loop_tiles is None else 1,
+                                                   cores=machine.num_cores,
+                                                   parallel_channels=tiling.parallel_channels))
 
 
 def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:
+    ot, it = tiling.weight_ot or tiling.ot, tiling.weight_it or tiling.it
     if not transposed:
-        return conv_weight_tiled(shape, out_tile=tiling.ot, in_tile=tiling.it)
+        return conv_weight_tiled(shape, out_tile=ot, in_tile=it)
     # Transposed weights are I x O/g x K...: tile I by it and O/g by ot, O innermost.
     rank = len(shape) - 2
-    layout = Layout(shape).split(1, [shape[1] // tiling.ot, tiling.ot]).split(0, [shape[0] // tiling.it, tiling.it])
+    layout = Layout(shape).split(1, [shape[1] // ot, ot]).split(0, [shape[0] // it, it])
     # Now: I/it, it, O/ot, ot, K...
     return layout.reorder([0, 2, *range(4, 4 + rank), 1, 3])
 

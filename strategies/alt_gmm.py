@@ -73,14 +73,30 @@ class AltGemmStrategy(Strategy):
                           name="matmul", tag="matmul")
         stages = context.epilogue_te(gemm)
         final = stages[-1] if stages else gemm
-        lanes = context.target.vector_lanes("float32")
-        nt = tiles_for(n, 2 * lanes)
-        mt = tiles_for(m, 4)
+        params = context.params or self._defaults(m, n, context)
+        nt, mt, vec = int(params["nt"]), int(params["mt"]), int(params["vec"])
+        if n % nt or m % mt or nt % vec:
+            raise ValueError(f"GEMM parameters {params} do not divide M={m}, N={n}")
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
         return context.finish(
             output=final, layouts=layouts, strategy=self.name,
-            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt,
-                                             vec=tiles_for(nt, lanes)))
+            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt, vec=vec))
+
+    @staticmethod
+    def _defaults(m: int, n: int, context) -> dict[str, int]:
+        lanes = context.target.vector_lanes("float32")
+        nt = tiles_for(n, 2 * lanes)
+        return {"nt": nt, "mt": tiles_for(m, 4), "vec": tiles_for(nt, lanes)}
+
+    def space(self, anchor, context) -> Any:
+        from alt_tvm.tuning.space import GemmSpace
+
+        from alt_tvm.graph.partition import static_shape
+
+        a_shape, b_shape = static_shape(anchor.value.args[0]), static_shape(anchor.value.args[1])
+        m, n = a_shape[-2], b_shape[-1]
+        return GemmSpace(m=m, n=n, default=self._defaults(m, n, context),
+                         lanes=context.target.vector_lanes("float32"))
 
 
 register_strategy(AltGemmStrategy())

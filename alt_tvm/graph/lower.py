@@ -64,9 +64,16 @@ class PartitionContext:
     target: HardwareTarget
     variant: str
     input_layouts: dict  # relax Var -> Layout of the value it currently holds
+    #: tuned parameters for this partition's workload (None: the strategy's analytic defaults)
+    params: dict | None = None
     #: filled while lowering
     placeholders: list = field(default_factory=list)  # (relax expr, te placeholder)
     conversions: dict = field(default_factory=dict)  # relax Var -> Layout it must be converted to first
+
+    @property
+    def workload_key(self) -> str:
+        """Identifies the partition's computation: anchor op, shapes, dtypes, attrs, epilogue ops."""
+        return workload_key(self.partition)
 
     def te_input(self, expr: relax.Expr, name: str) -> te.Tensor:
         """A TE placeholder (canonical shape) for a Relax argument, one per distinct argument."""
@@ -189,3 +196,14 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     except TypeError:
         return str(value)
+
+
+def workload_key(partition: Partition) -> str:
+    """A stable string for a partition's computation (what tuning records are keyed by)."""
+    anchor = partition.anchor
+    call = anchor.value
+    args = [f"{static_shape(a)}:{dtype_of(a)}" for a in call.args if static_shape(a) is not None]
+    attrs = attrs_dict(call.attrs)
+    ops = [str(b.value.op.name).removeprefix("relax.") for b in partition.epilogue]
+    return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
+            f"{sorted(attrs.items())}|out={static_shape(anchor.var)}|epilogue={'+'.join(ops)}")

@@ -64,7 +64,14 @@ class Strategy(abc.ABC):
 
     @abc.abstractmethod
     def implement(self, anchor: Any, context: Any) -> Any:
-        """Build the implementation of a partition anchored at ``anchor`` (see alt_tvm.graph.build)."""
+        """Build the implementation of a partition anchored at ``anchor`` (see alt_tvm.graph.build).
+
+        ``context.params`` holds tuned parameters for the partition's workload, or None.
+        """
+
+    def space(self, anchor: Any, context: Any) -> Any:
+        """The tuning space (``alt_tvm.tuning.space.Space``) of a partition, or None if not tunable."""
+        return None
 
 
 _REGISTRY: list[Strategy] = []

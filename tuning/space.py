@@ -1,0 +1,203 @@
+"""The joint search space: layout knobs (split factors of the §5.1 templates) and loop knobs.
+
+A *point* is a pair of dicts ``(layout, loop)`` of knob values. :meth:`Space.params`
+decodes it into the parameters a strategy takes (``DefaultConvTiling`` for convolutions,
+``{"mt", "nt"}`` for GEMM), which decode further into layout primitives and loop
+primitives when the partition is lowered. Every knob only offers values that divide
+their extent, so a decoded layout needs no padding and propagates (paper §4.2); invalid
+combinations are rejected by :meth:`Space.check` before anything is built.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+def divisors(extent: int, *, cap: int | None = None) -> tuple[int, ...]:
+    cap = extent if cap is None else min(cap, extent)
+    return tuple(d for d in range(1, cap + 1) if extent % d == 0)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable parameter and its ordered choices.
+
+    ``extent`` is the dimension a layout split factor tiles (the paper's D in
+    ``F = R(D * a)``); loop knobs are walked along ``choices`` by direction actions.
+    """
+
+    name: str
+    choices: tuple[Any, ...]
+    extent: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise ValueError(f"knob {self.name!r} has no choices")
+
+    def nearest(self, value: float) -> Any:
+        """The choice closest to ``value`` (R(.) of the paper, restricted to legal factors)."""
+        numeric = np.asarray([float(c) for c in self.choices])
+        return self.choices[int(np.argmin(np.abs(numeric - value)))]
+
+    def index(self, value: Any) -> int:
+        try:
+            return self.choices.index(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a choice of knob {self.name!r}: {list(self.choices)}") from None
+
+    def step(self, value: Any, direction: int) -> Any:
+        """Move ``direction`` (-1, 0, +1) choices away from ``value``, clamped at the ends."""
+        i = min(max(self.index(value) + direction, 0), len(self.choices) - 1)
+        return self.choices[i]
+
+
+class Space(abc.ABC):
+    """The search space of one task."""
+
+    @property
+    @abc.abstractmethod
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        """Split factors of the layout template."""
+
+    @abc.abstractmethod
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        """Loop knobs given a layout (their choices may depend on it, e.g. blocks of a tile)."""
+
+    @abc.abstractmethod
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The analytic default point (the untuned build's choice)."""
+
+    @abc.abstractmethod
+    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        """The strategy parameters a point decodes to."""
+
+    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
+        """``None`` for a valid point, else why it is invalid."""
+        for knob in self.layout_knobs:
+            if layout.get(knob.name) not in knob.choices:
+                return f"layout knob {knob.name}={layout.get(knob.name)!r} not in {list(knob.choices)}"
+        for knob in self.loop_knobs(layout):
+            if loop.get(knob.name) not in knob.choices:
+                return f"loop knob {knob.name}={loop.get(knob.name)!r} not in {list(knob.choices)}"
+        return None
+
+    def random_loop(self, layout: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in self.loop_knobs(layout)}
+
+    def layout_state(self, layout: dict[str, Any]) -> np.ndarray:
+        """The paper's split-primitive state: ``[D / F, F]`` per factor, normalised by D."""
+        state = []
+        for knob in self.layout_knobs:
+            extent = max(1, knob.extent)
+            factor = layout[knob.name]
+            state += [extent / factor / extent, factor / extent]
+        return np.asarray(state, dtype=np.float32)
+
+    def loop_state(self, layout: dict[str, Any], loop: dict[str, Any]) -> np.ndarray:
+        knobs = self.loop_knobs(layout)
+        return np.asarray([k.index(loop[k.name]) / max(1, len(k.choices) - 1) for k in knobs], dtype=np.float32)
+
+
+class ConvSpace(Space):
+    """The C2D family template (any spatial rank): ``ht, wt, ot, it, ot', it'`` and loop knobs.
+
+    Parameters
+    ----------
+    out_shape
+        Conv output ``N O S...``.
+    in_channels_per_group, out_channels_per_group
+        Channel extents the channel tiles split (within a group).
+    default
+        The strategy's analytic tiling, as the starting point.
+    registers
+        Vector registers: register blocks above ~3/4 of them are not offered.
+    lanes
+        Vector lanes (a block of ``ot`` needs ``ceil(ot / lanes)`` registers per position).
+    """
+
+    def __init__(self, *, out_shape: Sequence[int], in_channels_per_group: int, out_channels_per_group: int,
+                 default: dict[str, Any], registers: int, lanes: int) -> None:
+        self.out_shape = tuple(int(s) for s in out_shape)
+        spatial = self.out_shape[2:]
+        self.rank = len(spatial)
+        self.registers = registers
+        self.lanes = lanes
+        self._default = default
+        depthwise = out_channels_per_group == 1 and in_channels_per_group == 1
+        o_extent = self.out_shape[1] if depthwise else out_channels_per_group
+        i_extent = self.out_shape[1] if depthwise else in_channels_per_group
+        knobs = [Knob(f"s{d}", divisors(s, cap=4 if d < self.rank - 1 else 64), s) for d, s in enumerate(spatial)]
+        knobs += [Knob("ot", divisors(o_extent, cap=4 * lanes), o_extent),
+                  Knob("it", divisors(i_extent, cap=4 * lanes), i_extent),
+                  Knob("weight_ot", divisors(o_extent, cap=4 * lanes), o_extent),
+                  Knob("weight_it", divisors(i_extent, cap=4 * lanes), i_extent)]
+        self._layout = tuple(knobs)
+        self._i_extent = i_extent
+
+    @property
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        return self._layout
+
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        last = layout[f"s{self.rank - 1}"]
+        outer = int(np.prod([layout[f"s{d}"] for d in range(self.rank - 1)])) if self.rank > 1 else 1
+        vectors = -(-layout["ot"] // self.lanes)
+        budget = max(1, self.registers - 4) // max(1, outer * vectors)
+        return (Knob("reg", divisors(last, cap=max(1, budget))),
+                Knob("rc_split", divisors(self._i_extent, cap=4 * self.lanes)),
+                Knob("parallel_channels", (False, True)))
+
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        d = self._default
+        layout = {f"s{k}": v for k, v in enumerate(d["spatial"])}
+        layout.update(ot=d["ot"], it=d["it"], weight_ot=d.get("weight_ot") or d["ot"],
+                      weight_it=d.get("weight_it") or d["it"])
+        loop = {"reg": d["reg"], "rc_split": d.get("rc_split") or d["it"],
+                "parallel_channels": bool(d.get("parallel_channels"))}
+        # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
+        for knob in self.layout_knobs:
+            layout[knob.name] = knob.nearest(layout[knob.name])
+        for knob in self.loop_knobs(layout):
+            loop[knob.name] = knob.nearest(float(loop[knob.name]))
+        return layout, loop
+
+    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        why = self.check(layout, loop)
+        if why is not None:
+            raise ValueError(f"invalid point: {why}")
+        return {"spatial": [layout[f"s{d}"] for d in range(self.rank)], "ot": layout["ot"], "it": layout["it"],
+                "reg": loop["reg"], "weight_ot": layout["weight_ot"], "weight_it": layout["weight_it"],
+                "rc_split": loop["rc_split"], "parallel_channels": bool(loop["parallel_channels"])}
+
+
+class GemmSpace(Space):
+    """The GMM template: ``mt, nt`` (output and packed-weight tiles) and the vector width."""
+
+    def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int) -> None:
+        self.m, self.n, self.lanes = m, n, lanes
+        self._default = default
+        self._layout = (Knob("nt", divisors(n, cap=8 * lanes), n),)
+
+    @property
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        return self._layout
+
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        return (Knob("mt", divisors(self.m, cap=8)), Knob("vec", divisors(layout["nt"], cap=self.lanes)))
+
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        d = self._default
+        layout = {"nt": self._layout[0].nearest(d["nt"])}
+        knobs = {k.name: k for k in self.loop_knobs(layout)}
+        return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"])}
+
+    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        why = self.check(layout, loop)
+        if why is not None:
+            raise ValueError(f"invalid point: {why}")
+        return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"]}

@@ -1,0 +1,282 @@
+"""The cross-exploration tuner of one task (ALT paper §5.2, Fig. 8).
+
+Joint stage: the layout actor proposes a layout; ``loop_rounds`` rounds of loop search
+run under it (sample a batch of points by walking from the best point in directions
+the loop actor draws, rank the batch with the cost model, measure the top-k); the best
+latency found under the layout is the layout action's reward ``U - l``. Loop-only
+stage: the best layout is fixed and loop rounds continue until the budget is spent.
+
+Measurement is injected (``measure(params) -> latency in ms``), so the bookkeeping is
+testable without timing; a failed measurement returns ``inf`` (or raises) and is
+recorded with its error, never retried.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .ppo import DIRECTIONS, CrossExplorationAgents, PPOConfig
+from .space import Space
+
+MeasureFn = Callable[[dict[str, Any]], float]
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Budget and search parameters of one task.
+
+    Attributes
+    ----------
+    trials
+        Measured candidates (the budget).
+    joint_fraction
+        Share of the budget spent in the joint stage (the paper: 300 of 1000).
+    batch
+        Candidates sampled per loop round and ranked by the cost model.
+    top_k
+        Candidates measured per loop round.
+    loop_rounds
+        Loop rounds per layout in the joint stage.
+    seed
+        Seeds every random choice (numpy and torch generators).
+    """
+
+    trials: int = 64
+    joint_fraction: float = 0.3
+    batch: int = 32
+    top_k: int = 8
+    loop_rounds: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("trials", "batch", "top_k", "loop_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TuneConfig.{name} must be a positive int, got {value!r}")
+        if not 0.0 <= self.joint_fraction <= 1.0:
+            raise ValueError(f"TuneConfig.joint_fraction must be in [0, 1], got {self.joint_fraction!r}")
+        if self.top_k > self.batch:
+            raise ValueError(f"TuneConfig.top_k={self.top_k} exceeds batch={self.batch}")
+
+
+@dataclass
+class Trial:
+    index: int
+    layout: dict[str, Any]
+    loop: dict[str, Any]
+    params: dict[str, Any]
+    latency_ms: float
+    error: str | None = None
+    stage: str = "joint"
+
+
+@dataclass
+class TuneResult:
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def best(self) -> Trial | None:
+        ok = [t for t in self.trials if math.isfinite(t.latency_ms)]
+        return min(ok, key=lambda t: t.latency_ms) if ok else None
+
+
+def candidate_key(layout: dict[str, Any], loop: dict[str, Any]) -> str:
+    """Canonical identity of a point (the key records and resume use)."""
+    return json.dumps({"layout": layout, "loop": loop}, sort_keys=True)
+
+
+class Tuner:
+    """Cross-exploration over one task's :class:`~alt_tvm.tuning.space.Space`.
+
+    Parameters
+    ----------
+    space
+        The task's space.
+    measure
+        ``measure(params) -> latency_ms``; ``inf`` or an exception marks a failure.
+    config
+        Budget and search parameters.
+    cost_model
+        Object with ``update(features, latencies_ms)`` and ``predict(features)`` (higher =
+        faster), e.g. ``alt_tvm.tuning.cost_model.XGBCostModel``; None ranks at random.
+    featurize
+        ``featurize(params) -> 1-D array`` for the cost model (defaults to the knob values).
+    on_trial
+        Called with every :class:`Trial` as soon as it is measured (write records here).
+    known
+        Latencies already measured (``candidate_key -> ms``, from a log being resumed):
+        those points are not measured again but count toward the budget.
+    """
+
+    def __init__(self, space: Space, *, measure: MeasureFn, config: TuneConfig = TuneConfig(),
+                 cost_model: Any = None, featurize: Callable[[dict[str, Any]], np.ndarray] | None = None,
+                 on_trial: Callable[[Trial], None] | None = None, known: dict[str, float] | None = None,
+                 ppo: PPOConfig | None = None) -> None:
+        self.space = space
+        self.measure_fn = measure
+        self.config = config
+        self.cost_model = cost_model
+        self.featurize = featurize or self._knob_features
+        self.on_trial = on_trial
+        self.known = dict(known or {})
+        self.rng = np.random.default_rng(config.seed)
+        layout0, loop0 = space.default()
+        self.agents = CrossExplorationAgents(
+            layout_state=len(space.layout_state(layout0)), loop_state=len(space.loop_state(layout0, loop0)),
+            layout_knobs=len(space.layout_knobs), loop_knobs=len(space.loop_knobs(layout0)), seed=config.seed,
+            config=ppo or PPOConfig())
+        self.result = TuneResult()
+        self.measured: dict[str, float] = {}
+        self._features: list[np.ndarray] = []
+        self._latencies: list[float] = []
+        self.upper = None  # U of the reward r = U - l, set from the first latency
+
+    # ---------------------------------------------------------------- helpers
+    def _knob_features(self, params: dict[str, Any]) -> np.ndarray:
+        values = []
+        for value in params.values():
+            values.extend(value if isinstance(value, list) else [value])
+        return np.log2(np.asarray([float(v) + 1.0 for v in values], dtype=np.float64))
+
+    @property
+    def used(self) -> int:
+        return len(self.result.trials)
+
+    def _state(self, layout: dict[str, Any], loop: dict[str, Any]) -> torch.Tensor:
+        return torch.as_tensor(np.concatenate([self.space.layout_state(layout), self.space.loop_state(layout, loop)]))
+
+    def _reward(self, latency: float) -> float:
+        if not math.isfinite(latency):
+            return -1.0
+        return (self.upper - latency) / self.upper
+
+    def _measure(self, layout: dict[str, Any], loop: dict[str, Any], stage: str) -> float:
+        key = candidate_key(layout, loop)
+        if key in self.measured:
+            return self.measured[key]
+        params = self.space.params(layout, loop)
+        error = None
+        if key in self.known:
+            latency = self.known[key]
+        else:
+            try:
+                latency = float(self.measure_fn(params))
+            except Exception as err:  # a failing candidate is data, not a crash of the tuner
+                latency, error = math.inf, f"{type(err).__name__}: {err}"
+        if not math.isfinite(latency) and error is None:
+            error = "measurement failed"
+        self.measured[key] = latency
+        trial = Trial(self.used, dict(layout), dict(loop), params, latency, error, stage)
+        self.result.trials.append(trial)
+        if self.upper is None and math.isfinite(latency):
+            self.upper = 2.0 * latency
+        self._features.append(self.featurize(params))
+        self._latencies.append(latency)
+        if self.cost_model is not None:
+            self.cost_model.update(np.stack(self._features), np.asarray(self._latencies))
+        if self.on_trial is not None:
+            self.on_trial(trial)
+        return latency
+
+    # ------------------------------------------------------------ loop search
+    def _loop_round(self, layout: dict[str, Any], start: dict[str, Any], stage: str, budget: int) -> dict[str, Any]:
+        """One loop round from ``start``; returns the best loop point seen under ``layout``."""
+        knobs = self.space.loop_knobs(layout)
+        state = self._state(layout, start)
+        picks, logps = self.agents.loop.sample(state, self.agents.generator, self.config.batch)
+        candidates, seen = [], set()
+        for pick, logp in zip(picks, logps):
+            loop = {k.name: k.step(start[k.name], DIRECTIONS[int(d)]) for k, d in zip(knobs, pick)}
+            key = candidate_key(layout, loop)
+            if key in seen:
+                continue
+            seen.add(key)
+            candidates.append((loop, pick, logp))
+        # A few random points keep the walk from getting stuck (the paper samples a batch first).
+        for _ in range(max(1, self.config.batch // 8)):
+            loop = self.space.random_loop(layout, self.rng)
+            key = candidate_key(layout, loop)
+            if key not in seen:
+                seen.add(key)
+                candidates.append((loop, None, None))
+        fresh = [c for c in candidates if candidate_key(layout, c[0]) not in self.measured]
+        order = self._rank([self.space.params(layout, c[0]) for c in fresh])
+        chosen = [fresh[i] for i in order[: min(self.config.top_k, budget)]]
+        states, actions, old, rewards = [], [], [], []
+        best_loop, best = start, self.measured.get(candidate_key(layout, start), math.inf)
+        for loop, pick, logp in chosen:
+            latency = self._measure(layout, loop, stage)
+            if latency < best:
+                best_loop, best = loop, latency
+            if pick is not None:
+                states.append(state.numpy())
+                actions.append(pick)
+                old.append(logp)
+                rewards.append(self._reward(latency))
+        if rewards and self.upper is not None:
+            self.agents.update(self.agents.loop, np.stack(states), torch.as_tensor(np.stack(actions)),
+                               np.asarray(old), np.asarray(rewards))
+        return best_loop
+
+    def _rank(self, params: list[dict[str, Any]]) -> np.ndarray:
+        if not params:
+            return np.zeros(0, dtype=int)
+        trained = self.cost_model is not None and sum(math.isfinite(x) for x in self._latencies) >= 4
+        if not trained:
+            return self.rng.permutation(len(params))
+        scores = np.asarray(self.cost_model.predict(np.stack([self.featurize(p) for p in params])))
+        return np.argsort(-scores, kind="stable")
+
+    # ---------------------------------------------------------------- driver
+    def _layout_episode(self, best_layout: dict[str, Any], best_loop: dict[str, Any], stage: str,
+                        limit: int) -> None:
+        """Cross-exploration step: a layout from the layout actor, loop rounds under it, reward back."""
+        state = self._state(best_layout, best_loop)
+        actions, raw, logp = self.agents.layout.sample(state, self.agents.generator)
+        layout = {k.name: k.nearest(max(1.0, k.extent * float(a))) for k, a in zip(self.space.layout_knobs, actions)}
+        # Map the best loop point into this layout's loop space (choices may differ).
+        start = {k.name: k.nearest(float(best_loop.get(k.name, k.choices[0]))) for k in self.space.loop_knobs(layout)}
+        if self.used < limit:
+            self._measure(layout, start, stage)
+        for _ in range(self.config.loop_rounds):
+            if self.used >= limit:
+                break
+            start = self._loop_round(layout, start, stage, limit - self.used)
+        layout_best = min((self.measured[k] for k in self.measured if json.loads(k)["layout"] == layout),
+                          default=math.inf)
+        if self.upper is not None:
+            self.agents.update(self.agents.layout, state.numpy()[None], raw[None], np.asarray([logp]),
+                               np.asarray([self._reward(layout_best)]))
+
+    def _best_point(self, fallback: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        best = self.result.best
+        return (best.layout, best.loop) if best is not None else fallback
+
+    def run(self) -> TuneResult:
+        """Spend the budget; returns every trial (``.best`` is the winner)."""
+        trials = self.config.trials
+        default = self.space.default()
+        self._measure(*default, "joint")  # the untuned choice is the baseline to beat
+        joint_budget = int(round(trials * self.config.joint_fraction))
+        stalled = 0
+        while self.used < joint_budget and stalled < 16:
+            before = self.used
+            self._layout_episode(*self._best_point(default), "joint", joint_budget)
+            stalled = stalled + 1 if self.used == before else 0
+        stalled = 0
+        while self.used < trials and stalled < 16:
+            before = self.used
+            layout, loop = self._best_point(default)
+            self._loop_round(layout, loop, "loop", trials - self.used)
+            if self.used == before:
+                # The best layout's loop neighbourhood is exhausted: explore layouts again.
+                self._layout_episode(layout, loop, "loop", trials)
+            stalled = stalled + 1 if self.used == before else 0
+        return self.result
