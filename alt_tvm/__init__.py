@@ -8,3 +8,10 @@ def build(model, target=None, **options):
     from alt_tvm.graph.build import build as _build
 
     return _build(model, target, **options)
+
+
+def tune(model, **options):
+    """Tune a model's partitions into a log; see :func:`alt_tvm.tuning.driver.tune`."""
+    from alt_tvm.tuning.driver import tune as _tune
+
+    return _tune(model, **options)

@@ -59,5 +59,5 @@ def test_invalid_model_file_and_wrong_inputs_give_clear_errors(tmp_path, onnx_di
         compiled(np.zeros((1, 3, 32, 32), np.float32))
     with pytest.raises(ValueError, match=r"model takes 1 inputs"):
         compiled()
-    with pytest.raises(ValueError, match="records"):
-        build(str(bogus), records="log.jsonl")
+    with pytest.raises(FileNotFoundError, match="tuning log 'no-such-log.jsonl' does not exist"):
+        build(str(bogus), records="no-such-log.jsonl")

@@ -14,6 +14,7 @@ The flow (what ``relay.build`` with registered op strategies was, on Relax):
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from alt_tvm.layout import Layout, convert_layout
 from alt_tvm.target import HardwareTarget, host
 
 from . import registry
-from .lower import PartitionContext, attrs_dict, const_value
+from .lower import PartitionContext, attrs_dict, const_value, workload_key
 from .partition import Partition, dtype_of, find_partitions, op_name, static_shape
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
@@ -40,9 +41,11 @@ class BuildReport:
     partitions: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (strategy, anchor op, ops)
     fallbacks: dict[str, list[str]] = field(default_factory=dict)  # op -> reasons no strategy applied
     conversions: int = 0
+    tuned: int = 0  # partitions built with tuned parameters
+
 
     def summary(self) -> str:
-        lines = [f"{len(self.partitions)} partitions, {self.conversions} layout conversions"]
+        lines = [f"{len(self.partitions)} partitions ({self.tuned} tuned), {self.conversions} layout conversions"]
         for op, reasons in sorted(self.fallbacks.items()):
             lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
         return "\n".join(lines)
@@ -59,13 +62,15 @@ class AltLayoutPass:
     """
 
     def __init__(self, *, target: HardwareTarget | None = None, variant: str = "alt",
-                 strategies: Sequence[str] | None = None) -> None:
+                 strategies: Sequence[str] | None = None, params: dict[str, dict] | None = None) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
         _load_builtin_strategies()
         self.target = target or host()
         self.variant = variant
         self.allowed = registry.check_names(strategies)
+        #: tuned strategy parameters by workload key (from a tuning log's best records)
+        self.params = dict(params or {})
         self.report = BuildReport()
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
@@ -183,7 +188,11 @@ class _Mutator(relax.PyExprMutator):
             for used in relax.analysis.free_vars(binding.value):
                 if used in self.layouts:
                     input_layouts[used] = self.layouts[used][1]
-        context = PartitionContext(partition, self.owner.target, self.owner.variant, input_layouts)
+        key = workload_key(partition)
+        tuned = self.owner.params.get(key) if self.owner.variant != "alt-ol" else None
+        context = PartitionContext(partition, self.owner.target, self.owner.variant, input_layouts, params=tuned)
+        if tuned is not None:
+            self.owner.report.tuned += 1
         lowered = strategy.implement(partition.anchor, context)
         args = []
         for arg in lowered.args:
@@ -332,7 +341,8 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     target
         An :class:`alt_tvm.target.HardwareTarget`, a board name, or None for this host.
     records
-        A tuning log whose best records are applied (not yet supported: must be None).
+        A tuning log (``alt_tvm.tune``): the best record of each workload measured on
+        this target replaces the strategy's analytic defaults.
     variant
         ``"alt"`` (layouts propagated), ``"alt-wp"`` (layouts, conversions at every
         boundary) or ``"alt-ol"`` (loop-only, channels-last).
@@ -344,8 +354,6 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     CompiledModel
         Call it on NumPy arrays; ``.report`` lists partitions and fallbacks.
     """
-    if records is not None:
-        raise ValueError("records: applying tuning logs arrives with the tuner (alt_tvm.tuning); pass None")
     from .frontend import load_model
 
     if isinstance(target, str):
@@ -353,8 +361,15 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
 
         target = board(target)
     machine = target or host()
+    params = None
+    if records is not None:
+        from alt_tvm.tuning.driver import best_params
+
+        if not os.path.exists(records):
+            raise FileNotFoundError(f"tuning log {records!r} does not exist (write one with alt_tvm.tune)")
+        params = best_params(records, target=machine)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
-    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies)
+    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, params=params)
     mod = alt_pass(prepare(imported.mod))
     if alt_pass.report.fallbacks:
         warnings.warn("alt-tvm: " + alt_pass.report.summary(), stacklevel=2)

@@ -1,0 +1,160 @@
+"""Tune a whole model: extract tasks, spread the budget, write records, resume, plot.
+
+Tasks are tuned in topological order, each with its own seed (``seed + task index``).
+Every measurement is appended to the log as soon as it finishes, so an interrupted run
+loses nothing it finished, and ``resume=True`` skips what the log already holds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from alt_tvm.target import HardwareTarget, host
+
+from .records import RecordWriter, TuningRecord, iter_records, target_key
+from .task import Task, extract_tasks, measure_in_process
+from .tuner import TuneConfig, Tuner, TuneResult, Trial, candidate_key
+
+
+@dataclass
+class TaskSummary:
+    key: str
+    weight: int
+    trials: int
+    default_ms: float
+    best_ms: float
+
+
+def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
+    """Trials per task, proportional to how often the task occurs, at least 2 each."""
+    if trials < 2 * len(tasks):
+        raise ValueError(f"trials={trials} is too small for {len(tasks)} tasks: give at least {2 * len(tasks)}")
+    weights = [t.weight for t in tasks]
+    total = sum(weights)
+    shares = [max(2, int(trials * w / total)) for w in weights]
+    shares[0] += trials - sum(shares)  # rounding goes to the first task (usually the largest map)
+    return shares
+
+
+def best_params(log: str | os.PathLike[str], *, target: HardwareTarget | None = None) -> dict[str, dict[str, Any]]:
+    """Best tuned parameters per workload key in ``log`` (records measured on ``target`` only)."""
+    wanted = target_key((target or host()).to_tvm())
+    best: dict[str, TuningRecord] = {}
+    for record in iter_records(log):
+        if not record.ok or record.target != wanted or "params" not in record.candidate:
+            continue
+        current = best.get(record.workload_key)
+        if current is None or record.median_ms < current.median_ms:
+            best[record.workload_key] = record
+    return {key: record.candidate["params"] for key, record in best.items()}
+
+
+def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: HardwareTarget | None = None,
+         seed: int = 0, joint_fraction: float = 0.3, example_inputs: Sequence[Any] | None = None,
+         strategies: Sequence[str] | None = None, resume: bool = True,
+         measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
+         progress: bool = True, plot: str | os.PathLike[str] | None = None) -> list[TaskSummary]:
+    """Tune every tunable partition of ``model`` and append the measurements to ``log``.
+
+    Parameters
+    ----------
+    model
+        As for :func:`alt_tvm.build` (ONNX path/proto, torch module + ``example_inputs``, Relax).
+    trials
+        Total measured candidates, spread over the tasks.
+    log
+        JSON-lines tuning log (appended to; ``alt_tvm.build(..., records=log)`` applies it).
+    resume
+        Reuse the log's measurements of the same target instead of measuring them again.
+    measure
+        ``measure(task, params) -> ms``; default: build and time in this process.
+    cost_model
+        ``"xgb"`` (XGBoost on the candidates' parameters), None, or an object with
+        ``update`` and ``predict``.
+    plot
+        Write a PNG of the tuning curves (best latency so far per task) here.
+    """
+    from tqdm import tqdm
+
+    machine = target or host()
+    target_json = target_key(machine.to_tvm())
+    tasks = extract_tasks(model, target=machine, example_inputs=example_inputs, strategies=strategies)
+    if not tasks:
+        raise ValueError("the model has no partition a tunable strategy implements")
+    budgets = split_budget(tasks, trials)
+    measure = measure or (lambda task, params: measure_in_process(task, params))
+    previous = list(iter_records(log)) if resume and os.path.exists(log) else []
+    summaries, curves = [], []
+    with RecordWriter(log) as writer:
+        for index, (task, budget) in enumerate(zip(tasks, budgets)):
+            known = {candidate_key(r.candidate["layout"], r.candidate["loop"]): (r.median_ms if r.ok else math.inf)
+                     for r in previous
+                     if r.workload_key == task.key and r.target == target_json and "layout" in r.candidate}
+            bar = tqdm(total=budget, desc=f"task {index + 1}/{len(tasks)} {task.key.split('|')[0]}",
+                       disable=not progress, leave=False)
+
+            best_so_far = [math.inf]
+
+            def record(trial: Trial, task: Task = task, bar: Any = bar, best_so_far: list = best_so_far) -> None:
+                key = candidate_key(trial.layout, trial.loop)
+                if key not in known:  # already in the log
+                    ok = math.isfinite(trial.latency_ms)
+                    writer.write(TuningRecord(
+                        workload_key=task.key, target=target_json,
+                        candidate={"layout": trial.layout, "loop": trial.loop, "params": trial.params},
+                        latencies_ms=(trial.latency_ms,) if ok else (),
+                        error_code=None if ok else "RUN_ERROR", error_msg=trial.error or "",
+                        trial=trial.index, seed=seed + index))
+                best_so_far[0] = min(best_so_far[0], trial.latency_ms)
+                bar.update(1)
+                bar.set_postfix(best_ms=f"{best_so_far[0]:.3f}")
+
+            config = TuneConfig(trials=budget, joint_fraction=joint_fraction, seed=seed + index,
+                                batch=32, top_k=min(8, budget))
+            model_ = _cost_model(cost_model, seed + index)
+            result = Tuner(task.space, measure=lambda p, task=task: measure(task, p), config=config,
+                           cost_model=model_, known=known, on_trial=record).run()
+            bar.close()
+            summaries.append(TaskSummary(task.key, task.weight, len(result.trials), result.trials[0].latency_ms,
+                                         result.best.latency_ms if result.best else math.inf))
+            curves.append(result)
+    if plot is not None:
+        plot_curves(curves, [s.key.split("|")[0] + f" #{i + 1}" for i, s in enumerate(summaries)], plot)
+    return summaries
+
+
+def _cost_model(spec: Any, seed: int) -> Any:
+    if spec is None or not isinstance(spec, str):
+        return spec
+    if spec != "xgb":
+        raise ValueError(f"cost_model must be 'xgb', None or a model object, got {spec!r}")
+    from .cost_model import XGBCostModel
+
+    return XGBCostModel(seed=seed)
+
+
+def plot_curves(results: Sequence[TuneResult], labels: Sequence[str], path: str | os.PathLike[str]) -> None:
+    """PNG of best-latency-so-far against trials, one line per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for result, label in zip(results, labels):
+        best, curve = math.inf, []
+        for trial in result.trials:
+            best = min(best, trial.latency_ms)
+            curve.append(best)
+        ax.plot(range(1, len(curve) + 1), curve, label=label)
+    ax.set_xlabel("measured trials")
+    ax.set_ylabel("best latency so far (ms)")
+    ax.set_title("alt-tvm tuning curves")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
