@@ -26,12 +26,12 @@ def main(argv=None) -> int:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     import numpy as np
+    from alt_tvm.tuning.driver import tune
 
     from alt_tvm.graph.baselines import onnxruntime_session, time_callable, torch_runner, tvm_default_build
     from alt_tvm.graph.build import build
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.models import MODELS, export_onnx, get_model
-    from alt_tvm.tuning.driver import tune
 
     name = "small_cnn"
     module, inputs = get_model(name)
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     path = str(export_onnx(name, os.path.join(tempfile.mkdtemp(prefix="alt_quick_"), f"{name}.onnx")))
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     print(f"tuning {name} for {args.trials} trials -> {args.log}")
-    summaries = tune(path, trials=args.trials, log=args.log, resume=True, cost_model=os.environ.get("QS_CM", "xgb") or None,
+    summaries = tune(path, trials=args.trials, log=args.log, resume=True,
                      plot=os.path.splitext(args.log)[0] + ".png")
     for s in summaries:
         print(f"  {s.key.split('|')[0]:12s} x{s.weight} {s.trials:3d} trials: "

@@ -17,7 +17,7 @@ from alt_tvm.target import HardwareTarget, host
 
 from .records import RecordWriter, TuningRecord, iter_records, target_key
 from .task import Task, extract_tasks, measure_in_process
-from .tuner import TuneConfig, Tuner, TuneResult, Trial, candidate_key
+from .tuner import Trial, TuneConfig, Tuner, TuneResult, candidate_key
 
 
 @dataclass
@@ -99,7 +99,8 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
 
             best_so_far = [math.inf]
 
-            def record(trial: Trial, task: Task = task, bar: Any = bar, best_so_far: list = best_so_far) -> None:
+            def record(trial: Trial, task: Task = task, bar: Any = bar, best_so_far: list = best_so_far,
+                       known: dict = known, index: int = index) -> None:
                 key = candidate_key(trial.layout, trial.loop)
                 if key not in known:  # already in the log
                     ok = math.isfinite(trial.latency_ms)
