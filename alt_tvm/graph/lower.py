@@ -169,13 +169,17 @@ def tiles_for(extent: int, preferred: int) -> int:
     return 1
 
 
+#: Fields every FFI object has (identity, printing): not attributes of the operator.
+_OBJECT_FIELDS = {"id_", "handle", "span", "ty"}
+
+
 def attrs_dict(attrs: Any) -> dict[str, Any]:
     """Relax call attributes as plain Python values."""
     out = {}
     if attrs is None:
         return out
     for key in attrs.keys() if hasattr(attrs, "keys") else dir(attrs):
-        if key.startswith("_"):
+        if key.startswith("_") or key in _OBJECT_FIELDS:
             continue
         try:
             value = getattr(attrs, key) if not hasattr(attrs, "keys") else attrs[key]

@@ -1,0 +1,89 @@
+"""Whole-model tuning: records written per measurement, resume, budget split, applying a log."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from alt_tvm.tuning.driver import best_params, split_budget, tune
+from alt_tvm.tuning.records import load_records
+
+import alt_tvm
+
+
+class TwoConvs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.fc(y.mean((2, 3)))
+
+
+MODEL, INPUTS = TwoConvs().eval(), (torch.rand(1, 8, 12, 12),)
+
+
+def fake_measure(calls):
+    def measure(task, params):
+        calls.append(params)
+        # Larger register blocks and channel tiles are "faster": deterministic and cheap.
+        reg = params.get("reg", params.get("mt", 1))
+        tile = params.get("ot", params.get("nt", 1))
+        return 1.0 + 1.0 / reg + 4.0 / tile
+    return measure
+
+
+def test_every_measurement_is_logged_and_resume_measures_nothing_twice(tmp_path):
+    log = tmp_path / "tune.jsonl"
+    calls = []
+    summaries = tune(MODEL, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure(calls),
+                     cost_model=None, progress=False)
+    records = load_records(log)
+    assert len(records) == len(calls) == 12
+    assert {r.workload_key for r in records} == {s.key for s in summaries}
+    assert all({"layout", "loop", "params"} <= set(r.candidate) for r in records)
+    assert all(s.best_ms <= s.default_ms for s in summaries)
+    again = []
+    tune(MODEL, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure(again), cost_model=None,
+         progress=False, resume=True)
+    assert again == []  # every point of the same seed is already in the log
+    assert len(load_records(log)) == 12
+
+
+def test_build_applies_the_best_record_of_each_workload(tmp_path):
+    log = tmp_path / "tune.jsonl"
+    tune(MODEL, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
+         progress=False)
+    best = best_params(log)
+    assert len(best) == 3  # two convs and the linear layer
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=str(log))
+    assert compiled.report.tuned == 3
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(INPUTS[0].numpy())[0], MODEL(*INPUTS).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_corrupt_log_lines_are_skipped_with_a_warning(tmp_path):
+    log = tmp_path / "tune.jsonl"
+    tune(MODEL, trials=6, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
+         progress=False)
+    lines = log.read_text().splitlines()
+    lines.insert(2, '{"schema_version": 1, "workload_key": "x", truncated')
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"tune.jsonl:3: skipped corrupt"):
+        best = best_params(log)
+    assert len(best) == 3
+
+
+def test_budget_split_and_bad_budget():
+    class T:
+        def __init__(self, weight):
+            self.weight = weight
+
+    assert split_budget([T(2), T(1), T(1)], 20) == [10, 5, 5]
+    assert sum(split_budget([T(1)] * 3, 7)) == 7
+    with pytest.raises(ValueError, match="trials=3 is too small for 3 tasks"):
+        split_budget([T(1)] * 3, 3)
+    assert json.dumps(split_budget([T(5), T(1)], 12))
