@@ -9,6 +9,7 @@ convolution as TE plus an ``s_tir`` schedule:
   windows of consecutive output positions ``q = oh * Wq + ow`` start at consecutive
   addresses, so an input tile of ``N_win`` windows is read with contiguous vector loads,
   across output rows. The ``Wq - OUT_w`` extra columns per row are computed and dropped.
+  Pointwise convolutions need no phase image: their tiles are packed from the input.
 * **Packing on demand** ``P[n, t, c, r, s, v]`` (Fig. 7): for input tile ``t``, the
   element at filter position ``(r, s)`` of each of its ``N_win`` windows, stored
   consecutively; computed inside the macro-kernel, one tile (IS) or ``K2`` tiles (WS) at
@@ -31,6 +32,7 @@ full tiles over zero-padded filters/channels and extra windows that are then dro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,22 +46,22 @@ from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout, create_prim_func
 from alt_tvm.target import HardwareTarget, host
 
-from .sconv_csa import CSAParams, ConvShape, TilingPlan, analyze
+from .sconv_csa import ConvShape, CSAParams, MicroKernel, TilingPlan, analyze, fit_filters, micro_kernel_for
 
 __all__ = [
+    "PackingFunctions",
     "SConvKernel",
     "SConvOptions",
     "SConvStrategy",
     "SConvGeometry",
     "build_sconv",
+    "build_sconv_packing",
     "sconv_geometry",
+    "sconv_pack_te",
     "sconv_te",
     "sconv_weight_layout",
     "schedule_sconv",
 ]
-
-_STAGES = ("sconv_phase", "sconv_pack", "sconv_part", "sconv_acc", "sconv_out")
-
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -81,12 +83,16 @@ class SConvOptions:
         target's core count.
     params
         CSA parameters (alpha, beta, gamma, level costs).
+    fit_filters
+        Narrow the micro-kernel's ``N_f`` so that the output channels split into whole
+        tiles with the least zero padding (:func:`~alt_tvm.strategies.sconv_csa.fit_filters`).
     """
 
     vbp: bool = True
     schedule: Literal["IS", "WS"] | None = None
     threads: int | None = None
     params: CSAParams = CSAParams()
+    fit_filters: bool = True
 
     def __post_init__(self) -> None:
         if self.schedule not in (None, "IS", "WS"):
@@ -110,6 +116,9 @@ class SConvGeometry:
         and the schedule's set sizes, balanced so that sets divide the tile counts.
     kp, cp
         Output / input channels padded to whole filter tiles / channel sets.
+    direct
+        Pointwise with at least two input tiles: tiles are packed from the input itself
+        (no phase image; see :func:`sconv_pack_te`).
     """
 
     plan: TilingPlan
@@ -123,6 +132,7 @@ class SConvGeometry:
     kp: int
     cp: int
     n_c: int
+    direct: bool = False
 
     @property
     def shape(self) -> ConvShape:
@@ -173,7 +183,8 @@ def sconv_geometry(plan: TilingPlan) -> SConvGeometry:
     last = tiles * plan.n_win - 1 + ((sh.r - 1) // sh.stride_h) * wq + (sh.s - 1) // sh.stride_w
     hx = max(_ceil_div(last + 1 + lanes, wq), _ceil_div(hp, sh.stride_h))
     return SConvGeometry(plan=plan, wq=wq, hx=hx, span=hx * wq, tiles=tiles, fs_tiles=fs_tiles, k2=k2, k3=k3,
-                         kp=fs_tiles * plan.n_f, cp=plan.channel_sets * n_c, n_c=n_c)
+                         kp=fs_tiles * plan.n_f, cp=plan.channel_sets * n_c, n_c=n_c,
+                         direct=sh.pointwise and tiles >= 2)
 
 
 def sconv_weight_layout(geometry: SConvGeometry) -> Layout:
@@ -187,15 +198,34 @@ def sconv_weight_layout(geometry: SConvGeometry) -> Layout:
     return layout.split(0, [geometry.kp // geometry.n_f, geometry.n_f]).reorder([0, 2, 3, 4, 1])
 
 
-def sconv_te(data: te.Tensor, weight: te.Tensor, geometry: SConvGeometry) -> te.Tensor:
-    """The SConv stages in TE; returns the NCHW output (``weight`` is read in OIHW terms).
+def sconv_pack_te(data: te.Tensor, geometry: SConvGeometry) -> tuple[te.Tensor, te.Tensor]:
+    """The phase image ``X`` (or, pointwise, the tail tile) and the packed tiles ``P`` (Fig. 7).
 
-    Reads of ``weight`` beyond ``K``/``C`` land in the zero padding of
-    :func:`sconv_weight_layout`, so the weight must be given that layout.
+    A pointwise convolution's input already is its phase image (row length ``W``), so its
+    tiles are packed straight from ``data`` — one contiguous vector per channel — except
+    the last tile, which may run past the image and is copied once, zero-filled, into a
+    small ``sconv_tail`` buffer. The choice between the two is made per tile, outside
+    the vector loop, so both branches stay vector loads.
     """
     sh, g = geometry.shape, geometry
-    n_img, c_in, sth, stw = sh.n, sh.c, sh.stride_h, sh.stride_w
-    wq, nw, nc = g.wq, g.n_win, g.n_c
+    c_in, sth, stw = sh.c, sh.stride_h, sh.stride_w
+    wq, nw = g.wq, g.n_win
+    if g.direct:
+        hw, last = sh.h * sh.w, (g.tiles - 1) * nw
+
+        def tail_value(n, c, v):
+            f = last + v
+            inside = tirx.all(c < c_in, f < hw)
+            return tirx.if_then_else(inside, data[n, c, f // sh.w, f % sh.w], tirx.const(0, data.dtype))
+
+        tail = te.compute((sh.n, g.cp, nw), tail_value, name="sconv_tail")
+
+        def pack_direct(n, t, c, r, s, v):
+            f = t * nw + v
+            body = tirx.all(t < g.tiles - 1, c < c_in)
+            return tirx.if_then_else(body, data[n, c, f // sh.w, f % sh.w], tail[n, c, v])
+
+        return tail, te.compute((sh.n, g.tiles, g.cp, 1, 1, nw), pack_direct, name="sconv_pack")
 
     def phase(n, c, a, b, f):
         row = (f // wq) * sth + a - sh.pad_top
@@ -203,12 +233,23 @@ def sconv_te(data: te.Tensor, weight: te.Tensor, geometry: SConvGeometry) -> te.
         inside = tirx.all(c < c_in, row >= 0, row < sh.h, col >= 0, col < sh.w)
         return tirx.if_then_else(inside, data[n, c, row, col], tirx.const(0, data.dtype))
 
-    x = te.compute((n_img, g.cp, sth, stw, g.span), phase, name="sconv_phase")
+    x = te.compute((sh.n, g.cp, sth, stw, g.span), phase, name="sconv_phase")
 
     def pack(n, t, c, r, s, v):
         return x[n, c, r % sth, s % stw, t * nw + v + (r // sth) * wq + s // stw]
 
-    packed = te.compute((n_img, g.tiles, g.cp, sh.r, sh.s, nw), pack, name="sconv_pack")
+    return x, te.compute((sh.n, g.tiles, g.cp, sh.r, sh.s, nw), pack, name="sconv_pack")
+
+
+def sconv_te(data: te.Tensor, weight: te.Tensor, geometry: SConvGeometry) -> te.Tensor:
+    """The SConv stages in TE; returns the NCHW output (``weight`` is read in OIHW terms).
+
+    Reads of ``weight`` beyond ``K``/``C`` land in the zero padding of
+    :func:`sconv_weight_layout`, so the weight must be given that layout.
+    """
+    sh, g = geometry.shape, geometry
+    n_img, wq, nw, nc = sh.n, g.wq, g.n_win, g.n_c
+    _, packed = sconv_pack_te(data, geometry)
     ci = te.reduce_axis((0, nc), "ci")
     rr = te.reduce_axis((0, sh.r), "rr")
     rs = te.reduce_axis((0, sh.s), "rs")
@@ -217,68 +258,81 @@ def sconv_te(data: te.Tensor, weight: te.Tensor, geometry: SConvGeometry) -> te.
         lambda n, cs, k, q: te.sum(packed[n, q // nw, cs * nc + ci, rr, rs, q % nw] * weight[k, cs * nc + ci, rr, rs],
                                    axis=[ci, rr, rs]),
         name="sconv_part")
-    cs = te.reduce_axis((0, geometry.plan.channel_sets), "cs")
-    acc = te.compute((n_img, g.kp, g.q), lambda n, k, q: te.sum(part[n, cs, k, q], axis=cs), name="sconv_acc")
+    if geometry.plan.channel_sets == 1:
+        # One channel set: the micro-kernel's registers go straight out, no zeroing pass.
+        acc = te.compute((n_img, g.kp, g.q), lambda n, k, q: part[n, 0, k, q], name="sconv_acc")
+    else:
+        cs = te.reduce_axis((0, geometry.plan.channel_sets), "cs")
+        acc = te.compute((n_img, g.kp, g.q), lambda n, k, q: te.sum(part[n, cs, k, q], axis=cs), name="sconv_acc")
     return te.compute((n_img, sh.k, sh.out_h, sh.out_w), lambda n, k, oh, ow: acc[n, k, oh * wq + ow],
                       name="sconv_out")
 
 
 # ---------------------------------------------------------------------- Vector-Based Packing
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _vbp_intrin(width: int, n_win: int, lanes: int) -> str:
     """Register (once) the VBP intrinsic for ``width`` filter columns; returns its name.
 
     ``B[s, v] = A[s + v]`` for ``s < width``, ``v < n_win``: the ``n_win + width - 1``
-    source elements are loaded as whole vectors, and each packed row is a
-    ``shufflevector`` of them (element ``s + v``), which LLVM lowers to ``valignd`` /
-    ``vpermt2ps`` on AVX-512.
+    source elements are loaded as ``nvec`` whole vectors (reading up to ``lanes - 1``
+    elements past the tile: the phase image has that much slack), and each packed row is a
+    ``shufflevector`` of them with the compile-time mask ``s .. s + n_win - 1`` (a shift
+    by ``s`` elements: ``valignd``/``vpermt2ps`` on AVX-512). Both functions are
+    generated as TVMScript text because every row needs its own constant mask.
     """
-    from tvm.script import tirx as T
-
-    nvec = _ceil_div(n_win + width - 1, lanes)
-    span = nvec * lanes
+    need = n_win + width - 1
+    nvec = _ceil_div(need, lanes)
     name = f"alt_sconv_vbp_{width}x{n_win}_l{lanes}"
-
-    @T.prim_func(private=True, s_tir=True)
-    def desc(a: T.handle, b: T.handle) -> None:
-        A = T.match_buffer(a, (span,), "float32", offset_factor=1)
-        B = T.match_buffer(b, (width, n_win), "float32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(A[0:span])
-            T.writes(B[0:width, 0:n_win])
-            for s, v in T.grid(width, n_win):
-                with T.sblock("pack"):
-                    vs, vv = T.axis.remap("SS", [s, v])
-                    B[vs, vv] = A[vs + vv]
-
-    # The implementation is built directly in TIR: each packed row is a Shuffle with a
-    # compile-time mask, one per filter column, which TVMScript cannot generate in a loop.
-    impl = _vbp_impl(width, n_win, lanes, nvec)
-    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    head = (
+        "@T.prim_func(private=True, s_tir=True)\n"
+        "def func(a: T.handle, b: T.handle):\n"
+        f"    A = T.match_buffer(a, ({need},), 'float32', offset_factor=1)\n"
+        f"    B = T.match_buffer(b, ({width}, {n_win}), 'float32', offset_factor=1)\n"
+        "    with T.sblock('root'):\n"
+        f"        T.reads(A[0:{need}])\n"
+        f"        T.writes(B[0:{width}, 0:{n_win}])\n"
+    )
+    desc = head + (
+        f"        for s, v in T.grid({width}, {n_win}):\n"
+        "            with T.sblock('pack'):\n"
+        "                vs, vv = T.axis.remap('SS', [s, v])\n"
+        "                B[vs, vv] = A[vs + vv]\n"
+    )
+    sources = ", ".join(f"A[T.Ramp({i * lanes}, 1, {lanes})]" for i in range(nvec))
+    impl = head + "".join(
+        f"        B[{s}, 0:{n_win}] = T.Shuffle([{sources}], {list(range(s, s + n_win))})\n"
+        for s in range(width))
+    tvm.s_tir.TensorIntrin.register(name, tvm.script.from_source(desc), tvm.script.from_source(impl),
+                                    override=True)
     return name
 
 
-def _vbp_impl(width: int, n_win: int, lanes: int, nvec: int) -> tirx.PrimFunc:
-    span = nvec * lanes
-    a = tirx.Var("a", "handle")
-    b = tirx.Var("b", "handle")
-    buf_a = tirx.decl_buffer((span,), "float32", "A", offset_factor=1)
-    buf_b = tirx.decl_buffer((width, n_win), "float32", "B", offset_factor=1)
-    sources = [tirx.BufferLoad(buf_a, [tirx.Ramp(i * lanes, 1, lanes)]) for i in range(nvec)]
-    body = []
-    for s in range(width):
-        row = tirx.Shuffle(sources, [tirx.const(s + v, "int32") for v in range(n_win)])
-        body.append(tirx.BufferStore(buf_b, row, [tirx.const(s, "int32"), tirx.Ramp(0, 1, n_win)]))
-    def full(buf):
-        return tirx.BufferRegion(buf, [tvm.ir.Range(0, int(extent)) for extent in buf.shape])
-
-    block = tvm.s_tir.SBlock([], [full(buf_a)], [full(buf_b)], "root",
-                             tirx.SeqStmt(body))
-    realize = tvm.s_tir.SBlockRealize([], tirx.const(True, "bool"), block)
-    return tirx.PrimFunc([a, b], realize, buffer_map={a: buf_a, b: buf_b})
-
-
 # ---------------------------------------------------------------------------- the schedule
+def _schedule_phase(sch: Any, g: SConvGeometry, threads: int) -> None:
+    """Phase image: one pass, rows of the flat image split out so indices stay affine."""
+    if g.direct:
+        return  # only the small tail tile, left serial
+    pn, pc, _, _, pf = sch.get_loops(sch.get_sblock("sconv_phase"))
+    _, pj = sch.split(pf, [g.hx, g.wq])
+    sh = g.shape
+    if sh.pad_left == sh.pad_right == 0 and sh.w % sh.stride_w == 0:
+        # Every column is inside the image: only the row test remains, and it is the same
+        # for the whole vector, so the copy vectorises without reading out of bounds.
+        sch.vectorize(pj)
+    if threads > 1:
+        sch.parallel(sch.fuse(pn, pc))
+
+
+def _schedule_pack_rows(sch: Any, pack: Any, g: SConvGeometry, vbp: bool, lanes: int) -> None:
+    """Vectorise a packed row, or build it with VBP register shifts (unit stride, S > 1)."""
+    loops = sch.get_loops(pack)
+    sh = g.shape
+    if vbp and sh.stride_w == 1 and sh.s > 1 and g.n_win % lanes == 0:
+        sch.tensorize(loops[-2], _vbp_intrin(sh.s, g.n_win, lanes))
+    else:
+        sch.vectorize(loops[-1])
+
+
 def _parallel_choice(sch: Any, loops: list, threads: int) -> Any | None:
     """The loop whose extent splits best over ``threads`` (outer first on ties)."""
     if threads <= 1:
@@ -313,25 +367,34 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
     threads = options.threads or 1
     sch = tvm.s_tir.Schedule(func)
     acc = sch.get_sblock("sconv_acc")
-    n, k, q, cs = sch.get_loops(acc)
+    n, k, q, *cs = sch.get_loops(acc)  # no channel-set loop when there is one set
     kt, kf = sch.split(k, [None, g.n_f])
     t, v = sch.split(q, [None, g.n_win])
     if g.schedule == "IS":
         t3, t2 = sch.split(t, [None, g.k3])
         k3, k1 = sch.split(kt, [None, g.k2])
-        sch.reorder(n, cs, t3, k3, t2, k1, kf, v)
+        sch.reorder(n, *cs, t3, k3, t2, k1, kf, v)
         pack_at, micro_at, par_loops = t2, k1, [t2, k1]
     else:
         k3, k1 = sch.split(kt, [None, g.k3])
         t3, t1 = sch.split(t, [None, g.k2])
-        sch.reorder(n, cs, k3, t3, k1, t1, kf, v)
+        sch.reorder(n, *cs, k3, t3, k1, t1, kf, v)
         pack_at, micro_at, par_loops = t3, t1, [t3, k1, t1]
-    # Micro-kernel: the channel set's partial sums in registers.
+
+    def below(block: Any, loop: Any) -> list:
+        """The loops of ``block`` nested inside ``loop``."""
+        loops = sch.get_loops(block)
+        at = [i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(loop))][0]
+        return loops[at + 1:]
+
+    # Micro-kernel: the channel set's partial sums in registers. Loops of extent 1 vanish
+    # under compute_at, so the loops are found by position: (kf, v, reduction loops...).
     part = sch.get_sblock("sconv_part")
     sch.compute_at(part, micro_at)
     sch.set_scope(part, 0, "local")
-    p_kf, p_v, ci, rr, rs = sch.get_loops(part)[-5:]
-    sch.reorder(ci, rr, rs, p_kf, p_v)
+    p_kf, p_v, *p_red = below(part, micro_at)
+    if p_red:
+        sch.reorder(*p_red, p_kf, p_v)
     sch.unroll(p_kf)
     sch.vectorize(p_v)
     sch.unroll(kf)
@@ -343,34 +406,23 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
     par = _parallel_choice(sch, par_loops, threads)
     if par is not None:
         sch.parallel(par)
-        if g.schedule == "WS" and not sch.get(par).same_as(sch.get(t3)):
+        if g.schedule == "WS" and g.k2 >= threads and not sch.get(par).same_as(sch.get(t3)):
             # WS packs K2 tiles outside the parallel loop: split that packing over threads too.
-            tile_loop = sch.get_loops(pack)[-5]
-            if int(sch.get(tile_loop).extent) >= threads:
-                sch.parallel(tile_loop)
-    init = sch.decompose_reduction(part, ci)
+            sch.parallel(below(pack, pack_at)[0])
+    init = sch.decompose_reduction(part, p_red[0] if p_red else p_kf)
     i_kf, i_v = sch.get_loops(init)[-2:]
     sch.unroll(i_kf)
     sch.vectorize(i_v)
-    pack_loops = sch.get_loops(pack)
-    sh = g.shape
-    if options.vbp and sh.stride_w == 1 and g.n_win % lanes == 0:
-        # Tensorize the (s, v) loops of each packed row with the VBP shuffle intrinsic.
-        sch.tensorize(pack_loops[-2], _vbp_intrin(sh.s, g.n_win, lanes))
-    else:
-        sch.vectorize(pack_loops[-1])
-    acc_init = sch.decompose_reduction(acc, cs)
-    init_loops = sch.get_loops(acc_init)
-    sch.vectorize(init_loops[-1])
-    # The init loops copy the parallel annotation of the loops they come from, if any.
-    if threads > 1 and not any(int(sch.get(lp).kind) == int(tirx.ForKind.PARALLEL) for lp in init_loops):
-        sch.parallel(init_loops[1])
-    # Phase image: one pass, rows of the flat image split out so indices stay affine.
-    phase = sch.get_sblock("sconv_phase")
-    pn, pc, pa, pb, pf = sch.get_loops(phase)
-    sch.split(pf, [g.hx, g.wq])
-    if threads > 1:
-        sch.parallel(sch.fuse(pn, pc))
+    _schedule_pack_rows(sch, pack, g, options.vbp, lanes)
+    if cs:
+        acc_init = sch.decompose_reduction(acc, cs[0])
+        init_loops = sch.get_loops(acc_init)
+        sch.vectorize(init_loops[-1])
+        # The init loops copy the parallel annotation of the loops they come from, if any.
+        if threads > 1 and len(init_loops) > 1 and \
+                not any(int(sch.get(lp).kind) == int(tirx.ForKind.PARALLEL) for lp in init_loops):
+            sch.parallel(sch.fuse(*init_loops[:-1]))
+    _schedule_phase(sch, g, threads)
     # Crop (+ epilogue): a parallel pass over the NCHW output.
     sch.compute_inline(sch.get_sblock("sconv_out")) if final != "sconv_out" else None
     for name in inline:
@@ -384,6 +436,12 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
 
 
 # ------------------------------------------------------------------------ standalone use
+def _micro(shape: ConvShape, target: HardwareTarget, options: SConvOptions) -> MicroKernel:
+    micro = micro_kernel_for(target, dtype_bytes=options.params.dtype_bytes)
+    return fit_filters(micro, shape.k) if options.fit_filters else micro
+
+
+
 @dataclass(frozen=True)
 class SConvKernel:
     """A compiled SConv convolution (no bias) and what was decided for it.
@@ -424,7 +482,8 @@ def build_sconv(shape: ConvShape, weight: np.ndarray, *, target: HardwareTarget 
     expected = (shape.k, shape.c, shape.r, shape.s)
     if tuple(weight.shape) != expected:
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected} (OIHW) for {shape}")
-    plan = analyze(shape, target, params=options.params, schedule=options.schedule)
+    plan = analyze(shape, target, params=options.params, schedule=options.schedule,
+                   micro=_micro(shape, target, options))
     geometry = sconv_geometry(plan)
     data = te.placeholder((shape.n, shape.c, shape.h, shape.w), name="data")
     w = te.placeholder(expected, name="weight")
@@ -432,7 +491,7 @@ def build_sconv(shape: ConvShape, weight: np.ndarray, *, target: HardwareTarget 
     layout = sconv_weight_layout(geometry)
     func = create_prim_func([data, w, out], layouts={w: layout})
     threads = options.threads or target.num_cores
-    opts = SConvOptions(vbp=options.vbp, schedule=options.schedule, threads=threads, params=options.params)
+    opts = dataclasses.replace(options, threads=threads)
     mod = schedule_sconv(func, geometry, options=opts, lanes=target.vector_lanes("float32"))
     module = tvm.compile(mod, target=target.to_tvm()).jit()
     packed = tvm.runtime.tensor(np.ascontiguousarray(layout.apply(np.asarray(weight, np.float32))), tvm.cpu())
@@ -481,7 +540,7 @@ class SConvStrategy(Strategy):
         k, _, r, s = (int(x) for x in weight.shape)
         shape = ConvShape(n, c, h, w, k, r, s, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3])
         machine = context.target
-        plan = analyze(shape, machine)
+        plan = analyze(shape, machine, micro=_micro(shape, machine, SConvOptions()))
         geometry = sconv_geometry(plan)
         out = sconv_te(data, weight, geometry)
         stages = context.epilogue_te(out)
@@ -496,3 +555,53 @@ class SConvStrategy(Strategy):
 
 
 register_strategy(SConvStrategy())
+
+
+@dataclass(frozen=True)
+class PackingFunctions:
+    """Compiled packing-only functions of one SConv kernel (see :func:`build_sconv_packing`).
+
+    ``phase`` and ``pack`` are modules whose ``main`` takes the NCHW data and an output of
+    ``phase_shape`` / ``pack_shape``.
+    """
+
+    phase: Any
+    pack: Any
+    repacks: int
+    geometry: SConvGeometry
+    phase_shape: tuple[int, ...]
+    pack_shape: tuple[int, ...]
+
+
+def build_sconv_packing(shape: ConvShape, *, target: HardwareTarget | None = None,
+                        options: SConvOptions | None = None) -> PackingFunctions:
+    """Compiled phase-image and phase+packing functions, for measuring packing time.
+
+    ``pack`` packs every input tile once per channel set into a full buffer, with the
+    same row code as the kernel (VBP or vector loads); ``repacks`` is how many times the
+    macro-kernel packs each tile (one per filter-tile set visited around it). Packing time
+    ~= phase + (pack - phase) x repacks; the full buffer goes to memory where the
+    kernel's tile stays in L1, so this over-estimates.
+    """
+    target = target or host()
+    options = options or SConvOptions()
+    plan = analyze(shape, target, params=options.params, schedule=options.schedule,
+                   micro=_micro(shape, target, options))
+    g = sconv_geometry(plan)
+    threads = options.threads or target.num_cores
+    lanes = target.vector_lanes("float32")
+    data = te.placeholder((shape.n, shape.c, shape.h, shape.w), name="data")
+    first, packed = sconv_pack_te(data, g)
+    modules = []
+    for out in (first, packed):
+        sch = tvm.s_tir.Schedule(te.create_prim_func([data, out]))
+        _schedule_phase(sch, g, threads)
+        if out is packed:
+            block = sch.get_sblock("sconv_pack")
+            if threads > 1:
+                sch.parallel(sch.fuse(*sch.get_loops(block)[:2]))
+            _schedule_pack_rows(sch, block, g, options.vbp, lanes)
+        modules.append(tvm.compile(sch.mod, target=target.to_tvm()).jit())
+    fs_set = g.k2 if plan.schedule == "IS" else g.k3
+    return PackingFunctions(modules[0], modules[1], g.fs_tiles // fs_set, g,
+                            tuple(int(x) for x in first.shape), tuple(int(x) for x in packed.shape))

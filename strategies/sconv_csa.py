@@ -20,6 +20,7 @@ writes plain divisions, which agree whenever the sizes divide). A cache level of
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +33,7 @@ __all__ = [
     "ScheduleCost",
     "TilingPlan",
     "analyze",
+    "fit_filters",
     "micro_kernel_for",
     "schedule_cost",
 ]
@@ -271,6 +273,30 @@ def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulato
             best = (key, vecs, n_f)
     _, vecs, n_f = best
     return MicroKernel(n_win=vecs * lanes, n_f=n_f, lanes=lanes, window_vectors=vecs, registers=regs)
+
+
+def fit_filters(micro: MicroKernel, out_channels: int, *, min_share: float = 2 / 3) -> MicroKernel:
+    """Narrow ``n_f`` so that ``OUT_c`` splits into whole filter tiles with little padding.
+
+    The paper computes a smaller edge tile when ``N_f`` does not divide ``OUT_c``; our
+    kernel computes every tile at full size over zero filters, so instead the micro-kernel
+    takes the ``n_f`` in ``[min_share * N_f, N_f]`` that pads ``OUT_c`` least (the largest
+    on ties). With AVX-512's memory-operand broadcasts a 16-filter kernel does the same
+    work per FMA as a 24-filter one, so e.g. 64 channels become 4 tiles of 16, not 3 of 24.
+
+    Raises
+    ------
+    ValueError
+        If ``out_channels < 1`` or ``min_share`` is not in (0, 1].
+    """
+    if out_channels < 1:
+        raise ValueError(f"out_channels must be >= 1, got {out_channels}")
+    if not 0.0 < min_share <= 1.0:
+        raise ValueError(f"min_share must be in (0, 1], got {min_share!r}")
+    low = max(1, math.ceil(micro.n_f * min_share))
+    best = min(range(low, micro.n_f + 1), key=lambda nf: (_sets(out_channels, nf) * nf, -nf))
+    return MicroKernel(n_win=micro.n_win, n_f=best, lanes=micro.lanes, window_vectors=micro.window_vectors,
+                       registers=micro.registers)
 
 
 def _halve(start: int, fits) -> int:

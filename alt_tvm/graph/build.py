@@ -32,6 +32,8 @@ from .lower import PartitionContext, attrs_dict, const_value, workload_key
 from .partition import Partition, dtype_of, find_partitions, op_name, static_shape
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
+#: PrimFunc attribute marking kernels that alt-tvm scheduled itself.
+ALT_KERNEL_ATTR = "alt_tvm.kernel"
 
 
 @dataclass
@@ -142,7 +144,9 @@ class _Mutator(relax.PyExprMutator):
 
     # ----------------------------------------------------------------- helpers
     def _emit_call(self, func: tvm.tirx.PrimFunc, name: str, args: list, shape, dtype: str) -> relax.Var:
-        gvar = self.builder_.add_func(func.with_attr("global_symbol", name), name)
+        # kOpaque (8): TVM's FuseOps must not merge a scheduled alt-tvm kernel with others.
+        func = func.with_attr("global_symbol", name).with_attr("op_pattern", 8).with_attr(ALT_KERNEL_ATTR, True)
+        gvar = self.builder_.add_func(func, name)
         call = relax.call_tir(gvar, args, relax.TensorType(shape, dtype))
         return self.builder_.emit(call, name)
 
@@ -241,6 +245,7 @@ def _load_builtin_strategies() -> None:
     if not _BUILTINS_LOADED:
         import alt_tvm.strategies.alt_conv  # noqa: F401
         import alt_tvm.strategies.alt_gmm  # noqa: F401
+        import alt_tvm.strategies.sconv  # noqa: F401
         _BUILTINS_LOADED = True
 
 
@@ -315,6 +320,54 @@ class _LiftTECalls(relax.PyExprMutator):
         return call
 
 
+def lower_fallbacks(mod: tvm.IRModule, *, cores: int) -> tvm.IRModule:
+    """TVM's legalization for everything no strategy took, fused, with a minimal schedule.
+
+    ``tvm.compile``'s default CPU pipeline neither fuses nor schedules legalized ops, so
+    a max-pool or a softmax would run single-threaded, one kernel per op. Here they are
+    fused (FuseOps/FuseTIR; alt-tvm kernels are marked opaque and stay alone) and every
+    unscheduled kernel gets its outermost spatial loops run in parallel.
+    """
+    seq = tvm.ir.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ])
+    mod = seq(mod)
+    for gvar in mod.get_global_vars():
+        func = mod[gvar]
+        if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and ALT_KERNEL_ATTR in func.attrs):
+            continue
+        mod[gvar] = _parallelize(func, cores)
+    return mod
+
+
+def _parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
+    """Run the outer spatial loops of each top-level block nest in parallel (best effort)."""
+    sch = tvm.s_tir.Schedule(func)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # no root block: an already lowered or opaque function
+        return func
+    for block in blocks:
+        try:
+            loops = sch.get_loops(block)
+            outer, extent = [], 1
+            for loop in loops:
+                loop_extent = sch.get(loop).extent
+                if not hasattr(loop_extent, "value") or extent >= 4 * cores:
+                    break
+                outer.append(loop)
+                extent *= int(loop_extent.value)
+            if extent >= 2 * cores and outer:
+                sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        except Exception:  # reductions, non-affine nests: leave those serial
+            continue
+    return sch.mod["main"]
+
+
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference simplifications that expose weights and epilogues to the partitioner."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
@@ -374,6 +427,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     if alt_pass.report.fallbacks:
         warnings.warn("alt-tvm: " + alt_pass.report.summary(), stacklevel=2)
     with machine.to_tvm():
+        mod = lower_fallbacks(mod, cores=machine.num_cores)
         executable = tvm.compile(mod, target=machine.to_tvm())
     return CompiledModel(executable, mod, alt_pass.report, imported.input_shapes, imported.input_dtypes,
                          imported.input_names)
