@@ -1,0 +1,533 @@
+"""Tuning logs: append-only JSON lines, one record per finished measurement.
+
+A log is a text file with one JSON object per line (schema below). :class:`RecordWriter`
+appends a record as soon as its measurement finishes and forces it to disk, so a tuner
+that crashes or is killed loses no finished record; at worst the line being written is
+cut short. Readers (:func:`load_records`, :func:`load_best`, :func:`finished_candidates`)
+skip such a line, and any other corrupt line or record of an unknown schema version, with
+a :class:`RecordWarning` that names the file and the line number.
+
+Line schema (version 1)::
+
+    {"schema_version": 1, "tvm_version": "0.27.0.post1",
+     "target": "<the tvm.target.Target as its JSON string>",
+     "workload_key": "<str>",
+     "candidate": {"layout": {...}, "loop": {...}},   # opaque to this module
+     "latencies_ms": [0.41, 0.40, ...],                # empty for an error
+     "error": null | {"code": "BUILD_ERROR", "message": "..."},
+     "build_s": 0.8, "run_s": 0.3, "timestamp": 1763760000.0,
+     "trial": 17, "seed": 0}
+
+This module imports neither TVM nor NumPy at load time (a child process that only writes
+records starts fast).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "RecordWarning",
+    "RecordWriter",
+    "TuningRecord",
+    "candidate_key",
+    "finished_candidates",
+    "iter_records",
+    "load_best",
+    "load_records",
+    "target_key",
+]
+
+#: Version of the line schema written by this module; readers skip other versions.
+SCHEMA_VERSION = 1
+
+# Beyond this many warnings per file, the rest are summarised in one warning.
+_MAX_WARNINGS_PER_FILE = 20
+
+_FIELDS = (
+    "schema_version",
+    "tvm_version",
+    "target",
+    "workload_key",
+    "candidate",
+    "latencies_ms",
+    "error",
+    "build_s",
+    "run_s",
+    "timestamp",
+    "trial",
+    "seed",
+)
+
+
+class RecordWarning(UserWarning):
+    """A line of a tuning log was skipped (corrupt, truncated or of another schema version)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _tvm_version() -> str:
+    # Lazy: importing TVM costs seconds, and only the default value of a field needs it.
+    import tvm
+
+    return str(tvm.__version__)
+
+
+def candidate_key(candidate: Mapping[str, Any]) -> str:
+    """Canonical JSON string of a candidate: equal candidates give equal keys.
+
+    Keys are sorted and separators fixed, so the key does not depend on insertion order.
+
+    Raises
+    ------
+    TypeError
+        If ``candidate`` is not a mapping or holds values JSON cannot represent.
+    """
+    if not isinstance(candidate, Mapping):
+        raise TypeError(f"candidate must be a mapping (JSON object), got {type(candidate).__name__}")
+    try:
+        return json.dumps(candidate, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"candidate is not JSON-serialisable: {err}") from None
+
+
+def target_key(target: Any) -> str:
+    """The string a record stores for ``target``: TVM 0.27 prints a Target as its JSON.
+
+    Parameters
+    ----------
+    target : tvm.target.Target, Mapping, HardwareTarget or str
+        A Target, the dict accepted by ``tvm.target.Target`` (canonicalised through TVM,
+        so the same target gives the same string either way), an
+        :class:`alt_tvm.target.HardwareTarget`, or an already-printed string.
+    """
+    if isinstance(target, str):
+        return target
+    import tvm
+
+    if isinstance(target, Mapping):
+        return str(tvm.target.Target(dict(target)))
+    if isinstance(target, tvm.target.Target):
+        return str(target)
+    # alt_tvm.target.HardwareTarget (and anything else that converts itself).
+    if hasattr(target, "to_tvm"):
+        return str(target.to_tvm())
+    raise TypeError(f"target must be a tvm.target.Target, a dict or a str, got {type(target).__name__}")
+
+
+def _check_number(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"TuningRecord.{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """One finished measurement of one candidate (a line of the log).
+
+    Parameters
+    ----------
+    workload_key : str
+        Identifies the operator instance (shapes, dtypes, attributes) being tuned.
+    target : str
+        The target's JSON string (see :func:`target_key`).
+    candidate : dict
+        The point measured, e.g. ``{"layout": {...}, "loop": {...}}``; any JSON object.
+        It is stored as a canonical deep copy (so later changes to the caller's dict do
+        not leak in); treat it as read-only.
+    latencies_ms : tuple of float
+        Measured latencies in milliseconds; empty if the measurement failed.
+    error_code : str or None
+        ``None`` for success, else the name of the error (``"BUILD_ERROR"``, ...; see
+        :class:`alt_tvm.tuning.measure.ErrorCode`).
+    error_msg : str
+        Human-readable detail of the error ("" on success).
+    build_s, run_s : float
+        Seconds spent building and running.
+    timestamp : float
+        Wall-clock time (seconds since the epoch) the measurement finished.
+    trial : int
+        Index of the measurement in the tuning run (0-based).
+    seed : int or None
+        Seed of the tuning run.
+    tvm_version : str
+        TVM version that built the kernel (default: the installed one).
+    schema_version : int
+        Line schema version (default :data:`SCHEMA_VERSION`).
+
+    Raises
+    ------
+    ValueError, TypeError
+        For inconsistent or ill-typed values: a success without latencies, an error with
+        latencies, negative or non-finite numbers, a candidate that is not a JSON object.
+    """
+
+    workload_key: str
+    target: str
+    candidate: dict[str, Any] = field(hash=False)
+    latencies_ms: tuple[float, ...] = ()
+    error_code: str | None = None
+    error_msg: str = ""
+    build_s: float = 0.0
+    run_s: float = 0.0
+    timestamp: float = field(default_factory=time.time)
+    trial: int = 0
+    seed: int | None = None
+    tvm_version: str = field(default_factory=_tvm_version)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("workload_key", "target", "tvm_version", "error_msg"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"TuningRecord.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        if not self.workload_key:
+            raise ValueError("TuningRecord.workload_key must not be empty")
+        # A canonical deep copy: validates JSON-ability and detaches it from the caller.
+        object.__setattr__(self, "candidate", json.loads(candidate_key(self.candidate)))
+        if isinstance(self.latencies_ms, str | bytes) or not isinstance(self.latencies_ms, Sequence):
+            raise TypeError(f"TuningRecord.latencies_ms must be a sequence of numbers, got {self.latencies_ms!r}")
+        for value in self.latencies_ms:
+            _check_number("latencies_ms item", value)
+        object.__setattr__(self, "latencies_ms", tuple(float(v) for v in self.latencies_ms))
+        if self.error_code is None:
+            if not self.latencies_ms:
+                raise ValueError("TuningRecord without error_code must have at least one latency")
+        else:
+            if not isinstance(self.error_code, str) or not self.error_code:
+                raise TypeError(f"TuningRecord.error_code must be None or a non-empty str, got {self.error_code!r}")
+            if self.latencies_ms:
+                raise ValueError(f"TuningRecord with error_code {self.error_code!r} must have no latencies")
+        for name in ("build_s", "run_s", "timestamp"):
+            _check_number(name, getattr(self, name))
+        if isinstance(self.trial, bool) or not isinstance(self.trial, int) or self.trial < 0:
+            raise ValueError(f"TuningRecord.trial must be an int >= 0, got {self.trial!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"TuningRecord.seed must be an int or None, got {self.seed!r}")
+        if isinstance(self.schema_version, bool) or not isinstance(self.schema_version, int):
+            raise TypeError(f"TuningRecord.schema_version must be an int, got {self.schema_version!r}")
+
+    @property
+    def ok(self) -> bool:
+        """True for a successful measurement (no error, at least one latency)."""
+        return self.error_code is None
+
+    @property
+    def median_ms(self) -> float:
+        """Median latency in ms; ``inf`` for a failed measurement (sorts last)."""
+        return statistics.median(self.latencies_ms) if self.ok else math.inf
+
+    @property
+    def candidate_key(self) -> str:
+        """Canonical JSON string of :attr:`candidate` (see :func:`candidate_key`)."""
+        return candidate_key(self.candidate)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object written to the log (see the module docstring)."""
+        error = None if self.error_code is None else {"code": self.error_code, "message": self.error_msg}
+        return {
+            "schema_version": self.schema_version,
+            "tvm_version": self.tvm_version,
+            "target": self.target,
+            "workload_key": self.workload_key,
+            "candidate": self.candidate,
+            "latencies_ms": list(self.latencies_ms),
+            "error": error,
+            "build_s": self.build_s,
+            "run_s": self.run_s,
+            "timestamp": self.timestamp,
+            "trial": self.trial,
+            "seed": self.seed,
+        }
+
+    def to_json(self) -> str:
+        """One log line, without the trailing newline."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> TuningRecord:
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        ValueError
+            If a field is missing or unknown, or the schema version is not
+            :data:`SCHEMA_VERSION`.
+        TypeError
+            If a field has the wrong type.
+        """
+        if not isinstance(obj, Mapping):
+            raise TypeError(f"a record must be a JSON object, got {type(obj).__name__}")
+        version = obj.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"schema version {version!r} is not supported (this alt-tvm reads {SCHEMA_VERSION})")
+        missing = [k for k in _FIELDS if k not in obj]
+        unknown = sorted(set(obj) - set(_FIELDS))
+        if missing or unknown:
+            raise ValueError(f"record fields: missing {missing}, unknown {unknown}")
+        error = obj["error"]
+        if error is not None and (not isinstance(error, Mapping) or set(error) != {"code", "message"}):
+            raise TypeError(f"record 'error' must be null or {{'code', 'message'}}, got {error!r}")
+        return cls(
+            workload_key=obj["workload_key"],
+            target=obj["target"],
+            candidate=obj["candidate"],
+            latencies_ms=obj["latencies_ms"],
+            error_code=None if error is None else error["code"],
+            error_msg="" if error is None else error["message"],
+            build_s=obj["build_s"],
+            run_s=obj["run_s"],
+            timestamp=obj["timestamp"],
+            trial=obj["trial"],
+            seed=obj["seed"],
+            tvm_version=obj["tvm_version"],
+            schema_version=version,
+        )
+
+    @classmethod
+    def from_json(cls, line: str) -> TuningRecord:
+        """Parse one log line (see :meth:`from_dict` for the errors; bad JSON is a ValueError)."""
+        return cls.from_dict(json.loads(line))
+
+
+class RecordWriter:
+    """Appends :class:`TuningRecord` lines to a log, each forced to disk before returning.
+
+    The file is created if missing and appended to if it exists (resume). Each record is
+    written with one ``write`` on an ``O_APPEND`` descriptor and then ``fsync``-ed, so a
+    crash loses no record that :meth:`write` returned for. If the file ends in a partial
+    line (a writer was killed mid-line), a newline is added first so that the damage stays
+    confined to that line. Thread-safe; a context manager.
+
+    Parameters
+    ----------
+    path : str or Path
+        The log file. Its directory must exist.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the directory of ``path`` does not exist.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.parent.is_dir():
+            raise FileNotFoundError(
+                f"cannot create tuning log {self.path}: directory {self.path.parent} does not exist"
+            )
+        created = not self.path.exists()
+        self._lock = threading.Lock()
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if created:
+            # Make the new directory entry durable too (a crash could otherwise lose the file).
+            _fsync_dir(self.path.parent)
+        elif _ends_in_partial_line(self.path):
+            _write_all(self._fd, b"\n")
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._fd is None
+
+    def write(self, record: TuningRecord) -> None:
+        """Append ``record`` as one line and flush it to disk.
+
+        Raises
+        ------
+        TypeError
+            If ``record`` is not a :class:`TuningRecord`.
+        ValueError
+            If the writer is closed.
+        """
+        if not isinstance(record, TuningRecord):
+            raise TypeError(f"RecordWriter.write expects a TuningRecord, got {type(record).__name__}")
+        data = (record.to_json() + "\n").encode("utf-8")
+        with self._lock:
+            if self._fd is None:
+                raise ValueError(f"RecordWriter for {self.path} is closed")
+            _write_all(self._fd, data)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"RecordWriter({str(self.path)!r}{', closed' if self.closed else ''})"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # os.write may write less than asked (signals, nearly full disks)
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform/filesystem; the file itself is still synced
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _ends_in_partial_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def _open_log(path: str | os.PathLike[str]) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"tuning log {path} does not exist (a RecordWriter creates it when a tuning run starts)"
+        )
+    if path.is_dir():
+        raise IsADirectoryError(f"tuning log {path} is a directory, not a JSON-lines file")
+    return path
+
+
+def iter_records(path: str | os.PathLike[str], *, workload_key: str | None = None) -> Iterator[TuningRecord]:
+    """Yield the valid records of a log in file order, skipping bad lines with a warning.
+
+    Parameters
+    ----------
+    path : str or Path
+        The log.
+    workload_key : str, optional
+        Yield only records of this workload.
+
+    Warns
+    -----
+    RecordWarning
+        For each skipped line (``"<path>:<line>: ..."``): invalid UTF-8 or JSON (e.g. a
+        line cut short by a crash), a record that fails validation, or a schema version
+        other than :data:`SCHEMA_VERSION`. Blank lines are skipped silently.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    """
+    path = _open_log(path)
+    skipped = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+                if not isinstance(obj, dict):
+                    raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
+                version = obj.get("schema_version")
+                if version != SCHEMA_VERSION:
+                    reason = f"schema version {version!r} (this alt-tvm reads version {SCHEMA_VERSION})"
+                else:
+                    record = TuningRecord.from_dict(obj)
+                    reason = None
+            except (UnicodeDecodeError, ValueError, TypeError) as err:
+                reason = f"corrupt or truncated record ({type(err).__name__}: {str(err)[:200]})"
+            if reason is not None:
+                skipped += 1
+                if skipped <= _MAX_WARNINGS_PER_FILE:
+                    warnings.warn(f"{path}:{lineno}: skipped {reason}", RecordWarning, stacklevel=2)
+                continue
+            if workload_key is None or record.workload_key == workload_key:
+                yield record
+    if skipped > _MAX_WARNINGS_PER_FILE:
+        warnings.warn(
+            f"{path}: {skipped - _MAX_WARNINGS_PER_FILE} more bad lines skipped ({skipped} in all)",
+            RecordWarning,
+            stacklevel=2,
+        )
+
+
+def load_records(path: str | os.PathLike[str], *, workload_key: str | None = None) -> list[TuningRecord]:
+    """All valid records of a log, in file order (see :func:`iter_records`)."""
+    return list(iter_records(path, workload_key=workload_key))
+
+
+def load_best(
+    path: str | os.PathLike[str], *, workload_key: str, target: Any | None = None
+) -> TuningRecord | None:
+    """The successful record of ``workload_key`` with the lowest median latency.
+
+    Parameters
+    ----------
+    path : str or Path
+        The log.
+    workload_key : str
+        The workload.
+    target : optional
+        Consider only records measured on this target (a Target, dict or JSON string; see
+        :func:`target_key`). ``None``: any target.
+
+    Returns
+    -------
+    TuningRecord or None
+        ``None`` if the log has no successful record of the workload. Ties go to the
+        earlier record.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    """
+    if not isinstance(workload_key, str):
+        raise TypeError(f"workload_key must be a str, got {type(workload_key).__name__}")
+    wanted = None if target is None else target_key(target)
+    best: TuningRecord | None = None
+    for record in iter_records(path, workload_key=workload_key):
+        if not record.ok or (wanted is not None and record.target != wanted):
+            continue
+        if best is None or record.median_ms < best.median_ms:
+            best = record
+    return best
+
+
+def finished_candidates(path: str | os.PathLike[str], workload_key: str) -> set[str]:
+    """Keys (:func:`candidate_key`) of every candidate of ``workload_key`` already measured.
+
+    Failed measurements count as finished (re-measuring a kernel that does not build would
+    fail again). A missing log means nothing is finished yet: the result is empty, so a
+    ``--resume`` of a run that never started works.
+    """
+    if not isinstance(workload_key, str):
+        raise TypeError(f"workload_key must be a str, got {type(workload_key).__name__}")
+    if not Path(path).exists():
+        return set()
+    return {record.candidate_key for record in iter_records(path, workload_key=workload_key)}
