@@ -18,9 +18,10 @@ install-dev: $(VENV)/bin/python
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[dev]"
 
 demo: install
-	$(PY) scripts/r18_first_layer.py
+	$(PY) scripts/quickstart.py
 
 test: install-dev
+	bash .ci/install-cross.sh
 	$(PY) -m pytest -q
 
 test-all: install-dev

@@ -87,3 +87,29 @@ def test_budget_split_and_bad_budget():
     with pytest.raises(ValueError, match="trials=3 is too small for 3 tasks"):
         split_budget([T(1)] * 3, 3)
     assert json.dumps(split_budget([T(5), T(1)], 12))
+
+
+def test_tuning_through_isolated_workers_writes_real_latencies(tmp_path):
+    from alt_tvm.tuning.remote import isolated_measure
+
+    from alt_tvm.target import host
+
+    log = tmp_path / "tune.jsonl"
+    measure = isolated_measure(target=host(), number=3, repeat=2)
+    tune(MODEL, trials=6, log=log, example_inputs=INPUTS, measure=measure, cost_model=None, progress=False)
+    records = load_records(log)
+    assert len(records) == 6 and all(r.ok and 0 < r.median_ms < 100 for r in records)
+
+
+def test_unreachable_tracker_fails_before_tuning_starts():
+    import socket
+
+    from alt_tvm.tuning.remote import rpc_measure
+
+    from alt_tvm.target import host
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nobody listens there
+    with pytest.raises(ConnectionError, match=f"cannot reach tracker 127.0.0.1:{port}"):
+        rpc_measure(tracker_host="127.0.0.1", tracker_port=port, key="board", target=host())

@@ -1,0 +1,60 @@
+"""Measure functions for the tuner built on :mod:`alt_tvm.tuning.measure`.
+
+:func:`isolated_measure` builds in worker processes and runs in another one (a crashing
+candidate cannot take the tuner down); :func:`rpc_measure` builds here — cross-compiled
+for a board described in :mod:`alt_tvm.target` — and times on the board through TVM's
+RPC tracker. Both return ``measure(task, params) -> latency_ms`` for
+:func:`alt_tvm.tuning.driver.tune`; a failed candidate raises ``RuntimeError`` whose
+message starts with its :class:`~alt_tvm.tuning.measure.ErrorCode` name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tvm
+
+from alt_tvm.target import HardwareTarget
+
+from .measure import Builder, LocalBuilder, LocalRunner, MeasureInput, RPCRunner, Runner, measure
+from .task import Task
+
+MeasureFn = Callable[[Task, dict[str, Any]], float]
+
+
+def _measure_with(builder: Builder, runner: Runner) -> MeasureFn:
+    def run(task: Task, params: dict[str, Any]) -> float:
+        lowered = task.lower(params)
+        mod = tvm.IRModule({"main": lowered.func})
+        (result,) = measure([MeasureInput(task.key, {"params": params}, mod)], builder=builder, runner=runner)
+        if not result.ok:
+            raise RuntimeError(f"{result.error_code.name}: {result.error_msg}")
+        return result.median_ms
+
+    return run
+
+
+def isolated_measure(*, target: HardwareTarget, number: int = 10, repeat: int = 3,
+                     timeout_s: float = 30.0) -> MeasureFn:
+    """Build in a process pool and time in a separate process on this machine."""
+    return _measure_with(LocalBuilder(target=target, timeout_s=timeout_s),
+                         LocalRunner(number=number, repeat=repeat, timeout_s=timeout_s))
+
+
+def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: HardwareTarget, number: int = 10,
+                repeat: int = 3, timeout_s: float = 30.0) -> MeasureFn:
+    """Cross-build for ``target`` and time on the board registered as ``key`` with the tracker.
+
+    Raises
+    ------
+    ConnectionError
+        At once, if the tracker cannot be reached or no board with ``key`` is registered.
+    """
+    runner = RPCRunner(tracker_host=tracker_host, tracker_port=tracker_port, key=key, number=number,
+                       repeat=repeat, timeout_s=timeout_s,
+                       device="cuda" if target.to_tvm().kind.name == "cuda" else "cpu")
+    why = runner.check_tracker()
+    if why is not None:
+        raise ConnectionError(why)
+    return _measure_with(LocalBuilder(target=target, timeout_s=timeout_s), runner)
