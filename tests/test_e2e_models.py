@@ -54,6 +54,10 @@ def test_invalid_model_file_and_wrong_inputs_give_clear_errors(tmp_path, onnx_di
     with pytest.raises(ModelImportError, match="model.onnx"):
         build(str(bogus))
     compiled = _check("small_cnn", {}, "alt", onnx_dir)
+    # Global average pooling and the flatten have no alt-tvm strategy: TVM legalizes them,
+    # and the report says so.
+    assert compiled.report.fallbacks["relax.mean"] == ["no alt-tvm strategy"]
+    assert "fell back to TVM's legalization: relax.mean" in compiled.report.summary()
     expected = r"input 'input' has shape \(1, 3, 32, 32\), the model expects \(1, 3, 64, 64\)"
     with pytest.raises(ValueError, match=expected):
         compiled(np.zeros((1, 3, 32, 32), np.float32))
