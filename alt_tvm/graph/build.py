@@ -64,7 +64,8 @@ class AltLayoutPass:
     """
 
     def __init__(self, *, target: HardwareTarget | None = None, variant: str = "alt",
-                 strategies: Sequence[str] | None = None, params: dict[str, dict] | None = None) -> None:
+                 strategies: Sequence[str] | None = None, params: dict[str, dict] | None = None,
+                 strategy_options: dict[str, Any] | None = None) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
         _load_builtin_strategies()
@@ -73,6 +74,11 @@ class AltLayoutPass:
         self.allowed = registry.check_names(strategies)
         #: tuned strategy parameters by workload key (from a tuning log's best records)
         self.params = dict(params or {})
+        self.strategy_options = dict(strategy_options or {})
+        unknown = sorted(set(self.strategy_options) - set(registry.strategy_names()))
+        if unknown:
+            raise ValueError(f"strategy_options for unknown strategies {unknown}; "
+                             f"registered: {list(registry.strategy_names())}")
         self.report = BuildReport()
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
@@ -85,7 +91,7 @@ class AltLayoutPass:
             name = op_name(binding.value)
             if not _is_anchor_op(name):
                 return False
-            info = op_info(binding, self.target)
+            info = op_info(binding, self.target, options=self.strategy_options)
             strategy, reasons = registry.select(info, allowed=self.allowed)
             if strategy is None:
                 known = self.report.fallbacks.setdefault(name, [])
@@ -119,7 +125,8 @@ def alt_layout_pass(*, target: HardwareTarget | None = None, variant: str = "alt
     return tvm.ir.transform.module_pass(transform, opt_level=0, name="AltLayoutStrategies")
 
 
-def op_info(binding: relax.VarBinding, target: HardwareTarget) -> registry.OpInfo:
+def op_info(binding: relax.VarBinding, target: HardwareTarget, *,
+            options: dict[str, Any] | None = None) -> registry.OpInfo:
     call = binding.value
     tensors = [a for a in call.args if static_shape(a) is not None]
     constants = {i: const_value(a) for i, a in enumerate(call.args) if const_value(a) is not None}
@@ -127,7 +134,8 @@ def op_info(binding: relax.VarBinding, target: HardwareTarget) -> registry.OpInf
         op=op_name(call), attrs=attrs_dict(call.attrs),
         input_shapes=tuple(static_shape(a) for a in tensors), input_dtypes=tuple(dtype_of(a) for a in tensors),
         output_shape=static_shape(binding.var) or (), output_dtype=dtype_of(binding.var) or "",
-        target_kind=target.to_tvm().kind.name, constants=constants)
+        target_kind=target.to_tvm().kind.name, constants=constants, target_name=target.name,
+        options=dict(options or {}))
 
 
 @relax.expr_functor.mutator
@@ -194,7 +202,8 @@ class _Mutator(relax.PyExprMutator):
                     input_layouts[used] = self.layouts[used][1]
         key = workload_key(partition)
         tuned = self.owner.params.get(key) if self.owner.variant != "alt-ol" else None
-        context = PartitionContext(partition, self.owner.target, self.owner.variant, input_layouts, params=tuned)
+        context = PartitionContext(partition, self.owner.target, self.owner.variant, input_layouts, params=tuned,
+                                   options=self.owner.strategy_options.get(strategy.name))
         if tuned is not None:
             self.owner.report.tuned += 1
         lowered = strategy.implement(partition.anchor, context)
@@ -213,7 +222,12 @@ class _Mutator(relax.PyExprMutator):
         self.count += 1
         name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
         out = partition.output
-        new_var = self._emit_call(lowered.func, name, args, lowered.output_shape, lowered.output_dtype)
+        if lowered.packed_func is not None:
+            call = relax.call_dps_packed(lowered.packed_func, args,
+                                         relax.TensorType(lowered.output_shape, lowered.output_dtype))
+            new_var = self.builder_.emit(call, name)
+        else:
+            new_var = self._emit_call(lowered.func, name, args, lowered.output_shape, lowered.output_dtype)
         self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
         if lowered.output_layout is not None:
             self.layouts[out] = (new_var, lowered.output_layout)
@@ -246,6 +260,8 @@ def _load_builtin_strategies() -> None:
         import alt_tvm.strategies.alt_conv  # noqa: F401
         import alt_tvm.strategies.alt_gmm  # noqa: F401
         import alt_tvm.strategies.sconv  # noqa: F401
+        import alt_tvm.strategies.tt_strategy  # noqa: F401
+        import alt_tvm.strategies.vta_strategy  # noqa: F401
         _BUILTINS_LOADED = True
 
 
@@ -383,7 +399,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
 
 def build(model: Any, target: Any = None, *, records: Any = None, variant: str = "alt",
           strategies: Sequence[str] | None = None, example_inputs: Sequence[Any] | None = None,
-          input_shapes: dict | None = None) -> CompiledModel:
+          input_shapes: dict | None = None, strategy_options: dict[str, Any] | None = None) -> CompiledModel:
     """Build ``model`` to a callable module with alt-tvm's strategies.
 
     Parameters
@@ -401,6 +417,9 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
         boundary) or ``"alt-ol"`` (loop-only, channels-last).
     strategies
         Restrict (and thereby force) the strategies used, by name.
+    strategy_options
+        Options per strategy name (e.g. which layers ``tt_einsum`` factorises), handed to
+        the strategy's ``applicable`` (``OpInfo.options``) and ``implement`` (``context.options``).
 
     Returns
     -------
@@ -422,7 +441,8 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
             raise FileNotFoundError(f"tuning log {records!r} does not exist (write one with alt_tvm.tune)")
         params = best_params(records, target=machine)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
-    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, params=params)
+    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, params=params,
+                             strategy_options=strategy_options)
     mod = alt_pass(prepare(imported.mod))
     if alt_pass.report.fallbacks:
         warnings.warn("alt-tvm: " + alt_pass.report.summary(), stacklevel=2)

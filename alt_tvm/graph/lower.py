@@ -46,14 +46,20 @@ def equivalent(a: Layout | None, b: Layout | None, shape: Sequence[int]) -> bool
 
 @dataclass
 class LoweredPartition:
-    """A partition compiled to one PrimFunc, with the Relax arguments to call it on."""
+    """A partition compiled to one PrimFunc, with the Relax arguments to call it on.
 
-    func: tvm.tirx.PrimFunc
+    A strategy whose kernel is not TIR (e.g. one run on an accelerator model) sets
+    ``packed_func`` to the name of a registered global function called in
+    destination-passing style (``relax.call_dps_packed``) and leaves ``func`` None.
+    """
+
+    func: tvm.tirx.PrimFunc | None
     args: list[relax.Expr]
     output_shape: tuple[int, ...]
     output_dtype: str
     output_layout: Layout | None
     strategy: str
+    packed_func: str | None = None
 
 
 @dataclass
@@ -66,6 +72,8 @@ class PartitionContext:
     input_layouts: dict  # relax Var -> Layout of the value it currently holds
     #: tuned parameters for this partition's workload (None: the strategy's analytic defaults)
     params: dict | None = None
+    #: the build's options for the strategy lowering this partition (``strategy_options[name]``)
+    options: Any = None
     #: filled while lowering
     placeholders: list = field(default_factory=list)  # (relax expr, te placeholder)
     conversions: dict = field(default_factory=dict)  # relax Var -> Layout it must be converted to first

@@ -34,6 +34,8 @@ class OpInfo:
         The call's result.
     target_kind
         ``"llvm"``, ``"cuda"``, ...
+    target_name, options
+        The hardware description's name, and the per-strategy options of the build.
     """
 
     op: str
@@ -44,6 +46,10 @@ class OpInfo:
     output_dtype: str
     target_kind: str
     constants: dict[int, np.ndarray] = field(default_factory=dict, compare=False, hash=False)
+    #: ``alt_tvm.target.HardwareTarget.name`` ("host", "kirin990", "vta", ...)
+    target_name: str = "host"
+    #: per-strategy options given to the build (``strategy_options={name: ...}``)
+    options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 class Strategy(abc.ABC):
