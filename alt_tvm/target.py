@@ -327,6 +327,23 @@ _BOARD_LIST = (
         cache_line_bytes=128,
         cross_compiler=None,
     ),
+    # VTA (issue 7): the host CPU runs everything but int8 conv2d/dense, which the ``vta_gemm``
+    # strategy runs on the VTA model in alt_tvm.vta_mapping.sim (simulated; no FPGA). Generic
+    # llvm (no -mcpu) so the code runs on any x86-64/AArch64 host; the CPU figures are the
+    # module's detection defaults, used only to size fallback kernels' parallel loops.
+    HardwareTarget(
+        name="vta",
+        description="host CPU + VTA GEMM accelerator model (simulated)",
+        tvm_target={"kind": "llvm", "num-cores": 4},
+        num_cores=4,
+        vector_bits=128,
+        vector_registers=16,
+        l1d_bytes=_DEFAULT_L1D,
+        l2_bytes=_DEFAULT_L2,
+        l3_bytes=_DEFAULT_L3,
+        cache_line_bytes=_DEFAULT_LINE,
+        cross_compiler=None,
+    ),
 )
 
 #: Known boards by name (read-only).

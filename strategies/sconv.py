@@ -510,6 +510,7 @@ class SConvStrategy(Strategy):
     name = "sconv"
     ops = ("relax.nn.conv2d",)
     priority = 5
+    opt_in = True
 
     def applicable(self, info: OpInfo) -> str | None:
         attrs = info.attrs

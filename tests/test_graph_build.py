@@ -242,3 +242,15 @@ def test_package_level_build_takes_a_torch_module():
         np.testing.assert_allclose(compiled(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
     low, median = compiled.time(x.numpy(), number=2, repeat=2)
     assert 0 < low <= median
+
+
+def test_opt_in_strategies_stay_silent_unless_named():
+    from alt_tvm.graph.build import load_builtin_strategies
+
+    load_builtin_strategies()
+    info = OpInfo("relax.matmul", {}, ((1, 16), (16, 4)), ("float32",) * 2, (1, 4), "float32", "llvm",
+                  {1: np.zeros((16, 4), np.float32)})
+    chosen, reasons = registry.select(info)
+    assert chosen.name == "alt" and reasons == []  # tt_einsum and vta_gemm are opt-in
+    chosen, reasons = registry.select(info, allowed=["tt_einsum"])
+    assert chosen is None and reasons and reasons[0].startswith("tt_einsum:")

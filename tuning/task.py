@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 
 from alt_tvm.graph import registry
-from alt_tvm.graph.build import _load_builtin_strategies, op_info, prepare
+from alt_tvm.graph.build import load_builtin_strategies, op_info, prepare
 from alt_tvm.graph.lower import PartitionContext, const_value
 from alt_tvm.graph.partition import Partition, dtype_of, find_partitions, op_name, static_shape
 from alt_tvm.target import HardwareTarget, host
@@ -70,7 +70,7 @@ def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_i
     """
     from alt_tvm.graph.frontend import load_model
 
-    _load_builtin_strategies()
+    load_builtin_strategies()
     target = target or host()
     allowed = registry.check_names(strategies)
     imported = load_model(model, example_inputs=example_inputs)

@@ -68,7 +68,7 @@ class AltLayoutPass:
                  strategy_options: dict[str, Any] | None = None) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
-        _load_builtin_strategies()
+        load_builtin_strategies()
         self.target = target or host()
         self.variant = variant
         self.allowed = registry.check_names(strategies)
@@ -253,7 +253,7 @@ class _Mutator(relax.PyExprMutator):
 _BUILTINS_LOADED = False
 
 
-def _load_builtin_strategies() -> None:
+def load_builtin_strategies() -> None:
     """Import the strategy modules that register themselves."""
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:

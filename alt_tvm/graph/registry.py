@@ -63,6 +63,9 @@ class Strategy(abc.ABC):
     target_kinds: tuple[str, ...] = ("llvm",)
     #: Higher wins when several strategies apply.
     priority: int = 0
+    #: Opt-in strategies are only considered when the build names them in ``strategies``
+    #: or gives them ``strategy_options`` (they stay silent in fallback reports otherwise).
+    opt_in: bool = False
 
     @abc.abstractmethod
     def applicable(self, info: OpInfo) -> str | None:
@@ -124,6 +127,8 @@ def select(info: OpInfo, *, allowed: Sequence[str] | None = None) -> tuple[Strat
     candidates = [s for s in _REGISTRY if info.op in s.ops and info.target_kind in s.target_kinds]
     if allowed is not None:
         candidates = [s for s in candidates if s.name in allowed]
+    else:
+        candidates = [s for s in candidates if not s.opt_in or s.name in info.options]
     for strategy in sorted(candidates, key=lambda s: -s.priority):
         why_not = strategy.applicable(info)
         if why_not is None:

@@ -1,0 +1,161 @@
+"""The ``tt_einsum`` build strategy: dense layers rewritten into TT chains on request (issue 6, item 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from alt_tvm.strategies.tt_decompose import decompose, reconstruct
+from alt_tvm.strategies.tt_dse import dense_flops, solutions
+from alt_tvm.strategies.tt_strategy import TTBudgetError, TTLayerRequest, TTOptions, plan_layer
+
+import alt_tvm
+
+N, M, B = 512, 256, 4
+#: The TT shape the test weight is built from: DSE solution #2 of 512x256 (sorted by FLOPs).
+INS, OUTS, RANKS = (2, 2, 128), (64, 2, 2), (1, 8, 8, 1)
+
+
+def _weight() -> np.ndarray:
+    # Low TT rank plus a little noise: TT-SVD recovers it to ~4% relative error, while the
+    # cheapest DSE solution (another factorisation) cannot; random weights would not factorise.
+    rng = np.random.default_rng(7)
+    cores = [rng.standard_normal((RANKS[t], INS[t], OUTS[t], RANKS[t + 1])) for t in range(3)]
+    w = reconstruct(cores)
+    w = 10 * w / np.linalg.norm(w) + 1e-3 * rng.standard_normal(w.shape)
+    return w.astype(np.float32)
+
+
+WEIGHT = _weight()
+X = np.random.default_rng(8).standard_normal((B, N)).astype(np.float32)
+
+
+def _model(*, bias: bool = True, relu: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(N, M, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(WEIGHT))
+    layers = [linear, torch.nn.ReLU()] if relu else [linear]
+    return torch.nn.Sequential(*layers).eval()
+
+
+def _build(model: torch.nn.Module, *, strategies=("tt_einsum", "alt"), options=None):
+    kwargs = {} if options is None else {"strategy_options": {"tt_einsum": options}}
+    return alt_tvm.build(model, example_inputs=(torch.from_numpy(X),), strategies=list(strategies), **kwargs)
+
+
+def _dense(model: torch.nn.Module, weight: np.ndarray) -> np.ndarray:
+    bias = model[0].bias.detach().numpy() if model[0].bias is not None else 0.0
+    return X.astype(np.float64) @ weight.T.astype(np.float64) + bias
+
+
+@pytest.fixture(scope="module")
+def budget_build():
+    model = _model()
+    request = TTLayerRequest(max_error=0.1)
+    return model, request, _build(model, options=TTOptions(default=request))
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def test_budget_picks_the_cheapest_solution_within_the_error():
+    request = TTLayerRequest(max_error=0.1)
+    solution, dec = plan_layer(WEIGHT, request=request)
+    assert (solution.in_factors, solution.out_factors, solution.ranks) == (INS, OUTS, RANKS)
+    assert dec.rel_error <= 0.1 and solution.flops < dense_flops(N, M)
+    cheaper = [s for s in solutions(N, M)[:request.candidates] if s.flops < solution.flops]
+    assert cheaper and all(decompose(WEIGHT, solution=s).rel_error > 0.1 for s in cheaper)
+
+
+def test_unmet_budget_names_the_best_error():
+    with pytest.raises(TTBudgetError, match=r"best relative error 0\.\d+") as err:
+        plan_layer(WEIGHT, request=TTLayerRequest(max_error=1e-4, candidates=2))
+    assert err.value.best_error > 1e-4
+
+
+# --------------------------------------------------------------------------- builds
+
+
+def test_requested_layer_becomes_the_tt_chain(budget_build):
+    model, request, compiled = budget_build
+    assert compiled.report.partitions == [("tt_einsum", "relax.matmul", ["relax.matmul", "relax.add"])]
+    _, dec = plan_layer(WEIGHT, request=request)
+    y = compiled(X)[0]
+    # Exactly the TT-reconstructed dense layer (bias fused) ...
+    np.testing.assert_allclose(y, _dense(model, reconstruct(dec.cores)), rtol=1e-4, atol=1e-4)
+    # ... and the original one up to the reported weight error.
+    dense = _dense(model, WEIGHT)
+    out_error = np.linalg.norm(y - dense) / np.linalg.norm(dense)
+    assert out_error < 2 * dec.rel_error
+
+
+def test_off_by_default():
+    compiled = _build(_model())
+    assert [p[0] for p in compiled.report.partitions] == ["alt"]
+    np.testing.assert_allclose(compiled(X)[0], _dense(_model(), WEIGHT), rtol=1e-4, atol=1e-4)
+
+
+def test_fixed_solution_without_bias():
+    request = TTLayerRequest(in_factors=(2, 256), out_factors=(128, 2), ranks=(1, 8, 1))
+    model = _model(bias=False)
+    compiled = _build(model, options=TTOptions(layers={f"{N}x{M}": request}))
+    assert compiled.report.partitions == [("tt_einsum", "relax.matmul", ["relax.matmul"])]
+    solution, dec = plan_layer(WEIGHT, request=request)
+    assert (solution.in_factors, solution.ranks) == ((2, 256), (1, 8, 1))
+    np.testing.assert_allclose(compiled(X)[0], _dense(model, reconstruct(dec.cores)), rtol=1e-4, atol=1e-4)
+
+
+def test_impossible_budget_is_reported_as_the_fallback_reason():
+    options = TTOptions(layers={"*": TTLayerRequest(max_error=1e-4, candidates=2)})
+    with pytest.warns(UserWarning, match="fell back"):
+        compiled = _build(_model(), strategies=["tt_einsum"], options=options)
+    reasons = compiled.report.fallbacks["relax.matmul"]
+    assert any(r.startswith("tt_einsum: none of the 2 cheapest") and "best relative error" in r for r in reasons)
+    assert compiled.report.partitions == []
+
+
+def test_unsupported_epilogue_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"fuses no epilogue or one relax.add .*'relax.nn.relu'"):
+        _build(_model(relu=True), options=TTOptions(default=TTLayerRequest(max_error=0.1)))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({}, "needs max_error or a fixed solution"),
+    ({"max_error": 1.5}, r"max_error must be a number in \[0, 1\]"),
+    ({"max_error": True}, r"max_error must be a number in \[0, 1\]"),
+    ({"in_factors": (2, 256), "ranks": (1, 8, 1)}, "needs all of in_factors, out_factors and ranks"),
+    ({"in_factors": (2, 256), "out_factors": (256,), "ranks": (1, 8, 1)}, "need equal length d >= 2"),
+    ({"in_factors": (2, 256), "out_factors": (128, 2), "ranks": (1, 8)}, r"ranks must be \(1, r_1"),
+    ({"in_factors": (1, 512), "out_factors": (128, 2), "ranks": (1, 8, 1)}, "in_factors must be integers >= 2"),
+    ({"max_error": 0.1, "candidates": 0}, "candidates must be an integer >= 1"),
+])
+def test_bad_requests_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TTLayerRequest(**kwargs)
+
+
+def test_bad_options_are_rejected():
+    request = TTLayerRequest(max_error=0.1)
+    with pytest.raises(ValueError, match="layer key '512-256' must be 'NxM'"):
+        TTOptions(layers={"512-256": request})
+    with pytest.raises(ValueError, match=r"layers\['\*'\] must be a TTLayerRequest, got dict"):
+        TTOptions(layers={"*": {"max_error": 0.1}})
+    with pytest.raises(ValueError, match="either default or a '\\*' layer entry"):
+        TTOptions(layers={"*": request}, default=request)
+    with pytest.raises(ValueError, match=r"strategy_options\['tt_einsum'\] must be a TTOptions, got dict"):
+        _build(_model(), options={"max_error": 0.1})
+    # A request naming this layer whose factors do not fit it is a mistake, not a fallback.
+    wrong = TTLayerRequest(in_factors=(2, 128), out_factors=(128, 2), ranks=(1, 8, 1))
+    with pytest.raises(ValueError, match=r"layers\['512x256'\]: in_factors \(2, 128\) multiply to 256"):
+        _build(_model(), options=TTOptions(layers={"512x256": wrong}))
+
+
+def test_layer_lookup_prefers_the_exact_shape():
+    exact, other = TTLayerRequest(max_error=0.1), TTLayerRequest(max_error=0.2)
+    options = TTOptions(layers={"512x256": exact, "*": other})
+    assert options.request_for(512, 256) is exact and options.request_for(256, 512) is other
+    assert TTOptions(layers={"512x256": exact}).request_for(256, 512) is None
