@@ -254,3 +254,26 @@ def test_opt_in_strategies_stay_silent_unless_named():
     assert chosen.name == "alt" and reasons == []  # tt_einsum and vta_gemm are opt-in
     chosen, reasons = registry.select(info, allowed=["tt_einsum"])
     assert chosen is None and reasons and reasons[0].startswith("tt_einsum:")
+
+
+class ScaleThenPointwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(16, 32, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x)).sum()  # a side branch so the input has two uses
+        return self.b(x * 0.5 + 1.0) + y
+
+
+def test_element_wise_producers_take_the_consumer_layout_backwards():
+    # x * 0.5 + 1.0 runs before a pad-less 1x1 conv: instead of TVM's canonical kernels plus
+    # a conversion, both ops are computed straight into the conv's input layout.
+    mod, report = build_and_run(ScaleThenPointwise(), [torch.rand(1, 16, 8, 16)])
+    names = calls(mod)
+    assert any(n.startswith("alt_multiply") for n in names) and any(n.startswith("alt_add") for n in names)
+    conv_b = [n for n in names if n.startswith("alt_conv2d")][-1]
+    assert not names[names.index(conv_b) - 1].startswith("layout_convert")
+    wp_mod, wp_report = build_and_run(ScaleThenPointwise(), [torch.rand(1, 16, 8, 16)], variant="alt-wp")
+    assert wp_report.conversions > report.conversions

@@ -24,12 +24,22 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from alt_tvm.layout import Layout, convert_layout
+from alt_tvm.layout import Layout, convert_layout, rewrite
+from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.target import HardwareTarget, host
 
 from . import registry
 from .lower import PartitionContext, attrs_dict, const_value, workload_key
-from .partition import Partition, dtype_of, find_partitions, op_name, static_shape
+from .partition import (
+    BINARY_EPILOGUE,
+    UNARY_EPILOGUE,
+    Partition,
+    consumers,
+    dtype_of,
+    find_partitions,
+    op_name,
+    static_shape,
+)
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
 #: PrimFunc attribute marking kernels that alt-tvm scheduled itself.
@@ -101,11 +111,58 @@ class AltLayoutPass:
             return True
 
         partitions = find_partitions(func, is_anchor=is_anchor, epilogues=self.variant != "alt-wp")
-        mutator = _Mutator(mod, partitions, selected, self)
+        backward = self._backward_layouts(func, partitions, selected) if self.variant != "alt-wp" else {}
+        mutator = _Mutator(mod, partitions, selected, self, backward)
         new_func = mutator.visit_expr(func)
         new_mod = mutator.builder_.get()
         new_mod["main"] = relax.analysis.remove_all_unused(new_func)
         return new_mod
+
+
+    def _backward_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
+        """Layouts to propagate backwards onto element-wise producers (paper §4.2, §6).
+
+        A partition whose input would need a conversion op (no pad stage to convert) and
+        whose input comes from element-wise ops outside any partition gets those ops
+        computed directly in the layout it wants: the ops then convert for free, as a pad
+        does. Only sequences without data-expanding primitives propagate, only along
+        same-shape values with a single consumer; a binary op passes the layout to both
+        operands (the §6 rule when the consumer's layout is decided first).
+        """
+        users = consumers(func)
+        producers = {b.var: b for block in func.body.blocks for b in block.bindings}
+        members = {b.var for p in partitions for b in p.bindings}
+        wanted: dict = {}
+        for partition in partitions:
+            data = partition.anchor.value.args[0]
+            producer = producers.get(data)
+            if producer is None or data in members or not _standalone_elementwise(producer, users):
+                continue
+            # A dry run of the consumer's lowering tells which input layout it asks for.
+            context = PartitionContext(partition, self.target, self.variant, {},
+                                       params=self.params.get(workload_key(partition)),
+                                       options=self.strategy_options.get(selected[partition.anchor.var].name))
+            selected[partition.anchor.var].implement(partition.anchor, context)
+            layout = context.conversions.get(data)
+            if layout is None or layout.expands_data:
+                continue
+            shape = static_shape(data)
+            stack = [data]
+            while stack:
+                var = stack.pop()
+                binding = producers.get(var)
+                if (binding is None or var in members or var in wanted or static_shape(var) != shape
+                        or not _standalone_elementwise(binding, users)):
+                    continue
+                wanted[var] = layout
+                stack.extend(a for a in binding.value.args if isinstance(a, relax.Var))
+        return wanted
+
+
+def _standalone_elementwise(binding: relax.VarBinding, users: dict) -> bool:
+    name = op_name(binding.value)
+    return (name in UNARY_EPILOGUE or name in BINARY_EPILOGUE) and len(users.get(binding.var, [])) == 1 \
+        and isinstance(binding.var, relax.DataflowVar)
 
 
 def alt_layout_pass(*, target: HardwareTarget | None = None, variant: str = "alt",
@@ -140,9 +197,11 @@ def op_info(binding: relax.VarBinding, target: HardwareTarget, *,
 
 @relax.expr_functor.mutator
 class _Mutator(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, partitions: list[Partition], selected: dict, owner: AltLayoutPass):
+    def __init__(self, mod: tvm.IRModule, partitions: list[Partition], selected: dict, owner: AltLayoutPass,
+                 backward: dict):
         super().__init__(mod)
         self.owner = owner
+        self.backward = backward  # element-wise var -> layout its consumer wants
         self.selected = selected
         self.final = {p.output: p for p in partitions}
         self.members = {b.var for p in partitions for b in p.bindings}
@@ -186,12 +245,44 @@ class _Mutator(relax.PyExprMutator):
         if var in self.final:
             self._emit_partition(self.final[var])
             return
+        if var in self.backward:
+            self._emit_elementwise(binding, self.backward[var])
+            return
         for used in relax.analysis.free_vars(binding.value):
             self._canonical_arg(used)
         name = op_name(binding.value)
         if name is not None and name not in self.owner.report.fallbacks:
             self.owner.report.fallbacks[name] = [] if _is_anchor_op(name) else ["no alt-tvm strategy"]
         super().visit_var_binding_(binding)
+
+    def _emit_elementwise(self, binding: relax.VarBinding, layout: Layout) -> None:
+        """An element-wise op computed directly in ``layout`` (backward propagation)."""
+        from .epilogue import epilogue_te
+
+        call = binding.value
+        operands, args, layouts = [], [], TensorMap()
+        for j, arg in enumerate(call.args):
+            shape = static_shape(arg)
+            if shape is None:
+                operands.append(None)
+                continue
+            tensor = te.placeholder(shape, dtype=dtype_of(arg), name=f"in{j}")
+            operands.append(tensor)
+            if isinstance(arg, relax.Var) and arg in self.layouts:
+                args.append(self.layouts[arg][0])
+                layouts[tensor] = self.layouts[arg][1]
+            else:
+                args.append(self.visit_expr(arg))
+        out = epilogue_te(call, operands, index=0)
+        layouts[out] = layout
+        result = rewrite([out], layouts=layouts)
+        inputs = [result[t] for t in operands if t is not None]
+        func = _parallelize(te.create_prim_func([*inputs, result[out]]), self.owner.target.num_cores)
+        self.count += 1
+        name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
+        new_var = self._emit_call(func, name, args, layout.shape, dtype_of(binding.var))
+        self.layouts[binding.var] = (new_var, layout)
+        self.owner.report.partitions.append(("alt", op_name(call), [op_name(call)]))
 
     def _emit_partition(self, partition: Partition) -> None:
         strategy = self.selected[partition.anchor.var]
