@@ -373,6 +373,7 @@ class AltConvStrategy(Strategy):
     name = "alt"
     ops = tuple(_CONV_OPS)
     priority = 10
+    absorbs_pad = True
 
     def applicable(self, info: OpInfo) -> str | None:
         rank, transposed = _CONV_OPS[info.op]
@@ -416,11 +417,19 @@ class AltConvStrategy(Strategy):
         call = anchor.value
         rank, transposed = _CONV_OPS[str(call.op.name)]
         attrs = attrs_dict(call.attrs)
-        data = context.te_input(call.args[0], "data")
-        weight = context.te_input(call.args[1], "weight")
         strides = tuple(attrs.get("strides", [1] * rank))
         dilation = tuple(attrs.get("dilation", [1] * rank))
         pads = list(attrs.get("padding", [0] * (2 * rank)))
+        prologue = context.partition.prologue
+        if prologue and not transposed:
+            # An explicit pad op before the conv joins the conv's own padding (one pad stage).
+            widths = [int(w) for w in prologue[0].value.attrs.pad_width]
+            before, after = widths[4::2], widths[5::2]
+            pads = [p + b for p, b in zip(pads[:rank], before)] + [p + a for p, a in zip(pads[rank:], after)]
+            data = context.te_input(prologue[0].value.args[0], "data")
+        else:
+            data = context.te_input(call.args[0], "data")
+        weight = context.te_input(call.args[1], "weight")
         groups = int(attrs.get("groups", 1))
         if transposed:
             conv = ops.conv_transpose(data, weight, stride=strides, padding=tuple(pads[:rank]),

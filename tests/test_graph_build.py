@@ -277,3 +277,23 @@ def test_element_wise_producers_take_the_consumer_layout_backwards():
     assert not names[names.index(conv_b) - 1].startswith("layout_convert")
     wp_mod, wp_report = build_and_run(ScaleThenPointwise(), [torch.rand(1, 16, 8, 16)], variant="alt-wp")
     assert wp_report.conversions > report.conversions
+
+
+class ExplicitPadThenConv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 1)
+        self.b = torch.nn.Conv2d(16, 16, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return self.b(torch.nn.functional.pad(y, (2, 1, 1, 0)))  # left, right, top, bottom
+
+
+def test_explicit_pad_is_absorbed_into_the_conv_partition():
+    mod, report = build_and_run(ExplicitPadThenConv(), [torch.rand(1, 8, 10, 12)])
+    names = calls(mod)
+    # conv a -> (pad + conv b) directly: the pad converts a's layout into b's input layout.
+    assert [n.rstrip("0123456789").rstrip("_") for n in names] == ["layout_convert", "alt_conv2d", "alt_conv2d",
+                                                                  "layout_convert"]
+    assert "relax.nn.pad" not in report.fallbacks

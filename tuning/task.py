@@ -87,7 +87,7 @@ def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_i
         return True
 
     tasks: dict[str, Task] = {}
-    for partition in find_partitions(func, is_anchor=is_anchor):
+    for partition in find_partitions(func, is_anchor=is_anchor, absorbs_pad=lambda b: selected[b.var].absorbs_pad):
         strategy = selected[partition.anchor.var]
         context = PartitionContext(partition, target, "alt", {})
         space = strategy.space(partition.anchor, context)

@@ -110,7 +110,8 @@ class AltLayoutPass:
             selected[binding.var] = strategy
             return True
 
-        partitions = find_partitions(func, is_anchor=is_anchor, epilogues=self.variant != "alt-wp")
+        partitions = find_partitions(func, is_anchor=is_anchor, epilogues=self.variant != "alt-wp",
+                                     absorbs_pad=lambda b: selected[b.var].absorbs_pad)
         backward = self._backward_layouts(func, partitions, selected) if self.variant != "alt-wp" else {}
         mutator = _Mutator(mod, partitions, selected, self, backward)
         new_func = mutator.visit_expr(func)

@@ -52,10 +52,12 @@ class Partition:
 
     anchor: relax.VarBinding
     epilogue: list[relax.VarBinding] = field(default_factory=list)
+    #: a producer that can absorb a layout change (an explicit zero ``relax.nn.pad``)
+    prologue: list[relax.VarBinding] = field(default_factory=list)
 
     @property
     def bindings(self) -> list[relax.VarBinding]:
-        return [self.anchor, *self.epilogue]
+        return [*self.prologue, self.anchor, *self.epilogue]
 
     @property
     def output(self) -> relax.Var:
@@ -63,7 +65,8 @@ class Partition:
 
     @property
     def ops(self) -> list[str]:
-        return [op_name(b.value) for b in self.bindings]
+        """Anchor op first, then the epilogue ops (an absorbed pad is not listed)."""
+        return [op_name(b.value) for b in (self.anchor, *self.epilogue)]
 
 
 def consumers(func: relax.Function) -> dict:
@@ -95,13 +98,15 @@ def _joins(binding: relax.VarBinding, region: set, shape: tuple[int, ...]) -> bo
 
 
 def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool],
-                    epilogues: bool = True) -> list[Partition]:
+                    epilogues: bool = True,
+                    absorbs_pad: Callable[[relax.VarBinding], bool] | None = None) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
     The epilogue is the largest run of element-wise ops after the anchor that reads the
     anchor's value (a chain, or a small DAG such as GELU's ``x * (1 + erf(x))``) and whose
     intermediate values are used nowhere else: only the last value leaves the kernel.
     With ``epilogues=False`` every partition is its anchor alone (the ALT-WP ablation).
+    Where ``absorbs_pad(anchor)`` holds, a zero ``relax.nn.pad`` feeding the anchor joins it.
     """
     users = consumers(func)
     partitions: list[Partition] = []
@@ -125,6 +130,9 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                 part.epilogue.append(later)
                 region.add(later.var)
             _trim(part, users)
+            producer = _pad_producer(binding, bindings[:pos], users) if absorbs_pad and absorbs_pad(binding) else None
+            if producer is not None and producer.var not in taken:
+                part.prologue.append(producer)
             taken.update(b.var for b in part.bindings)
             partitions.append(part)
     return partitions
@@ -139,3 +147,23 @@ def _trim(part: Partition, users: dict) -> None:
         if not leaking:
             return
         part.epilogue.pop()
+
+
+def _pad_producer(anchor: relax.VarBinding, earlier: list, users: dict) -> relax.VarBinding | None:
+    """The zero-padding op feeding a convolution anchor, if only that anchor reads it.
+
+    Inside the partition it becomes the pad stage, which writes the convolution's input
+    layout directly (the paper's Fig. 5(b)): no separate pad kernel, no conversion.
+    """
+    if not str(op_name(anchor.value)).startswith("relax.nn.conv") or not anchor.value.args:
+        return None
+    data = anchor.value.args[0]
+    for binding in earlier:
+        if binding.var.same_as(data):
+            call = binding.value
+            if (op_name(call) == "relax.nn.pad" and str(call.attrs.pad_mode) == "constant"
+                    and float(call.attrs.pad_value) == 0.0 and len(users.get(binding.var, [])) == 1):
+                widths = [int(w) for w in call.attrs.pad_width]
+                if widths[:4] == [0, 0, 0, 0]:  # batch and channels unpadded
+                    return binding
+    return None

@@ -66,6 +66,9 @@ class Strategy(abc.ABC):
     #: Opt-in strategies are only considered when the build names them in ``strategies``
     #: or gives them ``strategy_options`` (they stay silent in fallback reports otherwise).
     opt_in: bool = False
+    #: The strategy lowers a zero-padding producer of its anchor as part of the partition
+    #: (``context.partition.prologue``); others get the pad computed separately.
+    absorbs_pad: bool = False
 
     @abc.abstractmethod
     def applicable(self, info: OpInfo) -> str | None:
