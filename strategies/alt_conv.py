@@ -17,6 +17,7 @@ from tvm import te
 
 from alt_tvm import ops
 from alt_tvm.graph.lower import attrs_dict
+from alt_tvm.graph.partition import static_shape
 from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
@@ -421,7 +422,13 @@ class AltConvStrategy(Strategy):
         dilation = tuple(attrs.get("dilation", [1] * rank))
         pads = list(attrs.get("padding", [0] * (2 * rank)))
         prologue = context.partition.prologue
-        if prologue and not transposed:
+        if prologue and str(prologue[0].value.op.name) == "relax.permute_dims":
+            # Read the transpose's input through the inverse permutation: no transpose kernel.
+            axes = [int(a) for a in prologue[0].value.attrs.axes]
+            view = Layout(static_shape(call.args[0])).reorder([axes.index(d) for d in range(len(axes))])
+            data = context.te_view(prologue[0].value.args[0], shape=static_shape(call.args[0]), layout=view,
+                                   name="data")
+        elif prologue and not transposed:
             # An explicit pad op before the conv joins the conv's own padding (one pad stage).
             widths = [int(w) for w in prologue[0].value.attrs.pad_width]
             before, after = widths[4::2], widths[5::2]

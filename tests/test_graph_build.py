@@ -297,3 +297,23 @@ def test_explicit_pad_is_absorbed_into_the_conv_partition():
     assert [n.rstrip("0123456789").rstrip("_") for n in names] == ["layout_convert", "alt_conv2d", "alt_conv2d",
                                                                   "layout_convert"]
     assert "relax.nn.pad" not in report.fallbacks
+
+
+class ChannelsLastInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.pointwise = torch.nn.Conv2d(16, 16, 1)
+
+    def forward(self, x_nhwc, y_nhwc):
+        a = torch.relu(self.conv(x_nhwc.permute(0, 3, 1, 2)))  # transpose then a padded conv
+        return a + self.pointwise(y_nhwc.permute(0, 3, 1, 2))  # transpose then a pad-less conv
+
+
+def test_transpose_producers_become_the_layout_the_conv_reads():
+    mod, report = build_and_run(ChannelsLastInput(), [torch.rand(1, 8, 12, 3), torch.rand(1, 8, 12, 16)])
+    assert "relax.permute_dims" not in report.fallbacks  # no transpose kernel at all
+    names = calls(mod)
+    # Both convs read their NHWC inputs in place; the first one's output is the residual the
+    # second one's epilogue adds; only the model output is converted back.
+    assert [n.rstrip("0123456789").rstrip("_") for n in names] == ["alt_conv2d", "alt_conv2d", "layout_convert"]

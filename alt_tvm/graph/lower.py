@@ -77,6 +77,8 @@ class PartitionContext:
     #: filled while lowering
     placeholders: list = field(default_factory=list)  # (relax expr, te placeholder)
     conversions: dict = field(default_factory=dict)  # relax Var -> Layout it must be converted to first
+    #: placeholders that view another value through a layout (an absorbed transpose)
+    views: list = field(default_factory=list)  # (te placeholder, Layout to the source's canonical shape)
 
     @property
     def workload_key(self) -> str:
@@ -94,6 +96,20 @@ class PartitionContext:
                              f"{self.partition.ops[0]} has type {getattr(expr, 'ty', None)}")
         tensor = te.placeholder(shape, dtype=dtype_of(expr), name=name)
         self.placeholders.append((expr, tensor))
+        return tensor
+
+    def te_view(self, expr: relax.Expr, *, shape: Sequence[int], layout: Layout, name: str) -> te.Tensor:
+        """A placeholder of ``shape`` whose data is ``expr`` stored in ``layout``.
+
+        ``layout`` maps the placeholder's shape to ``expr``'s canonical shape (e.g. the
+        reorder of a transpose the partition absorbs); ``expr``'s own current layout is
+        applied after it, so the kernel reads the transpose's input directly.
+        """
+        if tuple(layout.orig_shape) != tuple(shape) or tuple(layout.shape) != tuple(static_shape(expr)):
+            raise ValueError(f"te_view: layout {layout} does not map {tuple(shape)} to {static_shape(expr)}")
+        tensor = te.placeholder(tuple(shape), dtype=dtype_of(expr), name=name)
+        self.placeholders.append((expr, tensor))
+        self.views.append((tensor, layout))
         return tensor
 
     def epilogue_te(self, anchor_out: te.Tensor) -> list[te.Tensor]:
@@ -129,6 +145,8 @@ class PartitionContext:
         the partition (the paper's Fig. 5(a)); a pad stage inside the partition never
         needs this, as it writes the layout its consumer wants while padding.
         """
+        if tensor in TensorMap(self.views):
+            return  # an absorbed transpose: the kernel reads its input through the view
         source = self.source_of(tensor)
         if not equivalent(self.input_layouts.get(source), layout, static_shape(source)):
             self.conversions[source] = layout
@@ -137,8 +155,14 @@ class PartitionContext:
                strategy: str) -> LoweredPartition:
         """Rewrite layouts, create and schedule the PrimFunc, pack constants."""
         layouts = TensorMap((t, lay) for t, lay in layouts.items() if lay is not None)
+        views = TensorMap(self.views)
         for source, tensor in self.placeholders:
             if const_value(source) is not None:
+                continue
+            if tensor in views:
+                stored = self.input_layouts.get(source)
+                view = views[tensor]
+                layouts[tensor] = Layout(view.orig_shape, view.primitives + (stored.primitives if stored else ()))
                 continue
             if source in self.conversions:
                 layouts[tensor] = self.conversions[source]

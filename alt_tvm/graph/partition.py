@@ -52,7 +52,7 @@ class Partition:
 
     anchor: relax.VarBinding
     epilogue: list[relax.VarBinding] = field(default_factory=list)
-    #: a producer that can absorb a layout change (an explicit zero ``relax.nn.pad``)
+    #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
     prologue: list[relax.VarBinding] = field(default_factory=list)
 
     @property
@@ -150,10 +150,11 @@ def _trim(part: Partition, users: dict) -> None:
 
 
 def _pad_producer(anchor: relax.VarBinding, earlier: list, users: dict) -> relax.VarBinding | None:
-    """The zero-padding op feeding a convolution anchor, if only that anchor reads it.
+    """The producer of a convolution's input that can absorb a layout change, if only it reads it.
 
-    Inside the partition it becomes the pad stage, which writes the convolution's input
-    layout directly (the paper's Fig. 5(b)): no separate pad kernel, no conversion.
+    A zero pad becomes the partition's pad stage, which writes the convolution's input
+    layout directly (the paper's Fig. 5(b)); a transpose becomes a layout through which
+    the partition reads the transpose's input. Either way: no separate kernel.
     """
     if not str(op_name(anchor.value)).startswith("relax.nn.conv") or not anchor.value.args:
         return None
@@ -161,6 +162,8 @@ def _pad_producer(anchor: relax.VarBinding, earlier: list, users: dict) -> relax
     for binding in earlier:
         if binding.var.same_as(data):
             call = binding.value
+            if op_name(call) == "relax.permute_dims" and len(users.get(binding.var, [])) == 1:
+                return binding  # the transpose becomes the layout the conv reads its input in
             if (op_name(call) == "relax.nn.pad" and str(call.attrs.pad_mode) == "constant"
                     and float(call.attrs.pad_value) == 0.0 and len(users.get(binding.var, [])) == 1):
                 widths = [int(w) for w in call.attrs.pad_width]
