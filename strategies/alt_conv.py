@@ -252,13 +252,16 @@ class DefaultConvTiling:
 
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
-                        lanes: int, registers: int, in_channels: int | None = None) -> DefaultConvTiling:
-    """Tiles that divide the extents (so layouts propagate), sized to the vector registers.
+                        lanes: int, registers: int, in_channels: int | None = None,
+                        l1_bytes: int = 0) -> DefaultConvTiling:
+    """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
 
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
-    contiguous); the innermost spatial tile is up to 16 wide, outer ones up to 4 (2-D)
+    contiguous); the innermost spatial tile is up to 32 wide, outer ones up to 4 (2-D)
     or 1 (3-D); the register block keeps ``outer tiles x reg`` accumulators of ``ot``
-    lanes in about three quarters of the register file.
+    lanes in about three quarters of the register file. An output tile of one channel
+    vector must fit a quarter of the L1 data cache (``l1_bytes``; 0: no limit), leaving
+    the rest to the input window and the weights it is reused with.
     """
 
     spatial = list(out_shape[2:])
@@ -274,6 +277,8 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     best = None
     for lead in _divisors_upto(spatial[0], lead_cap) if len(spatial) > 1 else [1]:
         for wt in _divisors_upto(spatial[-1], 32):
+            if l1_bytes and lead * wt * lanes * 4 > l1_bytes // 4 and wt > 1:
+                continue
             for reg in _divisors_upto(wt, budget // lead):
                 # Most accumulators first, then wider tiles (fewer tile switches).
                 score = (lead * reg, wt)
@@ -409,7 +414,7 @@ class AltConvStrategy(Strategy):
         machine = context.target
         lanes, registers = machine.vector_lanes("float32"), machine.vector_registers or 16
         default = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=data_shape[1],
-                                      lanes=lanes, registers=registers)
+                                      lanes=lanes, registers=registers, l1_bytes=machine.l1d_bytes)
         return ConvSpace(out_shape=out_shape, in_channels_per_group=in_per_group,
                          out_channels_per_group=out_per_group, default=default.to_json(), registers=registers,
                          lanes=lanes)
@@ -457,7 +462,7 @@ class AltConvStrategy(Strategy):
         else:
             tiling = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=int(data.shape[1]),
                                          lanes=machine.vector_lanes("float32"),
-                                         registers=machine.vector_registers or 16)
+                                         registers=machine.vector_registers or 16, l1_bytes=machine.l1d_bytes)
         source = conv.op.input_tensors[0]
         kernel = [int(s) for s in weight.shape[2:]]
         conv_strides = [1] * rank if transposed else list(strides)

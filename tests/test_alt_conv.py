@@ -76,3 +76,14 @@ def test_measured_peak_is_vector_fma_speed():
     assert peak > 8.0
     with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
         measure_peak_gflops(threads=0)
+
+
+def test_default_tiling_follows_registers_and_l1():
+    from alt_tvm.strategies.alt_conv import default_conv_tiling
+
+    big = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=48 * 1024)
+    assert big.ot == 16 and big.spatial[0] * big.reg <= 24  # accumulators within 3/4 of 32 registers
+    small_l1 = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=8 * 1024)
+    assert small_l1.spatial[0] * small_l1.spatial[1] * 16 * 4 <= 2 * 1024 < big.spatial[0] * big.spatial[1] * 64
+    few_regs = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=8, registers=16, l1_bytes=32 * 1024)
+    assert few_regs.spatial[0] * few_regs.reg <= 12 and few_regs.ot == 8
