@@ -38,6 +38,11 @@ def _check_threads(threads: int) -> int:
     return threads
 
 
+def flatten_outputs(value: Any) -> list[np.ndarray]:
+    """A model's (nested) outputs as a flat list of NumPy arrays, in output order."""
+    return _flatten(value, [])
+
+
 def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
     """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy."""
     if isinstance(value, tvm.runtime.Tensor):

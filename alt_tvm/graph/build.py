@@ -29,6 +29,7 @@ from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.target import HardwareTarget, host
 
 from . import registry
+from .baselines import flatten_outputs
 from .lower import PartitionContext, attrs_dict, const_value, workload_key
 from .partition import (
     BINARY_EPILOGUE,
@@ -387,7 +388,7 @@ class CompiledModel:
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         result = self.vm["main"](*self._arguments(arrays))
-        return [r.numpy() for r in _flatten(result)]
+        return flatten_outputs(result)
 
     def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
         """(min, median) latency in ms of one call, VM overhead included."""
@@ -396,15 +397,6 @@ class CompiledModel:
         timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
         results = np.asarray(timer(*args).results) * 1e3
         return float(results.min()), float(np.median(results))
-
-
-def _flatten(value: Any) -> list:
-    if hasattr(value, "numpy"):
-        return [value]
-    out = []
-    for item in value:
-        out.extend(_flatten(item))
-    return out
 
 
 #: PrimFuncs that TVM's importers emit directly (``bb.emit_te(topi.maximum, ...)`` for ONNX
