@@ -43,5 +43,7 @@ setup(
     install_requires=RUNTIME,
     extras_require={
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
+        # IREE: the einsum-kernel baseline of scripts/bench_tt.py (skipped when absent).
+        "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0"],
     },
 )

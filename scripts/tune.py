@@ -27,6 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tracker", default=None, help="RPC tracker host:port (measure on a remote board)")
     parser.add_argument("--key", default=None, help="RPC device key registered with the tracker")
     parser.add_argument("--target", default=None, help="board name from alt_tvm.target (default: this host)")
+    parser.add_argument("--layout-levels", type=int, default=1, choices=[1, 2],
+                        help="one- or two-level layout tiling templates (paper §5.1)")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 
@@ -63,7 +65,8 @@ def main(argv=None) -> int:
         measure = rpc_measure(tracker_host=host_name, tracker_port=int(port), key=args.key, target=target)
     summaries = tune(model, trials=args.trials, log=log, target=target, seed=args.seed,
                      joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
-                     measure=measure, progress=not args.no_progress, plot=plot)
+                     measure=measure, progress=not args.no_progress, plot=plot,
+                     layout_levels=args.layout_levels)
     print(f"{'task':60s} {'x':>3s} {'trials':>6s} {'default ms':>10s} {'best ms':>9s} {'speedup':>8s}")
     for s in summaries:
         print(f"{s.key[:60]:60s} {s.weight:3d} {s.trials:6d} {s.default_ms:10.3f} {s.best_ms:9.3f} "

@@ -25,6 +25,7 @@ from alt_tvm.layout.templates import (
     channels_last,
     conv_input_unfolded,
     conv_output_tiled,
+    conv_output_two_level,
     conv_weight_tiled,
     weight_channels_last,
 )
@@ -221,9 +222,14 @@ class DefaultConvTiling:
 
     Layout: ``spatial`` output tiles and ``ot`` (output), ``it`` (input), ``weight_ot`` /
     ``weight_it`` (weight, ``o_t'`` / ``i_t'`` in the paper; 0 = same as ``ot`` / ``it``).
+    Two-level layout (paper §5.1): ``outer_spatial`` / ``outer_ot`` group the tiles into
+    blocks stored contiguously (empty / 0 = one level).
     Loops: ``reg`` register block along the last spatial dim, ``rc_split`` the inner
     channel block of the reduction (0 = ``it``), ``parallel_channels`` also runs channel
-    tiles in parallel (None = when spatial tiles are few).
+    tiles in parallel (None = when spatial tiles are few), ``unroll_window`` unrolls the
+    kernel-window loops, ``window_outer`` orders the window loops before the channel
+    blocks of the reduction, ``epilogue_in_block`` computes the fused epilogue right after
+    each register block instead of after the whole channel tile.
     """
 
     spatial: tuple[int, ...]
@@ -234,11 +240,24 @@ class DefaultConvTiling:
     weight_it: int = 0
     rc_split: int = 0
     parallel_channels: bool | None = None
+    outer_spatial: tuple[int, ...] = ()
+    outer_ot: int = 0
+    unroll_window: bool = False
+    window_outer: bool = False
+    epilogue_in_block: bool = False
+
+    @property
+    def two_level(self) -> bool:
+        return bool(self.outer_spatial)
 
     def to_json(self) -> dict[str, Any]:
-        return {"spatial": list(self.spatial), "ot": self.ot, "it": self.it, "reg": self.reg,
-                "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
-                "parallel_channels": self.parallel_channels}
+        record = {"spatial": list(self.spatial), "ot": self.ot, "it": self.it, "reg": self.reg,
+                  "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
+                  "parallel_channels": self.parallel_channels, "unroll_window": self.unroll_window,
+                  "window_outer": self.window_outer, "epilogue_in_block": self.epilogue_in_block}
+        if self.two_level:
+            record.update(outer_spatial=list(self.outer_spatial), outer_ot=self.outer_ot)
+        return record
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> DefaultConvTiling:
@@ -246,7 +265,12 @@ class DefaultConvTiling:
             return cls(spatial=tuple(int(s) for s in record["spatial"]), ot=int(record["ot"]), it=int(record["it"]),
                        reg=int(record["reg"]), weight_ot=int(record.get("weight_ot", 0)),
                        weight_it=int(record.get("weight_it", 0)), rc_split=int(record.get("rc_split", 0)),
-                       parallel_channels=record.get("parallel_channels"))
+                       parallel_channels=record.get("parallel_channels"),
+                       outer_spatial=tuple(int(s) for s in record.get("outer_spatial", ())),
+                       outer_ot=int(record.get("outer_ot", 0)),
+                       unroll_window=bool(record.get("unroll_window", False)),
+                       window_outer=bool(record.get("window_outer", False)),
+                       epilogue_in_block=bool(record.get("epilogue_in_block", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a conv tiling record: {record!r} ({err})") from None
 
@@ -312,18 +336,27 @@ def _divisors_upto(extent: int, cap: int) -> list[int]:
 def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: list, source: te.Tensor | None,
                         rank: int, reg: int, loop_tiles: DefaultConvTiling | None = None,
                         channel_tile: int = 1, cores: int = 2,
-                        parallel_channels: bool | None = None) -> tvm.IRModule:
+                        parallel_channels: bool | None = None, two_level: bool = False,
+                        unroll_window: bool = False, window_outer: bool = False,
+                        epilogue_in_block: bool = False) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
     layout's tiles are then whole extents, e.g. channels-last): the ALT-OL ablation.
+    ``two_level`` says the output layout is :func:`conv_output_two_level` (one more level
+    of tile loops between the parallel blocks and the register tiles). The other flags are
+    the loop knobs of :class:`DefaultConvTiling`.
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
     loops = sch.get_loops(block)
     n, outer, oo = loops[0], list(loops[1:1 + rank]), loops[1 + rank]
-    inner, oi = list(loops[2 + rank:2 + 2 * rank]), loops[2 + 2 * rank]
-    reduce = loops[3 + 2 * rank:]
+    at = 2 + rank
+    middle = []  # the two-level template's block loops: t'..., ot'
+    if two_level:
+        middle, at = list(loops[at:at + rank + 1]), at + rank + 1
+    inner, oi = list(loops[at:at + rank]), loops[at + rank]
+    reduce = loops[at + rank + 1:]
     channel_outer = [oo]
     if loop_tiles is not None:
         split = [sch.split(loop, [None, t]) for loop, t in zip(inner, loop_tiles.spatial)]
@@ -334,13 +367,18 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     oo = channel_outer[-1]
     last_o, last_i = sch.split(inner[-1], [None, reg])
     reduce = list(reduce)
+    window = reduce[1:]
     extent = int(conv.op.reduce_axis[0].dom.extent)
+    channel = [reduce[0]]
     if 1 < channel_tile < extent and extent % channel_tile == 0:
         # rc = rc_o * it + rc_i, with rc_i after the window loops: the input's and the
         # weight's innermost (it) dimension is then read in order, with no div/mod.
-        rc_o, rc_i = sch.split(reduce[0], [None, channel_tile])
-        reduce = [rc_o, *reduce[1:], rc_i]
-    sch.reorder(n, *outer, *channel_outer, last_o, *reduce, *inner[:-1], last_i, oi)
+        channel = list(sch.split(reduce[0], [None, channel_tile]))
+    if len(channel) == 2:
+        reduce = [*window, *channel] if window_outer else [channel[0], *window, channel[1]]
+    else:
+        reduce = [*window, *channel] if window_outer else [*channel, *window]
+    sch.reorder(n, *outer, *channel_outer, *middle, last_o, *reduce, *inner[:-1], last_i, oi)
     # Parallel over output tiles; with few spatial tiles (7x7 maps) also over channel tiles.
     tasks = 1
     for loop in [n, *outer]:
@@ -359,13 +397,16 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     sch.unroll(last_i)
     for loop in inner[:-1]:
         sch.unroll(loop)
+    if unroll_window:
+        for loop in window:
+            sch.unroll(loop)
     sch.decompose_reduction(block, reduce[0])
     sch.vectorize(sch.get_loops(write)[-1])
     if stages:
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
         final = sch.get_sblock(stages[-1].op.name)
-        sch.reverse_compute_at(final, oo)
+        sch.reverse_compute_at(final, last_o if epilogue_in_block else (middle[-1] if middle else oo))
         sch.vectorize(sch.get_loops(final)[-1])
     if source is not None:
         pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
@@ -378,6 +419,7 @@ class AltConvStrategy(Strategy):
 
     name = "alt"
     ops = tuple(_CONV_OPS)
+    target_kinds = ("llvm", "cuda")
     priority = 10
     absorbs_pad = True
 
@@ -400,6 +442,10 @@ class AltConvStrategy(Strategy):
 
     def space(self, anchor, context) -> Any:
         """The tuning space of this partition (the defaults are the untuned build's choice)."""
+        from . import alt_conv_cuda
+
+        if alt_conv_cuda.wants_cuda(context):
+            return alt_conv_cuda.cuda_conv_space(anchor, context)
         from alt_tvm.tuning.space import ConvSpace
 
         from alt_tvm.graph.partition import static_shape
@@ -415,11 +461,16 @@ class AltConvStrategy(Strategy):
         lanes, registers = machine.vector_lanes("float32"), machine.vector_registers or 16
         default = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=data_shape[1],
                                       lanes=lanes, registers=registers, l1_bytes=machine.l1d_bytes)
+        levels = int((context.options or {}).get("layout_levels", 1))
         return ConvSpace(out_shape=out_shape, in_channels_per_group=in_per_group,
                          out_channels_per_group=out_per_group, default=default.to_json(), registers=registers,
-                         lanes=lanes)
+                         lanes=lanes, levels=levels)
 
     def implement(self, anchor, context) -> Any:
+        from . import alt_conv_cuda
+
+        if alt_conv_cuda.wants_cuda(context):  # same TE and layouts, GPU loop schedule
+            return alt_conv_cuda.implement_cuda_conv(self, anchor, context)
         call = anchor.value
         rank, transposed = _CONV_OPS[str(call.op.name)]
         attrs = attrs_dict(call.attrs)
@@ -479,7 +530,10 @@ class AltConvStrategy(Strategy):
             in_layout = conv_input_unfolded(source_shape, spatial_tiles=out_shape[2:], channel_tile=source_shape[1],
                                             kernel=kernel, strides=conv_strides, dilation=list(dilation))
         else:
-            out_layout = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot)
+            out_layout = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot) \
+                if not tiling.two_level else \
+                conv_output_two_level(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot,
+                                      outer_spatial_tiles=tiling.outer_spatial, outer_channel_tile=tiling.outer_ot)
             in_layout = conv_input_unfolded([int(s) for s in source.shape], spatial_tiles=tiling.spatial,
                                             channel_tile=tiling.it, kernel=kernel, strides=conv_strides,
                                             dilation=list(dilation))
@@ -502,7 +556,11 @@ class AltConvStrategy(Strategy):
                                                    channel_tile=(tiling.rc_split or tiling.it)
                                                    if loop_tiles is None else 1,
                                                    cores=machine.num_cores,
-                                                   parallel_channels=tiling.parallel_channels))
+                                                   parallel_channels=tiling.parallel_channels,
+                                                   two_level=tiling.two_level and loop_tiles is None,
+                                                   unroll_window=tiling.unroll_window,
+                                                   window_outer=tiling.window_outer,
+                                                   epilogue_in_block=tiling.epilogue_in_block))
 
 
 def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:

@@ -20,15 +20,22 @@ from alt_tvm.layout.rewrite import TensorMap
 
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
-                  vec: int) -> tvm.IRModule:
-    """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers."""
+                  vec: int, kt: int = 1) -> tvm.IRModule:
+    """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers.
+
+    ``kt > 1`` splits ``k`` and unrolls ``kt`` steps of it (more independent loads in flight).
+    """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(gemm.op.name)
     loops = sch.get_loops(block)
     lead, m, n, k = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 2]
     mo, mi = sch.split(m, [None, mt])
     no, ni = sch.split(n, [None, nt])
-    sch.reorder(*lead, mo, no, k, mi, ni)
+    k_loops = list(sch.split(k, [None, kt])) if kt > 1 else [k]
+    sch.reorder(*lead, mo, no, *k_loops, mi, ni)
+    if kt > 1:
+        sch.unroll(k_loops[1])
+    k = k_loops[0]
     write = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write, no)
     sch.parallel(sch.fuse(*lead, mo, no))
@@ -51,6 +58,7 @@ class AltGemmStrategy(Strategy):
 
     name = "alt"
     ops = ("relax.matmul",)
+    target_kinds = ("llvm", "cuda")
     priority = 10
 
     def applicable(self, info: OpInfo) -> str | None:
@@ -63,6 +71,10 @@ class AltGemmStrategy(Strategy):
         return None
 
     def implement(self, anchor, context) -> Any:
+        from . import alt_conv_cuda
+
+        if alt_conv_cuda.wants_cuda(context):  # same TE and layout, GPU loop schedule
+            return alt_conv_cuda.implement_cuda_gemm(self, anchor, context)
         call = anchor.value
         a = context.te_input(call.args[0], "a")
         b = context.te_input(call.args[1], "b")
@@ -74,13 +86,14 @@ class AltGemmStrategy(Strategy):
         stages = context.epilogue_te(gemm)
         final = stages[-1] if stages else gemm
         params = context.params or self._defaults(m, n, context)
-        nt, mt, vec = int(params["nt"]), int(params["mt"]), int(params["vec"])
-        if n % nt or m % mt or nt % vec:
-            raise ValueError(f"GEMM parameters {params} do not divide M={m}, N={n}")
+        nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
+        if n % nt or m % mt or nt % vec or kdim % kt:
+            raise ValueError(f"GEMM parameters {params} do not divide M={m}, N={n}, K={kdim}")
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
         return context.finish(
             output=final, layouts=layouts, strategy=self.name,
-            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt, vec=vec))
+            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt, vec=vec,
+                                              kt=kt))
 
     @staticmethod
     def _defaults(m: int, n: int, context) -> dict[str, int]:
@@ -89,13 +102,17 @@ class AltGemmStrategy(Strategy):
         return {"nt": nt, "mt": tiles_for(m, 4), "vec": tiles_for(nt, lanes)}
 
     def space(self, anchor, context) -> Any:
+        from . import alt_conv_cuda
+
+        if alt_conv_cuda.wants_cuda(context):
+            return alt_conv_cuda.cuda_gemm_space(anchor, context)
         from alt_tvm.tuning.space import GemmSpace
 
         from alt_tvm.graph.partition import static_shape
 
         a_shape, b_shape = static_shape(anchor.value.args[0]), static_shape(anchor.value.args[1])
         m, n = a_shape[-2], b_shape[-1]
-        return GemmSpace(m=m, n=n, default=self._defaults(m, n, context),
+        return GemmSpace(m=m, n=n, k=a_shape[-1], default=self._defaults(m, n, context),
                          lanes=context.target.vector_lanes("float32"))
 
 

@@ -21,6 +21,18 @@ The paper's optimisations, as alt-tvm primitives:
   of eqs. (20)-(25) under the register budget of eq. (19);
 * L2 tiling and loop order (§4.3.5): :func:`choose_loop_order` applies eqs. (26)-(28);
 * threads by per-einsum FLOPs (§4.2.3): :func:`threads_for` with thresholds measured here.
+
+Two additions to the paper, both measured on the Table 3 sizes (``docs/tt_einsum.md``):
+
+* *m-pairing* (first/middle einsums): with ``r = 8`` and 16 float lanes (AVX-512) the paper's
+  ``r``-vector fills half a register; ``pair = lanes / r`` consecutive ``m`` share one vector,
+  ``G`` is packed ``(m / pair, n * k, pair * r)`` and the accumulator laid out so that the
+  pair is adjacent (:attr:`EinsumPlan.pair`);
+* the *b-vector final kernel* (short ``n * k``): the horizontal add per output dominates
+  when ``n * k`` is a few vectors, so a tile of ``X`` is transposed to ``[n * k, b]`` once per
+  ``b`` tile and ``b`` is vectorised like a GEMM's ``N`` (:attr:`EinsumPlan.b_lanes`). The
+  k-vector kernel, where kept, vectorises ``j = (n, k)`` at the full width when ``n * k``
+  allows (whole ``n`` per vector).
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from alt_tvm.layout import Layout, create_prim_func
 from alt_tvm.target import HardwareTarget, host
 
 __all__ = [
+    "B_VECTOR_MAX_NK",
     "HOST_THREAD_THRESHOLDS",
     "PAPER_THREAD_THRESHOLDS",
     "TABLE3",
@@ -179,7 +192,11 @@ def _vector_width(shape: EinsumShape, lanes: int) -> int:
     # Ranks are multiples of the DSE's vl; a rank below the machine's lanes uses a narrower
     # vector (8 floats = one ymm on AVX-512) rather than padding.
     rank = shape.r_in if shape.kind == "final" else shape.r_out
-    return math.gcd(rank, lanes)
+    vec = math.gcd(rank, lanes)
+    if shape.kind == "final" and vec == rank and (shape.n * rank) % lanes == 0:
+        # The final einsum's j = (n, k) is contiguous in G' and X: whole n per vector, full width.
+        return lanes
+    return vec
 
 
 def load_store_count(shape: EinsumShape, block: RegisterBlock, *, vl: int, count_padding: bool = True) -> float:
@@ -393,17 +410,66 @@ class EinsumPlan:
     loop : LoopOrder
     threads : int
         1: serial; more: the loop of :class:`LoopOrder` is parallel.
+    pair : int
+        ``m`` values sharing one vector with the ``r`` lanes (first/middle einsums): a rank
+        below the machine's lanes (``r = 8`` with 16 float lanes) fills a whole vector with
+        ``pair = lanes / r`` consecutive ``m``; then ``block.rm`` counts groups of ``pair``.
+    b_lanes : int
+        Final einsum only: 0 for the paper's kernel (``k`` in vectors, a horizontal add per
+        output); else the vector width along ``b``: a tile of ``X`` is transposed to
+        ``[n*k, b]`` once and reused by every ``m``, and ``block.rm`` rows times ``block.rb``
+        vectors of ``b`` accumulate with no horizontal add. Chosen when ``n*k`` is too short
+        to amortise the horizontal adds.
     """
 
     vec: int
     block: RegisterBlock
     loop: LoopOrder
     threads: int
+    pair: int = 1
+    b_lanes: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("EinsumPlan.pair", self.pair)
+        if self.b_lanes < 0:
+            raise ValueError(f"EinsumPlan.b_lanes must be >= 0, got {self.b_lanes}")
+        if self.pair > 1 and self.block.rr != 1:
+            raise ValueError(f"pair={self.pair} needs block.rr == 1, got {self.block.rr}")
 
     @property
     def pack(self) -> int:
         """Innermost packed extent of ``G``: ``V = vec * Rr`` (§4.3.4, ``{m, r/(2 vl), nk, 2 vl}``)."""
         return self.vec * self.block.rr
+
+
+#: Final einsums with ``n * k`` up to this use the b-vector kernel (:attr:`EinsumPlan.b_lanes`):
+#: measured 2026-11-21 on the Table 3 finals (n*k = 32..128 gained 1.4-8x, 1024 was even,
+#: 2048 and 7168 lost 2-10x).
+B_VECTOR_MAX_NK = 256
+
+
+def _b_vector_block(shape: EinsumShape, *, lanes: int, vector_registers: int) -> RegisterBlock:
+    """``Rm`` rows x ``Rb`` vectors of ``b`` for the b-vector final kernel.
+
+    Loads per tile and ``j = (n, k)`` step are ``Rm`` broadcasts of ``G`` plus ``Rb`` vectors of
+    the transposed ``X`` (eqs. (20)-(21) with ``b`` in the role of ``r``); padding ``bt`` to
+    ``lanes * Rb`` wastes lanes. Minimise total loads over divisors ``Rm`` of ``m`` under
+    ``Rm * Rb + Rb + 1`` registers (eq. (19)).
+    """
+    best = None
+    nvec = -(-shape.bt // lanes)
+    for rb in range(1, min(nvec, 8) + 1):
+        for rm in (d for d in range(1, min(shape.m, 16) + 1) if shape.m % d == 0):
+            if rm * rb + rb + 1 > vector_registers:
+                continue
+            tiles_b = -(-nvec // rb)
+            loads = (shape.m // rm) * tiles_b * (rm + rb)
+            key = (loads, rm * rb + rb, -rm)
+            if best is None or key < best[0]:
+                best = (key, RegisterBlock(rm=rm, rb=rb))
+    if best is None:
+        raise ValueError(f"no b-vector register block fits {vector_registers} registers (needs at least 3)")
+    return best[1]
 
 
 def default_thresholds(target: HardwareTarget) -> tuple[int, ...]:
@@ -431,7 +497,14 @@ def plan_einsum(shape: EinsumShape, *, target: HardwareTarget | None = None,
     lanes = target.vector_lanes("float32")
     vec = _vector_width(shape, lanes)
     regs = target.vector_registers or 16
-    block = choose_register_block(shape, vector_registers=regs, vl=vec, divisors_only=True)
+    pair = lanes // vec if shape.kind != "final" and vec == shape.r_out else 1
+    if pair > 1 and shape.m % pair == 0:
+        # m-pairs fill the vector: the model sees m / pair rows of pair * r lanes.
+        paired = EinsumShape(m=shape.m // pair, bt=shape.bt, n=shape.n, r_out=shape.r_out * pair, r_in=shape.r_in)
+        block = choose_register_block(paired, vector_registers=regs, vl=lanes, divisors_only=True)
+    else:
+        pair = 1
+        block = choose_register_block(shape, vector_registers=regs, vl=vec, divisors_only=True)
     if thresholds is None:
         thresholds = default_thresholds(target)
     n_threads = threads if threads is not None else threads_for(shape.flops, thresholds=thresholds,
@@ -441,7 +514,13 @@ def plan_einsum(shape: EinsumShape, *, target: HardwareTarget | None = None,
     if loop.b_tile is not None:
         # The tile holds whole register blocks.
         loop = LoopOrder(loop.order, max(block.rb, loop.b_tile // block.rb * block.rb))
-    return EinsumPlan(vec, block, loop, n_threads)
+    b_lanes = 0
+    if shape.kind == "final" and shape.n * shape.r_in <= B_VECTOR_MAX_NK:
+        bblock = _b_vector_block(shape, lanes=lanes, vector_registers=regs)
+        tiles = -(-shape.bt // (lanes * bblock.rb))
+        if n_threads == 1 or tiles >= n_threads:
+            block, b_lanes = bblock, lanes
+    return EinsumPlan(vec, block, loop, n_threads, pair, b_lanes)
 
 
 # --------------------------------------------------------------------------- packing of G
@@ -458,6 +537,12 @@ def core_layout(shape: EinsumShape, *, plan: EinsumPlan) -> Layout:
     v = plan.pack
     if shape.r_out % v:
         raise ValueError(f"pack width {v} does not divide r_out={shape.r_out}")
+    if plan.pair > 1:
+        p = plan.pair
+        if shape.m % p or v != shape.r_out:
+            raise ValueError(f"pair {p} needs m % pair == 0 and one r-vector, got m={shape.m}, r={shape.r_out}, V={v}")
+        # (m/P, P, r, n, k) -> (m/P, n, k, P, r) -> (m/P, n*k, P*r)
+        return lay.split(0, [shape.m // p, p]).reorder([0, 3, 4, 1, 2]).fuse([1, 2]).fuse([2, 3])
     # (m, r/V, V, n, k) -> (m, r/V, n, k, V) -> (m, r/V, n*k, V)
     return lay.split(1, [shape.r_out // v, v]).reorder([0, 1, 3, 4, 2]).fuse([2, 3])
 
@@ -476,15 +561,39 @@ def pack_core(core: np.ndarray, *, shape: EinsumShape, plan: EinsumPlan | None) 
 
 
 def _einsum_te(shape: EinsumShape, g: te.Tensor, read: Callable[[Any, Any, Any], Any], name: str,
-               split_k: bool) -> list[te.Tensor]:
-    """``Y[m, b, r] = sum G[r, n, m, k] X(b, n, k)``; with ``split_k`` the final einsum's
-    vectorised ``k`` goes to an explicit partial-sum stage, then a horizontal add."""
+               split_k: bool | int, b_pad: int = 0) -> list[te.Tensor]:
+    """``Y[m, b, r] = sum G[r, n, m, k] X(b, n, k)``; with ``split_k`` (True or the lane count,
+    a multiple of ``k`` dividing ``n * k``) the final einsum's vectorised ``k`` goes to an
+    explicit partial-sum stage, then a horizontal add; with
+    ``b_pad`` (b-vector final kernel) ``X`` is transposed to ``[n*k, b_pad]`` (zeros past
+    ``bt``), accumulated as ``[m, b_pad]`` and, if padded, copied to ``Y``."""
+    if b_pad:
+        k_, nk, bt = shape.r_in, shape.n * shape.r_in, shape.bt
+        zero = te.const(0.0, "float32")
+        xt = te.compute((nk, b_pad), lambda j, b: te.if_then_else(b < bt, read(b, j // k_, j % k_), zero),
+                        name=f"{name}_xt")
+        rj = te.reduce_axis((0, nk), name="j")
+        acc_shape = shape.output_shape if b_pad == bt else (shape.m, b_pad, 1)
+        acc = te.compute(acc_shape, lambda m, b, r: te.sum(g[0, rj // k_, m, rj % k_] * xt[rj, b], axis=rj),
+                         name=name if b_pad == bt else f"{name}_acc")
+        if b_pad == bt:
+            return [xt, acc]
+        return [xt, acc, te.compute(shape.output_shape, lambda m, b, r: acc[m, b, r], name=name)]
     rn = te.reduce_axis((0, shape.n), name="n")
     if split_k:
-        part = te.compute(
-            (shape.m, shape.bt, shape.r_in),
-            lambda m, b, k: te.sum(g[0, rn, m, k] * read(b, rn, k), axis=rn), name=f"{name}_part")
-        rk = te.reduce_axis((0, shape.r_in), name="k")
+        # Partial sums over lanes l of j = (n, k) = jo * L + l, contiguous in G' and X; L = k,
+        # or a multiple of k (whole n in one vector) when the machine's vector is longer.
+        k_ = shape.r_in
+        width = split_k if split_k is not True and split_k > 1 else k_
+        rj = te.reduce_axis((0, shape.n * k_ // width), name="n")
+
+        def term(m, b, lane):
+            j = rj * width + lane
+            return g[0, j // k_, m, j % k_] * read(b, j // k_, j % k_)
+
+        part = te.compute((shape.m, shape.bt, width), lambda m, b, lane: te.sum(term(m, b, lane), axis=rj),
+                          name=f"{name}_part")
+        rk = te.reduce_axis((0, width), name="k")
         out = te.compute(shape.output_shape, lambda m, b, r: te.sum(part[m, b, rk], axis=rk), name=name)
         return [part, out]
     if shape.r_in == 1:  # first einsum: no k loop (Listing 2 with rt_1 = 1)
@@ -505,6 +614,9 @@ def _split(sch: tvm.s_tir.Schedule, loop: Any, factor: int) -> tuple[Any, Any]:
 def _schedule(sch: tvm.s_tir.Schedule, shape: EinsumShape, plan: EinsumPlan, name: str) -> None:
     """Vectorise, register-block, order, tile and parallelise one einsum inside ``sch``."""
     blk = plan.block
+    if plan.b_lanes:
+        _schedule_b_vector(sch, shape, plan, name)
+        return
     block = sch.get_sblock(name)
     if shape.kind == "final":
         # Partial sums over n with k in vectors (the rf stage), then one horizontal add per
@@ -526,7 +638,11 @@ def _schedule(sch: tvm.s_tir.Schedule, shape: EinsumShape, plan: EinsumPlan, nam
         sch.vectorize(sch.get_loops(init)[-1])
         return
     m, b, r, *red = sch.get_loops(block)
-    mo, mi = _split(sch, m, blk.rm)
+    pair = plan.pair
+    if pair > 1:
+        mo, mi, mp = sch.split(m, [None, blk.rm, pair])
+    else:
+        mo, mi = _split(sch, m, blk.rm)
     if plan.loop.b_tile is not None and plan.loop.b_tile < shape.bt:
         bt_, b = _split(sch, b, plan.loop.b_tile)
     else:
@@ -536,9 +652,16 @@ def _schedule(sch: tvm.s_tir.Schedule, shape: EinsumShape, plan: EinsumPlan, nam
     outer = [bo, mo] if plan.loop.order == "bmr" else [mo, bo]
     if bt_ is not None:
         outer = [bt_, *outer]
-    sch.reorder(*outer, ro, *red, mi, bi, rr, rv)
+    if pair > 1:
+        sch.reorder(*outer, ro, *red, mi, bi, rr, mp, rv)
+    else:
+        sch.reorder(*outer, ro, *red, mi, bi, rr, rv)
     # Accumulators in registers: a local block written back once per (m, b, r) block.
     acc = sch.cache_write(block, 0, "local")
+    if pair > 1:
+        # (m, b, r) -> (m/P, b, P, r): the P m-values of one vector are adjacent in the accumulator.
+        sch.transform_layout(block, ("write", 0), lambda m_, b_, r_: (m_ // pair, b_, m_ % pair, r_))
+        rv = sch.fuse(mp, rv)
     sch.reverse_compute_at(acc, ro)
     par = outer[1:] if bt_ is not None else outer
     _parallel(sch, par, plan.threads)
@@ -549,6 +672,51 @@ def _schedule(sch: tvm.s_tir.Schedule, shape: EinsumShape, plan: EinsumPlan, nam
     # Decompose last: vectorize refuses a loop over a reduction update without its init.
     init = sch.decompose_reduction(block, red[0])
     sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _split_k(shape: EinsumShape, plan: EinsumPlan | None) -> int:
+    """Lanes of the final einsum's partial-sum stage (0: no such stage)."""
+    if plan is None or shape.kind != "final" or plan.b_lanes:
+        return 0
+    return plan.vec
+
+
+def _b_padded(shape: EinsumShape, plan: EinsumPlan | None) -> int:
+    """Padded ``b`` extent of the b-vector final kernel (0 if the plan does not use it)."""
+    if plan is None or not plan.b_lanes:
+        return 0
+    tile = plan.b_lanes * plan.block.rb
+    return -(-shape.bt // tile) * tile
+
+
+def _schedule_b_vector(sch: tvm.s_tir.Schedule, shape: EinsumShape, plan: EinsumPlan, name: str) -> None:
+    """``{b/(V Rb), m/Rm, j, Rm, Rb, V}``: the transposed ``X`` tile is built once per ``b`` tile."""
+    blk, lanes = plan.block, plan.b_lanes
+    padded = _b_padded(shape, plan) != shape.bt
+    acc_name = f"{name}_acc" if padded else name
+    block = sch.get_sblock(acc_name)
+    m, b, r, j = sch.get_loops(block)
+    mo, mi = _split(sch, m, blk.rm)
+    bo, bi, bv = sch.split(b, [None, blk.rb, lanes])
+    sch.reorder(bo, mo, r, j, mi, bi, bv)
+    local = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(local, mo)
+    xt = sch.get_sblock(f"{name}_xt")
+    sch.compute_at(xt, bo)
+    if plan.threads > 1:
+        sch.parallel(bo)
+    sch.unroll(mi)
+    sch.unroll(bi)
+    sch.vectorize(bv)
+    wl = sch.get_loops(local)
+    _, wv = _split(sch, sch.fuse(wl[-2], wl[-1]), lanes)
+    sch.vectorize(wv)
+    init = sch.decompose_reduction(block, j)
+    sch.vectorize(sch.get_loops(init)[-1])
+    if padded:
+        copy = sch.get_sblock(name)
+        if plan.threads > 1:
+            sch.parallel(sch.get_loops(copy)[0])
 
 
 def _parallel(sch: tvm.s_tir.Schedule, loops: list, threads: int) -> None:
@@ -612,7 +780,8 @@ def build_einsum(shape: EinsumShape, *, plan: EinsumPlan | None = None, optimize
         outs = _einsum_te(shape, g, lambda b, n, k: x[b, n, k], "Y", split_k=False)
         return EinsumKernel(shape, None, tvm.IRModule({"main": te.create_prim_func([x, g, outs[-1]])}))
     plan = plan or plan_einsum(shape, target=target)
-    outs = _einsum_te(shape, g, lambda b, n, k: x[b, n, k], "Y", split_k=shape.kind == "final")
+    outs = _einsum_te(shape, g, lambda b, n, k: x[b, n, k], "Y", split_k=_split_k(shape, plan),
+                      b_pad=_b_padded(shape, plan))
     func = create_prim_func([x, g, outs[-1]], layouts={g: core_layout(shape, plan=plan)})
     sch = tvm.s_tir.Schedule(func)
     _schedule(sch, shape, plan, "Y")
@@ -684,10 +853,30 @@ class TTChain:
         return tvm.compile(self.mod, target=(target or host()).to_tvm())
 
 
+def _unravel(flat: Any, dims: Sequence[int]) -> list[Any]:
+    """Row-major multi-index of ``flat`` over ``dims`` (``//`` and ``%`` that TVM folds back)."""
+    idx = []
+    for d in reversed(dims[1:]):
+        idx.append(flat % d)
+        flat = flat // d
+    idx.append(flat)
+    return idx[::-1]
+
+
+def _flat(idx: Sequence[Any], dims: Sequence[int]) -> Any:
+    flat = idx[0]
+    for i, d in zip(idx[1:], dims[1:]):
+        flat = flat * d + i
+    return flat
+
+
 def build_chain(*, in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], batch: int,
                 optimized: bool = True, target: HardwareTarget | None = None,
-                thresholds: Sequence[int] | None = None, threads: int | None = None) -> TTChain:
-    """The einsum chain of Listing 1 plus bias as one scheduled PrimFunc.
+                thresholds: Sequence[int] | None = None, threads: int | None = None,
+                input_shape: Sequence[int] | None = None,
+                epilogue: Callable[[te.Tensor], tuple[Sequence[te.Tensor], Sequence[te.Tensor]]] | None = None,
+                ) -> TTChain:
+    """The einsum chain of Listing 1 plus bias (and an element-wise epilogue) as one PrimFunc.
 
     Reshapes are fused by indexing (§4.3.2): einsum ``t`` reads the previous output at flat
     position ``(b * n_t + n) * r_t + k`` through an unravel that TVM folds back to that
@@ -699,6 +888,7 @@ def build_chain(*, in_factors: Sequence[int], out_factors: Sequence[int], ranks:
     in_factors, out_factors, ranks : sequence of int
         As in :class:`~alt_tvm.strategies.tt_dse.TTSolution`.
     batch : int
+        Rows of the layer: the product of the activation's leading dimensions.
     optimized : bool
         ``False``: naive TE (no packing, no schedule).
     target : HardwareTarget, optional
@@ -706,19 +896,42 @@ def build_chain(*, in_factors: Sequence[int], out_factors: Sequence[int], ranks:
         Thread thresholds per einsum (default :func:`default_thresholds`).
     threads : int, optional
         Force the thread count of every einsum.
+    input_shape : sequence of int, optional
+        The activation's shape ``(*lead, N)`` with ``prod(lead) == batch`` (default
+        ``(batch, N)``), e.g. ``(B, S, N)`` in a transformer. The leading dimensions are
+        flattened by indexing, not copied; ``y`` has shape ``(*lead, M)``.
+    epilogue : callable, optional
+        ``epilogue(y) -> (stages, inputs)``: element-wise TE stages applied after the biased
+        output ``y`` (the last stage is the function's output) and the placeholders they
+        read, which become arguments after ``bias``. Intermediate stages are inlined.
+
+    Returns
+    -------
+    TTChain
+        ``main(x, G_d', ..., G_1', bias[M], *inputs, out)``.
     """
     shapes = chain_shapes(in_factors=in_factors, out_factors=out_factors, ranks=ranks, batch=batch)
     n_in, n_out = math.prod(in_factors), math.prod(out_factors)
+    if input_shape is None:
+        input_shape = (batch, n_in)
+    input_shape = tuple(_positive("input_shape", d) for d in input_shape)
+    if len(input_shape) < 2 or input_shape[-1] != n_in or math.prod(input_shape[:-1]) != batch:
+        raise ValueError(f"input_shape must be (*lead, N) with N = {n_in} and prod(lead) = batch = {batch}, "
+                         f"got {input_shape}")
+    lead = input_shape[:-1]
     target = target or host()
     plans = [plan_einsum(s, target=target, thresholds=thresholds, threads=threads) if optimized else None
              for s in shapes]
-    x = te.placeholder((batch, n_in), name="x")
+    x = te.placeholder(input_shape, name="x")
     bias = te.placeholder((n_out,), name="bias")
     cores, layouts, stages = [], {}, []
 
+    def read_x(row: Any, col: Any) -> Any:
+        return x[(*_unravel(row, lead), col)]
+
     def reader(prev: te.Tensor | None, prev_shape: EinsumShape | None, shape: EinsumShape):
         if prev is None:
-            return lambda b, n, k: x[(b * shape.n + n) // n_in, (b * shape.n + n) % n_in]
+            return lambda b, n, k: read_x((b * shape.n + n) // n_in, (b * shape.n + n) % n_in)
         # The previous output (m', b', r) viewed as (b, n, r): flat row b * n_t + n = m' * b'_t + b'.
         return lambda b, n, k: prev[(b * shape.n + n) // prev_shape.bt, (b * shape.n + n) % prev_shape.bt, k]
 
@@ -729,21 +942,37 @@ def build_chain(*, in_factors: Sequence[int], out_factors: Sequence[int], ranks:
         cores.append(g)
         if plan is not None:
             layouts[g] = core_layout(shape, plan=plan)
-        outs = _einsum_te(shape, g, reader(prev, prev_shape, shape), f"E{t}",
-                          split_k=plan is not None and shape.kind == "final")
+        outs = _einsum_te(shape, g, reader(prev, prev_shape, shape), f"E{t}", split_k=_split_k(shape, plan),
+                          b_pad=_b_padded(shape, plan))
         stages.append(f"E{t}")
         prev, prev_shape = outs[-1], shape
     last = prev
     m1 = int(out_factors[0])
     rest = n_out // m1
-    y = te.compute((batch, n_out), lambda bb, j: last[j // rest, (j % rest) * batch + bb, 0] + bias[j], name="y")
-    func = create_prim_func([x, *cores, bias, y], layouts=layouts)
+    y = te.compute((*lead, n_out), lambda *i: last[i[-1] // rest, (i[-1] % rest) * batch + _flat(i[:-1], lead), 0]
+                   + bias[i[-1]], name="y")
+    out, extra, inline = y, [], []
+    if epilogue is not None:
+        ep_stages, extra = epilogue(y)
+        ep_stages, extra = list(ep_stages), list(extra)
+        if not ep_stages:
+            raise ValueError("epilogue returned no stages")
+        out = ep_stages[-1]
+        inline = [y, *ep_stages[:-1]]
+    func = create_prim_func([x, *cores, bias, *extra, out], layouts=layouts)
     sch = tvm.s_tir.Schedule(func)
     if optimized:
         for shape, plan, name in zip(shapes, plans, stages):
             _schedule(sch, shape, plan, name)
-        yb, yj = sch.get_loops(sch.get_sblock("y"))
-        if batch == 1:
-            _, yv = _split(sch, yj, math.gcd(n_out, target.vector_lanes("float32")))
+    for stage in inline:
+        # Element-wise stages fold into the output loop (a stage read twice stays separate).
+        try:
+            sch.compute_inline(sch.get_sblock(stage.op.name))
+        except tvm.error.TVMError:
+            pass
+    if optimized:
+        loops = sch.get_loops(sch.get_sblock(out.op.name))
+        if batch == 1 and len(loops) == len(out.shape) and int(out.shape[-1]) == n_out:
+            _, yv = _split(sch, loops[-1], math.gcd(n_out, target.vector_lanes("float32")))
             sch.vectorize(yv)
     return TTChain(tuple(shapes), tuple(plans), batch, n_in, n_out, sch.mod)

@@ -9,11 +9,13 @@ replaces the partition by the scheduled einsum chain of :func:`.tt_einsum.build_
 the bias fused. Without options it never applies, so TT factorisation (which changes the
 model's numbers) is strictly opt-in.
 
-Epilogues: the chain fuses exactly a bias add, so a partition may end in no epilogue or in
-one ``relax.add`` of a constant ``[M]`` / ``[1, M]`` vector; anything else (e.g. a ReLU fused
-after the bias) makes :meth:`TTEinsumStrategy.implement` raise a ``ValueError`` that names
-the supported forms (``variant="alt-wp"`` builds without epilogue fusion). :func:`plan_layer`
-shows which solution and error a request gives for a weight, without building anything.
+Epilogues: a partition ending in one ``relax.add`` of a constant ``[M]`` / ``[1, M]`` vector
+has that bias fused into the chain's output stage; any other element-wise epilogue the
+partitioner fuses (bias + ReLU, GELU, a residual add, ...) is built from the partition's own
+TE (:meth:`PartitionContext.epilogue_te`) on the chain's output and inlined into its last
+loop. Activations of any rank ``[*lead, N]`` (e.g. ``[B, S, N]`` in a transformer) are read
+as ``[prod(lead), N]`` by indexing. :func:`plan_layer` shows which solution and error a
+request gives for a weight, without building anything.
 """
 
 from __future__ import annotations
@@ -244,8 +246,9 @@ def _options(options: Any) -> TTOptions | None:
     raise ValueError(f"strategy_options['{NAME}'] must be a TTOptions, got {type(options).__name__}")
 
 
-def _fused_bias(context: PartitionContext, m: int) -> np.ndarray:
-    """The constant bias the partition adds after the matmul (zeros without an epilogue)."""
+def _fused_bias(context: PartitionContext, m: int) -> np.ndarray | None:
+    """The constant bias if the epilogue is exactly one bias add, zeros if there is no
+    epilogue, None if the epilogue must be built as TE."""
     epilogue = context.partition.epilogue
     if not epilogue:
         return np.zeros(m, np.float32)
@@ -256,10 +259,7 @@ def _fused_bias(context: PartitionContext, m: int) -> np.ndarray:
         data = const_value(other) if other is not None else None
         if data is not None and data.shape in ((m,), (1, m)):
             return np.ascontiguousarray(data.reshape(m), np.float32)
-    ops = [op_name(b.value) for b in epilogue]
-    raise ValueError(f"{NAME} fuses no epilogue or one relax.add of a constant [{m}] or [1, {m}] bias after the "
-                     f"matmul, got epilogue {ops}; drop the layer from TTOptions, or build with "
-                     f"variant='alt-wp' (no epilogue fusion)")
+    return None
 
 
 class TTEinsumStrategy(Strategy):
@@ -297,8 +297,8 @@ class TTEinsumStrategy(Strategy):
             return f"dtypes {info.input_dtypes} (needs float32)"
         if 1 not in info.constants:
             return "right-hand side is not a constant"
-        if len(info.input_shapes) != 2 or len(info.input_shapes[0]) != 2 or len(info.input_shapes[1]) != 2:
-            return f"shapes {info.input_shapes} (needs [B, N] x [N, M])"
+        if len(info.input_shapes) != 2 or len(info.input_shapes[0]) < 2 or len(info.input_shapes[1]) != 2:
+            return f"shapes {info.input_shapes} (needs [*lead, N] x [N, M])"
         n, m = info.input_shapes[1]
         request = options.request_for(n, m)
         if request is None:
@@ -318,21 +318,44 @@ class TTEinsumStrategy(Strategy):
     def implement(self, anchor: relax.VarBinding, context: PartitionContext) -> LoweredPartition:
         call = anchor.value
         x, rhs = call.args
-        batch, n = static_shape(x)
+        x_shape = tuple(int(d) for d in static_shape(x))
+        n = x_shape[-1]
+        batch = int(np.prod(x_shape[:-1]))
         data = const_value(rhs)
         m = int(data.shape[1])
         request = _options(context.options).request_for(n, m)
         bias = _fused_bias(context, m)
         solution, dec = self._plan(data.T, request)
+        extra: list = []
+        out_shape, out_dtype = (*x_shape[:-1], m), "float32"
+
+        def epilogue(y):
+            # The partition's own element-wise epilogue on the chain's output; the placeholders
+            # it creates (bias, residuals, ...) are the extra arguments, in creation order.
+            nonlocal out_shape, out_dtype
+            before = len(context.placeholders)
+            stages = context.epilogue_te(y)
+            out_shape, out_dtype = tuple(int(d) for d in stages[-1].shape), str(stages[-1].dtype)
+            extra.extend(context.placeholders[before:])
+            return stages, [t for _, t in context.placeholders[before:]]
+
         chain = build_chain(in_factors=solution.in_factors, out_factors=solution.out_factors, ranks=solution.ranks,
-                            batch=batch, target=context.target)
-        # The chain reads x row-major: convert first if a previous partition left it in another layout.
-        current = context.input_layouts.get(x)
-        if current is not None and not equivalent(current, None, (batch, n)):
-            context.conversions[x] = Layout((batch, n))
+                            batch=batch, target=context.target, input_shape=x_shape,
+                            epilogue=None if bias is not None else epilogue)
+        # Every activation is read row-major: convert first if a previous partition left it in another layout.
+        for source in [x, *(src for src, _ in extra)]:
+            current = context.input_layouts.get(source)
+            shape = static_shape(source)
+            if const_value(source) is None and current is not None and not equivalent(current, None, shape):
+                context.conversions[source] = Layout(tuple(int(d) for d in shape))
         cores = [relax.const(np.ascontiguousarray(c, np.float32), "float32") for c in chain.pack(dec.cores)]
-        args = [x, *cores, relax.const(bias, "float32")]
-        return LoweredPartition(chain.mod["main"], args, (batch, m), "float32", None, self.name)
+        zeros = np.zeros(m, np.float32)
+        args = [x, *cores, relax.const(zeros if bias is None else bias, "float32")]
+        for source, _ in extra:
+            value = const_value(source)
+            args.append(source if value is None else relax.const(np.array(value, order="C", copy=True),
+                                                                  str(value.dtype)))
+        return LoweredPartition(chain.mod["main"], args, out_shape, out_dtype, None, self.name)
 
 
 register_strategy(TTEinsumStrategy())

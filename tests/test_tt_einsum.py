@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +30,7 @@ from alt_tvm.strategies.tt_einsum import (
     plan_einsum,
     threads_for,
 )
+from tvm import te
 
 from alt_tvm.target import board, host
 
@@ -143,7 +148,7 @@ def test_bad_shape_rejected():
 
 def test_core_packing_layout_is_papers():
     shape = TABLE3["CB3"]["middle"]
-    plan = plan_einsum(shape, target=host())
+    plan = dataclasses.replace(plan_einsum(shape, target=host()), pair=1)
     lay = core_layout(shape, plan=plan)
     v = plan.pack
     assert lay.shape == (shape.m, shape.r_out // v, shape.n * shape.r_in, v)
@@ -152,6 +157,23 @@ def test_core_packing_layout_is_papers():
     # G_t[m, r/V, n*k, V] = G[r, n, m, k]
     r, n, m, k = 5, 3, 7, 2
     assert packed[m, r // v, n * shape.r_in + k, r % v] == core[r, n, m, k]
+
+
+def test_paired_core_layout_fills_the_vector():
+    # r = 8 on 16 float lanes: two consecutive m share a vector, G -> (m/2, n*k, 2*r).
+    shape = TABLE3["CB3"]["middle"]
+    plan = plan_einsum(shape, target=host())
+    lanes = host().vector_lanes("float32")
+    assert plan.pair == lanes // shape.r_out
+    p = plan.pair
+    core = RNG.standard_normal(shape.core_shape).astype(np.float32)
+    packed = pack_core(core, shape=shape, plan=plan)
+    assert packed.shape == (shape.m // p, shape.n * shape.r_in, p * shape.r_out)
+    r, n, m, k = 5, 3, 7, 2
+    assert packed[m // p, n * shape.r_in + k, (m % p) * shape.r_out + r] == core[r, n, m, k]
+    # m not divisible by the pair: the paper's layout.
+    odd = EinsumShape(m=7, bt=4, n=3, r_out=8, r_in=8)
+    assert plan_einsum(odd, target=host()).pair == 1
 
 
 # --------------------------------------------------------------------------- kernels
@@ -180,13 +202,26 @@ def test_table3_kernels_match_numpy(cb, kind):
     _run_kernel(_reduced(TABLE3[cb][kind]))
 
 
-@pytest.mark.parametrize("kind", ["first", "middle", "final"])
+@pytest.mark.parametrize("kind", ["first", "middle", "final", "first8", "middle8", "final8"])
 def test_kernels_odd_sizes_serial_and_naive(kind):
-    r_out, r_in = {"first": (16, 1), "middle": (16, 8), "final": (1, 16)}[kind]
-    shape = EinsumShape(m=7, bt=13, n=5, r_out=r_out, r_in=r_in)
+    r_out, r_in = {"first": (16, 1), "middle": (16, 8), "final": (1, 16),
+                   "first8": (8, 1), "middle8": (8, 8), "final8": (1, 8)}[kind]
+    # m = 6 pairs m into the vector for rank 8; bt = 13 and n = 5 divide nothing.
+    shape = EinsumShape(m=6 if kind.endswith("8") else 7, bt=13, n=5, r_out=r_out, r_in=r_in)
     _run_kernel(shape, threads=1)
     _run_kernel(shape, threads=2)
     _run_kernel(shape, optimized=False)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_final_b_vector_kernel_padded_and_parallel(threads):
+    # Short n*k: X transposed per b tile, b in vectors; bt = 200 pads to whole tiles.
+    shape = EinsumShape(m=12, bt=200, n=5, r_out=1, r_in=8)
+    plan = plan_einsum(shape, threads=threads)
+    assert plan.b_lanes == host().vector_lanes("float32") and plan.threads == threads
+    _run_kernel(shape, threads=threads)
+    # Long n*k keeps the paper's k-vector kernel with the horizontal add.
+    assert plan_einsum(TABLE3["CB0"]["final"]).b_lanes == 0
 
 
 def test_full_size_cb6_middle_bmr_order():
@@ -213,6 +248,68 @@ def test_chain_matches_dense_tt_layer(ins, outs, rank, batch, optimized):
     chain.compile().jit()["main"](*args)
     ref = x.astype(np.float64) @ reconstruct(dec.cores).T + b
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_chain_rank3_input_with_epilogue():
+    # [B, S, N] read by indexing, then a residual-style epilogue: relu(y) * scale[B, S, M].
+    ins, outs, lead = (8, 16), (16, 8), (2, 3)
+    n, m = 128, 128
+    w = RNG.standard_normal((m, n)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    x = RNG.standard_normal((*lead, n)).astype(np.float32)
+    scale = RNG.standard_normal((*lead, m)).astype(np.float32)
+    dec = tt_svd(w, in_factors=ins, out_factors=outs, ranks=(1, 8, 1))
+
+    def epilogue(y):
+        s = te.placeholder((*lead, m), name="scale")
+        relu = te.compute(y.shape, lambda *i: te.max(y(*i), 0.0), name="relu")
+        out = te.compute(y.shape, lambda *i: relu(*i) * s(*i), name="out")
+        return [relu, out], [s]
+
+    chain = build_chain(in_factors=ins, out_factors=outs, ranks=dec.ranks, batch=6, input_shape=(*lead, n),
+                        epilogue=epilogue)
+    y = tvm.runtime.tensor(np.zeros((*lead, m), np.float32), DEV)
+    args = [tvm.runtime.tensor(x, DEV), *[tvm.runtime.tensor(g, DEV) for g in chain.pack(dec.cores)],
+            tvm.runtime.tensor(b, DEV), tvm.runtime.tensor(scale, DEV), y]
+    chain.compile().jit()["main"](*args)
+    ref = np.maximum(x.astype(np.float64) @ reconstruct(dec.cores).T + b, 0) * scale
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    with pytest.raises(ValueError, match=r"input_shape must be \(\*lead, N\) .* got \(4, 128\)"):
+        build_chain(in_factors=ins, out_factors=outs, ranks=dec.ranks, batch=6, input_shape=(4, n))
+
+
+# --------------------------------------------------------------------------- IREE baseline
+
+
+def _bench_module():
+    # Imported by name (not from a file spec): the IREE worker process unpickles its entry point.
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("bench_tt")
+
+
+def test_iree_baseline_matches_numpy():
+    pytest.importorskip("iree.compiler")
+    pytest.importorskip("iree.runtime")
+    bench = _bench_module()
+    assert bench.iree_missing() == ""
+    worker = bench.IreeWorker(threads=1)
+    try:
+        for i, shape in enumerate([EinsumShape(m=6, bt=5, n=3, r_out=8, r_in=8),
+                                   EinsumShape(m=4, bt=7, n=3, r_out=1, r_in=8)]):
+            core = RNG.standard_normal(shape.core_shape).astype(np.float32)
+            x = RNG.standard_normal(shape.input_shape).astype(np.float32)
+            ref = einsum_reference(core.astype(np.float64), x.astype(np.float64))
+            for form in bench.IREE_FORMS:
+                out = worker.load(key=f"{i}-{form}", vmfb=bench.iree_compile(shape=shape, form=form), x=x,
+                                  g=bench.iree_pack(core, shape=shape, form=form))
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+                assert worker.timer(key=f"{i}-{form}")(2, 1) > 0
+    finally:
+        worker.close()
+    with pytest.raises(ValueError, match="form must be one of .* got 'dense'"):
+        bench.iree_mlir(shape=shape, form="dense")
 
 
 # --------------------------------------------------------------------------- RISC-V

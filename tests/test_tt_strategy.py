@@ -115,9 +115,64 @@ def test_impossible_budget_is_reported_as_the_fallback_reason():
     assert compiled.report.partitions == []
 
 
-def test_unsupported_epilogue_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"fuses no epilogue or one relax.add .*'relax.nn.relu'"):
-        _build(_model(relu=True), options=TTOptions(default=TTLayerRequest(max_error=0.1)))
+FIXED = TTLayerRequest(in_factors=INS, out_factors=OUTS, ranks=RANKS)
+
+
+def _tt_dense(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    """The layer with the TT-reconstructed weight, in float64."""
+    _, dec = plan_layer(WEIGHT, request=FIXED)
+    return x.astype(np.float64) @ reconstruct(dec.cores).T.astype(np.float64) + model[0].bias.detach().numpy()
+
+
+def test_relu_epilogue_runs_after_the_chain():
+    model = _model(relu=True)
+    compiled = _build(model, options=TTOptions(default=FIXED))
+    (strategy, anchor, ops), = compiled.report.partitions
+    assert (strategy, anchor) == ("tt_einsum", "relax.matmul") and "relax.nn.relu" in ops
+    y = compiled(X)[0]
+    ref = np.maximum(_tt_dense(model, X), 0.0)
+    assert (ref == 0).any() and (ref > 0).any()
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+class _Residual(torch.nn.Module):
+    """``relu(Linear(x)) + x``: an epilogue whose extra input is the activation itself."""
+
+    def __init__(self, weight: np.ndarray) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(weight.shape[1], weight.shape[0])
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.from_numpy(weight))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x)) + x
+
+
+def test_residual_epilogue_reads_the_activation():
+    w = WEIGHT[:, :M]  # [256, 256]
+    request = TTLayerRequest(in_factors=(16, 16), out_factors=(16, 16), ranks=(1, 8, 1))
+    model = _Residual(w).eval()
+    x = X[:, :M].copy()
+    compiled = alt_tvm.build(model, example_inputs=(torch.from_numpy(x),), strategies=["tt_einsum", "alt"],
+                             strategy_options={"tt_einsum": TTOptions(layers={f"{M}x{M}": request})})
+    assert compiled.report.partitions == [
+        ("tt_einsum", "relax.matmul", ["relax.matmul", "relax.add", "relax.nn.relu", "relax.add"])]
+    _, dec = plan_layer(w, request=request)
+    ref = np.maximum(x.astype(np.float64) @ reconstruct(dec.cores).T + model.linear.bias.detach().numpy(), 0) + x
+    np.testing.assert_allclose(compiled(x)[0], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_rank3_activation():
+    # torch.export flattens [B, S, N] @ W.T into a 2-D matmul between reshapes; the rank-3
+    # read of the chain itself is tested in test_tt_einsum.py (build_chain input_shape).
+    x3 = np.random.default_rng(9).standard_normal((2, 3, N)).astype(np.float32)
+    model = _model()
+    compiled = alt_tvm.build(model, example_inputs=(torch.from_numpy(x3),), strategies=["tt_einsum", "alt"],
+                             strategy_options={"tt_einsum": TTOptions(layers={f"{N}x{M}": FIXED})})
+    assert [p[0] for p in compiled.report.partitions] == ["tt_einsum"]
+    y = compiled(x3)[0]
+    assert y.shape == (2, 3, M)
+    np.testing.assert_allclose(y, _tt_dense(model, x3.reshape(-1, N)).reshape(2, 3, M), rtol=1e-4, atol=1e-4)
 
 
 # --------------------------------------------------------------------------- validation

@@ -45,7 +45,9 @@ def test_same_seed_same_candidates_and_different_seed_differs():
 def test_finds_a_much_better_point_than_the_default():
     result, _ = run(seed=0, trials=60)
     default = result.trials[0].latency_ms
-    assert result.trials[0].params == DEFAULT
+    first = result.trials[0].params
+    assert {k: first[k] for k in DEFAULT} == DEFAULT
+    assert not (first["unroll_window"] or first["window_outer"] or first["epilogue_in_block"])
     assert result.best.latency_ms < 0.6 * default
     assert {t.stage for t in result.trials} == {"joint", "loop"}
     assert sum(t.stage == "joint" for t in result.trials) == pytest.approx(18, abs=3)  # 30% of 60
@@ -92,14 +94,15 @@ def test_bad_config_is_rejected(bad, match):
 def test_space_decodes_and_rejects_points():
     space = conv_space()
     layout, loop = space.default()
-    assert space.params(layout, loop) == DEFAULT
+    assert space.params(layout, loop) == {**DEFAULT, "unroll_window": False, "window_outer": False,
+                                          "epilogue_in_block": False}
     knob = Knob("ot", (1, 2, 4, 8, 16, 32), 32)
     assert knob.nearest(32 * 0.5) == 16  # the paper's example: F = R(32 * 0.5)
     assert knob.step(16, +1) == 32 and knob.step(32, +1) == 32 and knob.step(1, -1) == 1
     with pytest.raises(ValueError, match=r"layout knob ot=3 not in"):
         space.params({**layout, "ot": 3}, loop)
     gemm = GemmSpace(m=4, n=64, default={"nt": 32, "mt": 4, "vec": 16}, lanes=16)
-    assert gemm.params(*gemm.default()) == {"nt": 32, "mt": 4, "vec": 16}
+    assert gemm.params(*gemm.default()) == {"nt": 32, "mt": 4, "vec": 16, "kt": 1}
 
 
 def test_real_tuning_on_this_cpu_beats_or_matches_the_untuned_schedule():

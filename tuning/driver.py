@@ -57,7 +57,8 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
          seed: int = 0, joint_fraction: float = 0.3, example_inputs: Sequence[Any] | None = None,
          strategies: Sequence[str] | None = None, resume: bool = True,
          measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
-         progress: bool = True, plot: str | os.PathLike[str] | None = None) -> list[TaskSummary]:
+         progress: bool = True, plot: str | os.PathLike[str] | None = None,
+         layout_levels: int = 1) -> list[TaskSummary]:
     """Tune every tunable partition of ``model`` and append the measurements to ``log``.
 
     Parameters
@@ -77,12 +78,15 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
         ``update`` and ``predict``.
     plot
         Write a PNG of the tuning curves (best latency so far per task) here.
+    layout_levels
+        1 or 2: the one- or two-level layout tiling templates (paper §5.1).
     """
     from tqdm import tqdm
 
     machine = target or host()
     target_json = target_key(machine.to_tvm())
-    tasks = extract_tasks(model, target=machine, example_inputs=example_inputs, strategies=strategies)
+    tasks = extract_tasks(model, target=machine, example_inputs=example_inputs, strategies=strategies,
+                          layout_levels=layout_levels)
     if not tasks:
         raise ValueError("the model has no partition a tunable strategy implements")
     budgets = split_budget(tasks, trials)

@@ -118,15 +118,23 @@ class ConvSpace(Space):
         Vector registers: register blocks above ~3/4 of them are not offered.
     lanes
         Vector lanes (a block of ``ot`` needs ``ceil(ot / lanes)`` registers per position).
+    levels
+        1: the one-level template; 2: the two-level one (adds ``s<d>_outer`` and
+        ``ot_outer``, tiles of tiles stored contiguously; 1 = no outer tiling).
     """
 
+    OUTER_CHOICES = (1, 2, 4, 8)
+
     def __init__(self, *, out_shape: Sequence[int], in_channels_per_group: int, out_channels_per_group: int,
-                 default: dict[str, Any], registers: int, lanes: int) -> None:
+                 default: dict[str, Any], registers: int, lanes: int, levels: int = 1) -> None:
+        if levels not in (1, 2):
+            raise ValueError(f"levels must be 1 or 2 (layout tiling levels), got {levels!r}")
         self.out_shape = tuple(int(s) for s in out_shape)
         spatial = self.out_shape[2:]
         self.rank = len(spatial)
         self.registers = registers
         self.lanes = lanes
+        self.levels = levels
         self._default = default
         depthwise = out_channels_per_group == 1 and in_channels_per_group == 1
         o_extent = self.out_shape[1] if depthwise else out_channels_per_group
@@ -136,7 +144,11 @@ class ConvSpace(Space):
                   Knob("it", divisors(i_extent, cap=4 * lanes), i_extent),
                   Knob("weight_ot", divisors(o_extent, cap=4 * lanes), o_extent),
                   Knob("weight_it", divisors(i_extent, cap=4 * lanes), i_extent)]
+        if levels == 2:
+            knobs += [Knob(f"s{d}_outer", self.OUTER_CHOICES, self.OUTER_CHOICES[-1]) for d in range(self.rank)]
+            knobs += [Knob("ot_outer", self.OUTER_CHOICES, self.OUTER_CHOICES[-1])]
         self._layout = tuple(knobs)
+        self._o_extent = o_extent
         self._i_extent = i_extent
 
     @property
@@ -150,7 +162,24 @@ class ConvSpace(Space):
         budget = max(1, self.registers - 4) // max(1, outer * vectors)
         return (Knob("reg", divisors(last, cap=max(1, budget))),
                 Knob("rc_split", divisors(self._i_extent, cap=4 * self.lanes)),
-                Knob("parallel_channels", (False, True)))
+                Knob("parallel_channels", (False, True)),
+                Knob("unroll_window", (False, True)),
+                Knob("window_outer", (False, True)),
+                Knob("epilogue_in_block", (False, True)))
+
+    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
+        why = super().check(layout, loop)
+        if why is not None or self.levels == 1:
+            return why
+        # An outer tile groups whole inner tiles: it must divide the number of them.
+        extents = [*self.out_shape[2:], self._o_extent]
+        names = [*(f"s{d}" for d in range(self.rank)), "ot"]
+        for name, extent in zip(names, extents):
+            blocks = extent // layout[name]
+            if blocks % layout[f"{name}_outer"]:
+                return (f"{name}_outer={layout[f'{name}_outer']} does not divide the {blocks} tiles of "
+                        f"{name}={layout[name]}")
+        return None
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
@@ -158,7 +187,11 @@ class ConvSpace(Space):
         layout.update(ot=d["ot"], it=d["it"], weight_ot=d.get("weight_ot") or d["ot"],
                       weight_it=d.get("weight_it") or d["it"])
         loop = {"reg": d["reg"], "rc_split": d.get("rc_split") or d["it"],
-                "parallel_channels": bool(d.get("parallel_channels"))}
+                "parallel_channels": bool(d.get("parallel_channels")),
+                "unroll_window": bool(d.get("unroll_window")), "window_outer": bool(d.get("window_outer")),
+                "epilogue_in_block": bool(d.get("epilogue_in_block"))}
+        if self.levels == 2:
+            layout.update({f"s{k}_outer": 1 for k in range(self.rank)}, ot_outer=1)
         # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
         for knob in self.layout_knobs:
             layout[knob.name] = knob.nearest(layout[knob.name])
@@ -170,16 +203,22 @@ class ConvSpace(Space):
         why = self.check(layout, loop)
         if why is not None:
             raise ValueError(f"invalid point: {why}")
-        return {"spatial": [layout[f"s{d}"] for d in range(self.rank)], "ot": layout["ot"], "it": layout["it"],
+        params = {"spatial": [layout[f"s{d}"] for d in range(self.rank)], "ot": layout["ot"], "it": layout["it"],
                 "reg": loop["reg"], "weight_ot": layout["weight_ot"], "weight_it": layout["weight_it"],
-                "rc_split": loop["rc_split"], "parallel_channels": bool(loop["parallel_channels"])}
+                "rc_split": loop["rc_split"], "parallel_channels": bool(loop["parallel_channels"]),
+                "unroll_window": bool(loop["unroll_window"]), "window_outer": bool(loop["window_outer"]),
+                "epilogue_in_block": bool(loop["epilogue_in_block"])}
+        if self.levels == 2:
+            params.update(outer_spatial=[layout[f"s{d}_outer"] for d in range(self.rank)],
+                          outer_ot=layout["ot_outer"])
+        return params
 
 
 class GemmSpace(Space):
-    """The GMM template: ``mt, nt`` (output and packed-weight tiles) and the vector width."""
+    """The GMM template: ``nt`` (packed-weight tile) and loops ``mt``, ``kt``, vector width."""
 
-    def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int) -> None:
-        self.m, self.n, self.lanes = m, n, lanes
+    def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int, k: int = 1) -> None:
+        self.m, self.n, self.k, self.lanes = m, n, k, lanes
         self._default = default
         self._layout = (Knob("nt", divisors(n, cap=8 * lanes), n),)
 
@@ -188,16 +227,18 @@ class GemmSpace(Space):
         return self._layout
 
     def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
-        return (Knob("mt", divisors(self.m, cap=8)), Knob("vec", divisors(layout["nt"], cap=self.lanes)))
+        return (Knob("mt", divisors(self.m, cap=8)), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
+                Knob("kt", divisors(self.k, cap=8)))
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
         layout = {"nt": self._layout[0].nearest(d["nt"])}
         knobs = {k.name: k for k in self.loop_knobs(layout)}
-        return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"])}
+        return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"]),
+                        "kt": knobs["kt"].nearest(d.get("kt", 1))}
 
     def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         why = self.check(layout, loop)
         if why is not None:
             raise ValueError(f"invalid point: {why}")
-        return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"]}
+        return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"]}

@@ -63,11 +63,15 @@ class Task:
 
 
 def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_inputs: Sequence[Any] | None = None,
-                  strategies: Sequence[str] | None = None) -> list[Task]:
+                  strategies: Sequence[str] | None = None, layout_levels: int = 1) -> list[Task]:
     """The tunable tasks of ``model`` (same inputs as ``alt_tvm.build``), in topological order.
 
     Identical workloads (e.g. repeated ResNet blocks) are one task with a ``weight``.
+    ``layout_levels`` selects the one- or two-level layout templates (paper §5.1) for the
+    strategies that have both.
     """
+    if layout_levels not in (1, 2):
+        raise ValueError(f"layout_levels must be 1 or 2, got {layout_levels!r}")
     from alt_tvm.graph.frontend import load_model
 
     load_builtin_strategies()
@@ -89,7 +93,7 @@ def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_i
     tasks: dict[str, Task] = {}
     for partition in find_partitions(func, is_anchor=is_anchor, absorbs_pad=lambda b: selected[b.var].absorbs_pad):
         strategy = selected[partition.anchor.var]
-        context = PartitionContext(partition, target, "alt", {})
+        context = PartitionContext(partition, target, "alt", {}, options={"layout_levels": layout_levels})
         space = strategy.space(partition.anchor, context)
         if space is None:
             continue

@@ -137,6 +137,7 @@ class Tuner:
         self._features: list[np.ndarray] = []
         self._latencies: list[float] = []
         self.upper = None  # U of the reward r = U - l, set from the first latency
+        self.rejected = 0  # layouts rejected by Space.check before building
 
     # ---------------------------------------------------------------- helpers
     def _knob_features(self, params: dict[str, Any]) -> np.ndarray:
@@ -206,7 +207,8 @@ class Tuner:
             if key not in seen:
                 seen.add(key)
                 candidates.append((loop, None, None))
-        fresh = [c for c in candidates if candidate_key(layout, c[0]) not in self.measured]
+        fresh = [c for c in candidates
+                 if candidate_key(layout, c[0]) not in self.measured and self.space.check(layout, c[0]) is None]
         order = self._rank([self.space.params(layout, c[0]) for c in fresh])
         chosen = [fresh[i] for i in order[: min(self.config.top_k, budget)]]
         states, actions, old, rewards = [], [], [], []
@@ -243,6 +245,13 @@ class Tuner:
         layout = {k.name: k.nearest(max(1.0, k.extent * float(a))) for k, a in zip(self.space.layout_knobs, actions)}
         # Map the best loop point into this layout's loop space (choices may differ).
         start = {k.name: k.nearest(float(best_loop.get(k.name, k.choices[0]))) for k in self.space.loop_knobs(layout)}
+        if self.space.check(layout, start) is not None:
+            # Rejected before building: no trial spent, the actor learns it is a bad action.
+            self.rejected += 1
+            if self.upper is not None:
+                self.agents.update(self.agents.layout, state.numpy()[None], raw[None], np.asarray([logp]),
+                                   np.asarray([-1.0]))
+            return
         if self.used < limit:
             self._measure(layout, start, stage)
         for _ in range(self.config.loop_rounds):

@@ -63,6 +63,33 @@ def conv_output_tiled(shape: Sequence[int], *, spatial_tiles: Sequence[int], cha
     return layout.reorder([0, *outer, 1, *inner, 2])
 
 
+def conv_output_two_level(shape: Sequence[int], *, spatial_tiles: Sequence[int], channel_tile: int,
+                          outer_spatial_tiles: Sequence[int], outer_channel_tile: int) -> Layout:
+    """The paper's two-level output template (§5.1).
+
+    ``N O S1..Sk`` -> ``N S1/(t1't1)..Sk/(tk'tk) O/(ot'ot) t1'..tk' ot' t1..tk ot``: the
+    inner tiles ``t, ot`` are the register/vector level, the outer ``t', ot'`` group inner
+    tiles into a cache-sized block stored contiguously.
+    """
+    k = len(shape) - 2
+    if len(spatial_tiles) != k or len(outer_spatial_tiles) != k:
+        raise ValueError(f"conv_output_two_level: {k} spatial dims need {k} inner and {k} outer tiles, got "
+                         f"{list(spatial_tiles)} and {list(outer_spatial_tiles)}")
+    layout = Layout(shape)
+    for d in reversed(range(k)):
+        layout, _ = _tile(layout, 2 + d, spatial_tiles[d])
+    layout, _ = _tile(layout, 1, channel_tile)
+    # Now: N, O/ot, ot, S1/t1, t1, ...: split every outer part again (last dims first).
+    for d in reversed(range(k)):
+        layout, _ = _tile(layout, 3 + 2 * d, outer_spatial_tiles[d])
+    layout, _ = _tile(layout, 1, outer_channel_tile)
+    # Now: N, O2, ot', ot, [S2_d, t'_d, t_d] for each d
+    outer = [4 + 3 * d for d in range(k)]
+    middle = [5 + 3 * d for d in range(k)]
+    inner = [6 + 3 * d for d in range(k)]
+    return layout.reorder([0, *outer, 1, *middle, 2, *inner, 3])
+
+
 def conv_input_unfolded(
     shape: Sequence[int],
     *,

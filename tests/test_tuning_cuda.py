@@ -1,0 +1,289 @@
+"""The CUDA loop space of the ALT conv/GEMM templates on the V100 board.
+
+No GPU is lent to this project, so kernels are compile-tested: lowered through
+``tvm.compile`` to CUDA source and checked by TVM's GPU verifier against the V100's
+limits. The schedules' arithmetic is checked on this CPU by building the same loop nest
+without thread bindings or shared buffers (``cuda_cpu_emulation``) and comparing with
+PyTorch.
+"""
+
+import dataclasses
+import functools
+import importlib
+import re
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from alt_tvm.strategies.alt_conv_cuda import (
+    CudaConvTiling,
+    CudaGemmTiling,
+    GpuLimits,
+    conv_block_usage,
+    schedule_cuda_gemm,
+)
+from alt_tvm.tuning.cuda_space import CudaConvSpace, CudaGemmSpace
+from alt_tvm.tuning.space import ConvSpace
+from alt_tvm.tuning.task import extract_tasks
+from conftest import host_target
+from tvm import te
+
+from alt_tvm.graph.lower import PartitionContext, const_value
+from alt_tvm.target import board
+
+V100 = board("v100")
+LIMITS = GpuLimits.from_target(V100)
+
+
+class ConvReLU(torch.nn.Module):
+    def __init__(self, c, o, k, stride=1, pad=0, groups=1):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, o, k, stride=stride, padding=pad, groups=groups)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class ConvNd(torch.nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class Dense(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(96, 64)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+# name -> (model, input shape); one partition each.
+CASES = {
+    "conv3x3_s1": (lambda: ConvReLU(16, 32, 3, pad=1), (1, 16, 14, 14)),
+    "conv3x3_s2": (lambda: ConvReLU(8, 16, 3, stride=2, pad=1), (1, 8, 16, 16)),
+    "conv1x1": (lambda: ConvReLU(32, 64, 1), (1, 32, 8, 8)),
+    "depthwise": (lambda: ConvReLU(32, 32, 3, pad=1, groups=32), (1, 32, 10, 10)),
+    "conv1d": (lambda: ConvNd(torch.nn.Conv1d(8, 16, 3, padding=1)), (1, 8, 32)),
+    "conv3d": (lambda: ConvNd(torch.nn.Conv3d(4, 8, 3, padding=1)), (1, 4, 4, 6, 6)),
+    "dense": (lambda: Dense(), (16, 96)),
+}
+
+
+@functools.cache
+def case(name):
+    """(torch model, input, its single task on the V100)."""
+    make, shape = CASES[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.rand(*shape)
+    (task,) = extract_tasks(model, target=V100, example_inputs=(x,))
+    return model, x, task
+
+
+def cuda_source(func):
+    executable = tvm.compile(tvm.IRModule({"main": func}), target=V100.to_tvm())
+    return "\n".join(m.inspect_source() for m in executable.mod.imports if m.kind == "cuda")
+
+
+def verifies_on_gpu(func, *, limits=LIMITS):
+    """TVM's GPU verifier on the kernels of ``func`` lowered by the CUDA pipeline, with ``limits``."""
+    target = V100.to_tvm()
+    mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"main": func}))
+    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
+    _, device = importlib.import_module("tvm.tirx.build").split_host_device_mods(pipeline(mod))
+    constraints = {"max_shared_memory_per_block": limits.max_shared_memory_per_block,
+                   "max_threads_per_block": limits.max_threads_per_block,
+                   "max_thread_x": limits.max_threads_per_block, "max_thread_y": limits.max_threads_per_block,
+                   "max_thread_z": 64}
+    kernels = [f for m in device.values() for f in m.functions.values()]
+    assert kernels, "no device kernel"
+    return all(tvm.s_tir.analysis.verify_gpu_code(f, constraints) for f in kernels)
+
+
+def shared_bytes(source):
+    """Bytes of the ``__shared__`` float arrays a CUDA source declares."""
+    return 4 * sum(int(n) for n in re.findall(r"__shared__\s+(?:alignas\(\d+\)\s+)?float\s+\w+\[(\d+)\]", source))
+
+
+def point(space, **loop):
+    layout, default_loop = space.default()
+    return layout, {**default_loop, **loop}
+
+
+# ------------------------------------------------------------------------- extraction
+
+
+def test_tasks_on_the_v100_get_cuda_spaces_and_defaults_fit_the_board():
+    for name in CASES:
+        _, _, task = case(name)
+        expected = CudaGemmSpace if name == "dense" else CudaConvSpace
+        assert isinstance(task.space, expected), name
+        layout, loop = task.space.default()
+        assert task.space.check(layout, loop) is None, name
+        assert task.space.params(layout, loop)  # decodes
+    # The same model on the host keeps the CPU space.
+    model, x, _ = case("conv3x3_s1")
+    (cpu_task,) = extract_tasks(model, example_inputs=(x,))
+    assert isinstance(cpu_task.space, ConvSpace)
+
+
+# ------------------------------------------------------------------------- compile tests
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_default_kernel_compiles_to_cuda_with_blocks_threads_and_shared_memory(name):
+    _, _, task = case(name)
+    func = task.lower(None).func
+    source = cuda_source(func)
+    for needle in ("__global__", "blockIdx.x", "threadIdx.x", "__shared__", "__syncthreads"):
+        assert needle in source, (name, needle)
+    assert verifies_on_gpu(func), name
+    # The estimate that check() relies on bounds what the kernel really allocates.
+    assert 0 < shared_bytes(source) <= _estimate(task.space, task.space.params(*task.space.default()))
+
+
+def test_tuned_points_compile_and_the_shared_estimate_bounds_the_allocation():
+    rng = np.random.default_rng(0)
+    for name in ("conv3x3_s2", "depthwise", "dense"):
+        _, _, task = case(name)
+        space = task.space
+        tried = 0
+        while tried < 3:
+            layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
+            loop = space.random_loop(layout, rng)
+            loop["shared"] = True
+            if space.check(layout, loop) is not None:
+                continue
+            tried += 1
+            params = space.params(layout, loop)
+            func = task.lower(params).func
+            source = cuda_source(func)
+            assert "threadIdx.x" in source and "__shared__" in source, (name, params)
+            assert shared_bytes(source) <= _estimate(space, params), (name, params)
+            assert verifies_on_gpu(func), (name, params)
+
+
+def _estimate(space, params):
+    if isinstance(space, CudaGemmSpace):
+        from alt_tvm.strategies.alt_conv_cuda import gemm_block_usage
+
+        return gemm_block_usage(CudaGemmTiling.from_json(params)).shared_bytes
+    return conv_block_usage(CudaConvTiling.from_json(params), in_channels_per_group=space.in_channels_per_group,
+                            out_channels_per_group=space.out_channels_per_group, kernel=space.kernel,
+                            strides=space.strides, dilation=space.dilation).shared_bytes
+
+
+def test_staging_off_uses_no_shared_memory_and_unroll_unrolls():
+    _, _, task = case("conv3x3_s1")
+    layout, loop = point(task.space, shared=False, unroll=0)
+    source = cuda_source(task.lower(task.space.params(layout, loop)).func)
+    assert "__shared__" not in source and "blockIdx.x" in source
+    rolled = source.count("for (")
+    layout, loop = point(task.space, shared=False, unroll=512)
+    unrolled = cuda_source(task.lower(task.space.params(layout, loop)).func)
+    assert unrolled.count("for (") < rolled
+
+
+def test_verifier_rejects_a_kernel_over_smaller_limits():
+    _, _, task = case("conv3x3_s1")
+    func = task.lower(None).func
+    used = shared_bytes(cuda_source(func))
+    assert not verifies_on_gpu(func, limits=dataclasses.replace(LIMITS, max_shared_memory_per_block=used - 4))
+    assert not verifies_on_gpu(func, limits=dataclasses.replace(LIMITS, max_threads_per_block=32))
+
+
+# ------------------------------------------------------------------------- invalid points
+
+
+def test_check_rejects_too_many_threads_and_too_much_shared_memory_before_building():
+    _, _, task = case("conv3x3_s1")  # 32 channels, 14x14, 16 -> 32
+    space = task.space
+    layout = {"s0": 7, "s1": 14, "ot": 32, "it": 16, "weight_ot": 32, "weight_it": 16}
+    threads = {"block_o": 1, "tile_o": 1, "tile_s": 1, "rc_split": 1, "shared": True, "unroll": 0}
+    why = space.check(layout, threads)  # 7 * 14 * 32 = 3136 threads
+    assert why is not None and "3136 threads per block exceed max_threads_per_block=1024" in why
+    with pytest.raises(ValueError, match="3136 threads"):
+        space.params(layout, threads)
+    small = CudaConvSpace(out_shape=(1, 512, 14, 14), in_channels_per_group=512, out_channels_per_group=512,
+                          in_channels=512, kernel=(3, 3), strides=(1, 1), dilation=(1, 1),
+                          default=CudaConvTiling((2, 7), 32, 32, rc_split=8).to_json(), limits=LIMITS)
+    layout = {"s0": 7, "s1": 14, "ot": 64, "it": 64, "weight_ot": 64, "weight_it": 64}
+    loop = {"block_o": 1, "tile_o": 8, "tile_s": 7, "rc_split": 64, "shared": True, "unroll": 0}
+    why = small.check(layout, loop)  # 64 x 64 x 3 x 3 weights alone are 144 KiB
+    assert why is not None and "shared memory per block exceed max_shared_memory_per_block=49152" in why
+    assert small.check(layout, {**loop, "shared": False}) is None  # no staging, no shared memory
+    assert "layout knob ot=64 not in" in space.check(layout, loop)  # 32 channels: no tile of 64
+    layout = {"s0": 2, "s1": 7, "ot": 16, "it": 16, "weight_ot": 32, "weight_it": 16}
+    loop = {"block_o": 1, "tile_o": 1, "tile_s": 1, "rc_split": 16, "shared": True, "unroll": 0}
+    assert "weight_ot=32 does not divide the block's 16 output channels" in space.check(layout, loop)
+    assert space.check(layout, {**loop, "block_o": 2}) is None
+    gemm = case("dense")[2].space
+    layout, loop = gemm.default()
+    why = gemm.check(layout, {**loop, "thread_m": 16, "tile_m": 2})  # 32 rows per block, M = 16
+    assert why is not None and "do not divide M=16" in why
+
+
+def test_schedule_refuses_parameters_that_do_not_divide_or_fit():
+    a = te.placeholder((8, 16), name="a")
+    b = te.placeholder((16, 12), name="b")
+    k = te.reduce_axis((0, 16), "k")
+    c = te.compute((8, 12), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="matmul")
+    func = te.create_prim_func([a, b, c])
+    with pytest.raises(ValueError, match=r"thread_n \* tile_n=8 does not divide the loop extent 12"):
+        schedule_cuda_gemm(func, gemm=c, stages=[], batch=0, tiling=CudaGemmTiling(12, 1, 1, 8, 1, 4))
+    with pytest.raises(ValueError, match="2048 threads per block exceed"):
+        schedule_cuda_gemm(func, gemm=c, stages=[], batch=0, tiling=CudaGemmTiling(12, 64, 1, 32, 1, 4),
+                           limits=LIMITS)
+    with pytest.raises(ValueError, match="tile_o=3 must divide ot=16"):
+        CudaConvTiling((2, 8), 16, 8, tile_o=3)
+    with pytest.raises(ValueError, match="not a CUDA conv tiling record"):
+        CudaConvTiling.from_json({"ot": 4})
+    with pytest.raises(ValueError, match="is not a CUDA target"):
+        GpuLimits.from_target(board("kirin990"))
+
+
+# ------------------------------------------------------------------------- arithmetic on the CPU
+
+
+def run_emulated(task, params, x):
+    """Lower ``params`` with the GPU loop nest unbound (plain buffers) and run it here."""
+    context = PartitionContext(task.partition, task.target, "alt", {}, params=params,
+                               options={"cuda_cpu_emulation": True})
+    lowered = task.strategy.implement(task.partition.anchor, context)
+    rt = tvm.compile(tvm.IRModule({"main": lowered.func}), target=host_target())
+    dev = tvm.cpu()
+    args = []
+    for arg in lowered.args:
+        data = const_value(arg)
+        if data is None:  # the activation, converted first if the kernel wants another layout
+            data = context.conversions[arg].apply(x.numpy()) if arg in context.conversions else x.numpy()
+        args.append(tvm.runtime.tensor(np.ascontiguousarray(data, dtype=np.float32), dev))
+    out = tvm.runtime.tensor(np.zeros(lowered.output_shape, np.float32), dev)
+    rt["main"](*args, out)
+    y = out.numpy()
+    return lowered.output_layout.inverse_apply(y) if lowered.output_layout is not None else y
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_schedule_arithmetic_matches_pytorch_on_the_cpu(name):
+    model, x, task = case(name)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    space = task.space
+    layout, loop = space.default()
+    points = [space.params(layout, loop), space.params(layout, {**loop, "shared": False, "unroll": 0})]
+    rng = np.random.default_rng(1)
+    while len(points) < 3:  # and one tuned point, staged
+        layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
+        loop = {**space.random_loop(layout, rng), "shared": True}
+        if space.check(layout, loop) is None:
+            points.append(space.params(layout, loop))
+    for params in points:
+        np.testing.assert_allclose(run_emulated(task, params, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                   err_msg=f"{name} {params}")

@@ -1,0 +1,99 @@
+"""The loop and layout knobs added to the conv/GEMM spaces: each decodes to a correct kernel."""
+
+import numpy as np
+import pytest
+import torch
+from alt_tvm.tuning.records import RecordWriter, TuningRecord
+from alt_tvm.tuning.space import ConvSpace
+from alt_tvm.tuning.task import extract_tasks
+
+import alt_tvm
+from alt_tvm.layout.templates import conv_output_tiled, conv_output_two_level
+
+
+class ConvRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 32, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+MODEL, INPUTS = ConvRelu().eval(), (torch.rand(1, 8, 16, 16),)
+
+
+def test_two_level_template_is_a_bijection_with_the_paper_dim_order():
+    shape = (1, 32, 16, 12)
+    layout = conv_output_two_level(shape, spatial_tiles=[2, 3], channel_tile=8, outer_spatial_tiles=[4, 2],
+                                   outer_channel_tile=2)
+    # N H/(ht'ht) W/(wt'wt) O/(ot'ot) ht' wt' ot' ht wt ot
+    assert layout.shape == (1, 2, 2, 2, 4, 2, 2, 2, 3, 8)
+    data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    np.testing.assert_array_equal(layout.inverse_apply(layout.apply(data)), data)
+    # Outer tiles of 1 store exactly like the one-level template.
+    flat = conv_output_two_level(shape, spatial_tiles=[2, 3], channel_tile=8, outer_spatial_tiles=[1, 1],
+                                 outer_channel_tile=1)
+    one = conv_output_tiled(shape, spatial_tiles=[2, 3], channel_tile=8)
+    np.testing.assert_array_equal(flat.apply(data).ravel(), one.apply(data).ravel())
+    with pytest.raises(ValueError, match="2 spatial dims need 2 inner and 2 outer tiles"):
+        conv_output_two_level(shape, spatial_tiles=[2, 3], channel_tile=8, outer_spatial_tiles=[4],
+                              outer_channel_tile=2)
+
+
+def test_two_level_space_rejects_outer_tiles_that_do_not_divide_before_building():
+    space = ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=8, out_channels_per_group=32,
+                      default={"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}, registers=32, lanes=16, levels=2)
+    layout, loop = space.default()
+    assert space.check(layout, loop) is None and space.params(layout, loop)["outer_ot"] == 1
+    bad = dict(layout, s1_outer=4)  # 16 / 8 = 2 tiles along W: 4 does not divide them
+    assert "s1_outer=4 does not divide the 2 tiles" in space.check(bad, loop)
+    with pytest.raises(ValueError, match="invalid point"):
+        space.params(bad, loop)
+    with pytest.raises(ValueError, match="levels must be 1 or 2"):
+        ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=8, out_channels_per_group=32,
+                  default={"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}, registers=32, lanes=16, levels=3)
+
+
+LOOP_VARIANTS = [
+    {},
+    {"unroll_window": True},
+    {"window_outer": True, "rc_split": 4},
+    {"epilogue_in_block": True},
+    {"outer_spatial": [2, 1], "outer_ot": 2},
+    {"outer_spatial": [4, 2], "outer_ot": 1, "window_outer": True, "epilogue_in_block": True},
+]
+
+
+@pytest.mark.parametrize("extra", LOOP_VARIANTS, ids=lambda e: ",".join(e) or "default")
+def test_every_loop_and_layout_knob_builds_a_kernel_equal_to_pytorch(tmp_path, extra):
+    (task,) = extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=2)
+    params = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4, "weight_ot": 16, "weight_it": 8, "rc_split": 8,
+              "parallel_channels": False, **extra}
+    log = tmp_path / "one.jsonl"
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=task.key, target=_target_key(),
+                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=str(log))
+    assert compiled.report.tuned == 1
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(INPUTS[0].numpy())[0], MODEL(*INPUTS).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_two_level_tuning_space_is_selectable():
+    (one,) = extract_tasks(MODEL, example_inputs=INPUTS)
+    (two,) = extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=2)
+    names = lambda space: {k.name for k in space.layout_knobs}  # noqa: E731
+    assert names(two.space) - names(one.space) == {"s0_outer", "s1_outer", "ot_outer"}
+    assert {"unroll_window", "window_outer", "epilogue_in_block"} <= {k.name for k in one.space.loop_knobs(
+        one.space.default()[0])}
+    with pytest.raises(ValueError, match="layout_levels must be 1 or 2"):
+        extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=0)
+
+
+def _target_key():
+    from alt_tvm.tuning.records import target_key
+
+    from alt_tvm.target import host
+
+    return target_key(host().to_tvm())
