@@ -5,8 +5,13 @@ variants), TVM 0.27's untuned default build (``tvm.compile`` of the imported mod
 ONNX Runtime and PyTorch, on the same ONNX export and the same thread count. Every
 alt-tvm build is checked against ONNX Runtime before it is timed.
 
+With ``--trials N`` the model is also tuned: alt-tvm (``alt_tvm.tune``, N measured
+trials, each variant built from that log) and TVM MetaSchedule (``tune_relax`` over the
+fused kernels of TVM's own pipeline, the same N measured trials); both tuned builds are
+checked against ONNX Runtime and timed here, with their tuning wall-clock times.
+
     python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
-                                [--threads 2] [--variants alt alt-wp alt-ol] [--json out.json]
+                                [--threads 2] [--variants alt alt-wp alt-ol] [--trials N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,27 +34,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per runner (median reported)")
     parser.add_argument("--tvm-repeat", type=int, default=3, help="timed calls for TVM's untuned build (slow)")
     parser.add_argument("--skip-tvm-default", action="store_true", help="skip TVM's untuned build")
+    parser.add_argument("--trials", type=int, default=0,
+                        help="tune each model with this many measured trials (alt-tvm and MetaSchedule each)")
+    parser.add_argument("--skip-ms", action="store_true", help="with --trials: skip MetaSchedule")
+    parser.add_argument("--log-dir", default="logs", help="with --trials: where alt-tvm's tuning logs go")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.trials < 0:
+        raise SystemExit(f"--trials must be >= 0, got {args.trials}")
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     import numpy as np
+    from alt_tvm.tuning.driver import tune
 
-    from alt_tvm.graph.baselines import onnxruntime_session, time_callable, torch_runner, tvm_default_build
-    from alt_tvm.graph.build import build
+    from alt_tvm.graph.baselines import (
+        TVMRunner,
+        onnxruntime_session,
+        time_callable,
+        torch_runner,
+        tvm_default_build,
+    )
+    from alt_tvm.graph.build import build, prepare
     from alt_tvm.graph.frontend import load_model
+    from alt_tvm.graph.metaschedule import tune_model
     from alt_tvm.models import MODEL_NAMES, MODELS, export_onnx, get_model
+    from alt_tvm.target import host
 
     unknown = [m for m in args.models if m not in MODEL_NAMES]
     if unknown:
         raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)}")
     results = []
+    tune_s: dict = {}
     workdir = tempfile.mkdtemp(prefix="alt_e2e_")
     for name in args.models:
         info = MODELS[name]
@@ -59,17 +81,41 @@ def main(argv=None) -> int:
         ort = onnxruntime_session(str(path), threads=args.threads)
         reference = ort(*arrays)
         rows = {}
-        for variant in args.variants:
-            t0 = time.perf_counter()
-            compiled = build(str(path), variant=variant)
-            build_s = time.perf_counter() - t0
-            got = compiled(*arrays)
-            for g, r in zip(got, reference):
+
+        def check(label: str, runner, arrays=arrays, reference=reference, info=info, name=name) -> bool:
+            for g, r in zip(runner(*arrays), reference):
                 if not np.allclose(g, r, rtol=info.rtol, atol=info.atol):
-                    print(f"{name} {variant}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
+                    print(f"{name} {label}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
                           file=sys.stderr)
+                    return False
+            return True
+
+        log = None
+        if args.trials:
+            log = os.path.join(args.log_dir, f"e2e_{name}_{args.trials}.jsonl")
+            os.makedirs(args.log_dir, exist_ok=True)
+            if os.path.exists(log):
+                os.remove(log)
+            t0 = time.perf_counter()
+            tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
+            tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
+        for variant in args.variants:
+            for records in ([None, log] if log else [None]):
+                t0 = time.perf_counter()
+                compiled = build(str(path), variant=variant, records=records)
+                build_s = time.perf_counter() - t0
+                label = f"alt-tvm ({variant}{', tuned' if records else ''})"
+                if not check(label, compiled):
                     return 1
-            rows[f"alt-tvm ({variant})"] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
+                rows[label] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
+        if args.trials and not args.skip_ms:
+            result = tune_model(prepare(load_model(str(path)).mod), target=host().to_tvm(), trials=args.trials,
+                                seed=args.seed)
+            tune_s[(name, "metaschedule")] = result.tune_s
+            ms_runner = TVMRunner(result.artifact)
+            if not check("MetaSchedule", ms_runner):
+                return 1
+            rows["tvm metaschedule"] = (time_callable(ms_runner, arrays, repeat=args.repeat), None)
         rows["onnxruntime"] = (time_callable(ort, arrays, repeat=args.repeat), None)
         rows["pytorch"] = (time_callable(torch_runner(module, threads=args.threads), inputs, repeat=args.repeat), None)
         if not args.skip_tvm_default:
@@ -77,14 +123,19 @@ def main(argv=None) -> int:
             default = tvm_default_build(load_model(str(path)))
             build_s = time.perf_counter() - t0
             rows["tvm untuned"] = (time_callable(default, arrays, warmup=1, repeat=args.tvm_repeat), build_s)
-        alt_ms = rows[f"alt-tvm ({args.variants[0]})"][0][1]
+        alt_ms = rows[f"alt-tvm ({args.variants[0]}{', tuned' if log else ''})"][0][1]
         print(f"\n{name} ({info.description}), batch 1, {args.threads} thread(s)")
         print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s}")
         for runner, ((low, med), build_s) in rows.items():
             built = f"{build_s:8.1f}" if build_s is not None else " " * 8
             print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x")
             results.append({"model": name, "runner": runner, "median_ms": med, "min_ms": low, "build_s": build_s,
-                            "ratio_to_alt": med / alt_ms, "threads": args.threads})
+                            "ratio_to_alt": med / alt_ms, "threads": args.threads, "trials": args.trials})
+        for (model, tuner), seconds in tune_s.items():
+            if model == name:
+                print(f"  tuning wall time {tuner}: {seconds:.0f} s for {args.trials} trials")
+                results.append({"model": name, "runner": f"tuning {tuner}", "tune_s": seconds,
+                                "trials": args.trials})
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

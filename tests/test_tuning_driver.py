@@ -113,3 +113,22 @@ def test_unreachable_tracker_fails_before_tuning_starts():
         port = s.getsockname()[1]  # closed once the block ends: nobody listens there
     with pytest.raises(ConnectionError, match=f"cannot reach tracker 127.0.0.1:{port}"):
         rpc_measure(tracker_host="127.0.0.1", tracker_port=port, key="board", target=host())
+
+
+def test_the_cost_model_ranks_candidates_by_features_of_their_lowered_tir(tmp_path):
+    from alt_tvm.tuning.cost_model import XGBCostModel
+    from alt_tvm.tuning.features import feature_names
+
+    class Spy(XGBCostModel):
+        widths = set()
+
+        def update(self, features, latencies):
+            self.widths.add(features.shape[1])
+            super().update(features, latencies)
+
+    log = tmp_path / "tune.jsonl"
+    tune(MODEL, trials=24, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=Spy(seed=0),
+         progress=False, batch=16)
+    assert Spy.widths == {len(feature_names())}
+    with pytest.raises(ValueError, match="features must be 'tir' or 'knobs'"):
+        tune(MODEL, trials=24, log=log, example_inputs=INPUTS, measure=fake_measure([]), features="ast")

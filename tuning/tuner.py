@@ -50,7 +50,7 @@ class TuneConfig:
 
     trials: int = 64
     joint_fraction: float = 0.3
-    batch: int = 32
+    batch: int = 128
     top_k: int = 8
     loop_rounds: int = 1
     seed: int = 0

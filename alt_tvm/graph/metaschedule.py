@@ -103,13 +103,16 @@ def tune_kernel(func: tvm.tirx.PrimFunc, *, target: tvm.target.Target, trials: i
 
 
 def tune_model(mod: tvm.IRModule, *, target: tvm.target.Target, trials: int, seed: int = 0,
-               work_dir: str | os.PathLike[str] | None = None, per_iter: int = 16, number: int = 3,
+               work_dir: str | os.PathLike[str] | None = None, per_iter: int | None = None, number: int = 3,
                repeat: int = 3, timeout_s: float = 60.0) -> MSResult:
     """Tune every fused kernel of a Relax model (``trials`` in total) and compile it.
 
     ``mod`` is the model after :func:`alt_tvm.graph.build.prepare` (operators decomposed,
     constants folded); TVM's CPU pipeline legalizes and fuses it, MetaSchedule tunes the
     fused kernels and the compiled ``Executable`` applies the best schedule of each.
+    ``per_iter`` (candidates measured per task per round) defaults to what lets every
+    task get a round within ``trials`` (1..16): MetaSchedule's task scheduler warms every
+    task up with one round first, and a kernel it never reaches stays unscheduled.
     """
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -121,6 +124,9 @@ def tune_model(mod: tvm.IRModule, *, target: tvm.target.Target, trials: int, see
         work = str(work_dir) if work_dir is not None else scratch
         start = time.perf_counter()
         fused = _fuse(mod, target)
+        if per_iter is None:
+            tasks = ms.relax_integration.extract_tasks(fused, target)
+            per_iter = max(1, min(16, trials // max(1, len(tasks))))
         database = ms.relax_integration.tune_relax(
             mod=fused, params={}, target=target, work_dir=work, max_trials_global=trials,
             num_trials_per_iter=min(per_iter, trials), builder=builder, runner=runner, seed=seed)
