@@ -26,6 +26,7 @@ setup(
     python_requires=">=3.10",
     packages=[
         "alt_tvm",
+        "alt_tvm.cli",
         "alt_tvm.layout",
         "alt_tvm.ops",
         "alt_tvm.graph",
@@ -41,6 +42,7 @@ setup(
         "alt_tvm.vta_mapping": "vta_mapping",
     },
     install_requires=RUNTIME,
+    entry_points={"console_scripts": ["alt-tvm=alt_tvm.cli:main"]},
     extras_require={
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
         # IREE: the einsum-kernel baseline of scripts/bench_tt.py (skipped when absent).
