@@ -17,6 +17,7 @@ from alt_tvm.vta_mapping.polyhedral import conv2d_op
 from alt_tvm.vta_mapping.rewrite import layout_rewrites
 from alt_tvm.vta_mapping.select import rank
 from alt_tvm.vta_mapping.sim import VTAConfig
+from alt_tvm.vta_mapping.tir import conv2d_tir, intrinsic_calls, register_numpy_gemm
 
 
 def main() -> None:
@@ -28,6 +29,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--swap", action="store_true", help="also try the weight as operand A (slower)")
     ap.add_argument("--weights", default="1,1", help="candidate-selection weights MAC,data")
+    ap.add_argument("--tir", action="store_true",
+                    help="also emit the tensorized TIR, build it for llvm with a NumPy GEMM block and check it "
+                         "(one Python call per GEMM call: small layers only)")
     a = ap.parse_args()
     gemm = GemmShape(*[int(v) for v in a.gemm.split(",")])
     wts = tuple(float(v) for v in a.weights.split(","))
@@ -60,6 +64,14 @@ def main() -> None:
         print(f"{name:<8} {r.stats.cycles:>12} {r.stats.bytes_moved:>12} {r.mac_total:>12} {r.data_total:>12} "
               f"{r.pack_seconds * 1e3:>8.2f}")
     print(f"speed-up (cycles) {ref.stats.cycles / csp.stats.cycles:.2f}x; results identical: {same}")
+    if a.tir:
+        counter = register_numpy_gemm()
+        out, kern = conv2d_tir(data=x, weight=wt, embedding=csp.embedding, stride=(a.stride, a.stride),
+                               padding=(a.pad, a.pad), dilation=(a.dilation, a.dilation), groups=a.groups,
+                               data_layout=a.layout, gemm=gemm)
+        print(f"\nTIR: intrinsic {kern.intrin}, {intrinsic_calls(kern.func)} call site(s), executed "
+              f"{counter['calls']} times ({kern.plan.calls} GEMM calls); packed A/B/C {kern.shapes['A']} "
+              f"{kern.shapes['B']} {kern.shapes['C']}; equals the simulator: {np.array_equal(out, csp.output)}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ DEFAULT_CONSTRAINTS = Constraints(linear_access=False, padding=True, swap_operan
 
 @dataclass
 class VTAResult:
+    """Output and statistics; ``pack_seconds`` is the data side only (padding, gather, per call),
+    ``extra["weight_pack_seconds"]`` the weight packing a build does once."""
+
     output: np.ndarray
     embedding: Embedding
     stats: Stats
@@ -67,12 +70,15 @@ def _choose(op: TensorOp, config: VTAConfig, strategy: str, constraints: Constra
 def _execute(op: TensorOp, emb: Embedding, a: np.ndarray, b: np.ndarray, config: VTAConfig):
     p = plan(op, emb)
     t0 = time.perf_counter()
-    inp, wgt = p.pack(a, b)
-    pack_s = time.perf_counter() - t0
+    wgt_tiles = p.pack_operand(index=1, tensor=b)  # the constant: what a build would pack once
+    t1 = time.perf_counter()
+    data_tiles = p.pack_operand(index=0, tensor=a)
+    pack_s = time.perf_counter() - t1
     g = config.gemm
-    dram = {"inp": inp, "wgt": wgt, "out": np.zeros((p.ntiles["C"], g.batch, g.block_out), np.int32)}
+    dram = {p.operand_role(0): data_tiles, p.operand_role(1): wgt_tiles,
+            "out": np.zeros((p.ntiles["C"], g.batch, g.block_out), np.int32)}
     stats = Simulator(config).run(lower(p, config), dram)
-    return p.unpack(dram["out"]), stats, p, pack_s
+    return p.unpack(dram["out"]), stats, p, pack_s, t1 - t0
 
 
 def vta_conv2d(data: np.ndarray, weight: np.ndarray, *, stride: int | tuple[int, int] = 1,
@@ -116,22 +122,26 @@ def vta_conv2d(data: np.ndarray, weight: np.ndarray, *, stride: int | tuple[int,
     op = conv2d_op(n=n, c=c, h=h, w=w, k=k, r=r, s=s, pad_h=ph, pad_w=pw, stride_h=sh, stride_w=sw,
                    dilation_h=dh, dilation_w=dw, groups=groups)
     emb, solve_s, ncand = _choose(op, config, strategy, constraints, weights)
-    # host packing: layout change + zero padding into the canonical tensors, then tile gather
+    # host packing: zero padding in the host layout, a canonical N C H W view of it (NHWC is read
+    # in place, no layout copy), then the tile gather
     t0 = time.perf_counter()
-    x = data.transpose(0, 3, 1, 2) if data_layout == "NHWC" else data
-    x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    if data_layout == "NHWC":
+        x = np.pad(data, ((0, 0), (ph, ph), (pw, pw), (0, 0))).transpose(0, 3, 1, 2)
+    else:
+        x = np.pad(data, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     wt = weight
     if groups > 1:
         x = x.reshape(n, groups, c // groups, *x.shape[2:])
         wt = weight.reshape(groups, k // groups, cg, r, s)
     pack_s = time.perf_counter() - t0
-    out, stats, p, gather_s = _execute(op, emb, x, wt, config)
+    out, stats, p, gather_s, weight_s = _execute(op, emb, x, wt, config)
     pack_s += gather_s
     if groups > 1:
         out = out.reshape(n, k, *out.shape[3:])
     if data_layout == "NHWC":
         out = out.transpose(0, 2, 3, 1)
-    return VTAResult(np.ascontiguousarray(out), emb, stats, solve_s, pack_s, ncand, p.mac_total, p.data_total)
+    return VTAResult(np.ascontiguousarray(out), emb, stats, solve_s, pack_s, ncand, p.mac_total, p.data_total,
+                     extra={"weight_pack_seconds": weight_s})
 
 
 def vta_dense(data: np.ndarray, weight: np.ndarray, *, config: VTAConfig | None = None, strategy: str = "csp",
@@ -144,5 +154,6 @@ def vta_dense(data: np.ndarray, weight: np.ndarray, *, config: VTAConfig | None 
     config = config or VTAConfig()
     op = dense_op(m=data.shape[0], n=weight.shape[0], k=data.shape[1])
     emb, solve_s, ncand = _choose(op, config, strategy, constraints, weights)
-    out, stats, p, pack_s = _execute(op, emb, data, weight, config)
-    return VTAResult(out, emb, stats, solve_s, pack_s, ncand, p.mac_total, p.data_total)
+    out, stats, p, pack_s, weight_s = _execute(op, emb, data, weight, config)
+    return VTAResult(out, emb, stats, solve_s, pack_s, ncand, p.mac_total, p.data_total,
+                     extra={"weight_pack_seconds": weight_s})

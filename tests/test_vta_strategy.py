@@ -145,6 +145,21 @@ def test_static_mapping_option():
     assert vta_strategy.kernel(name).candidates == 1
 
 
+def test_weights_packed_once_at_build():
+    """The constant weight is packed when the model is built; calls pack only the data."""
+    x = _int8(1, 16, 6, 6)
+    w = _int8(32, 16, 3, 3)
+    model = alt_tvm.build(conv_model(x.shape, w, pad=1), target="vta", strategies=["vta_gemm"])
+    (name,) = vta_strategy.model_stats(model)
+    kern = vta_strategy.kernel(name)
+    tiles = kern._weight_tiles
+    assert kern.weight_pack_seconds > 0 and tiles.shape[1:] == (16, 16)
+    tiles.setflags(write=False)  # a per-call repack would have to replace or write this array
+    for _ in range(2):
+        np.testing.assert_array_equal(model(x)[0], conv_ref(x, w, pad=1))
+    assert kern._weight_tiles is tiles and kern.stats.calls == 2
+
+
 def test_not_applicable_off_vta_or_for_float():
     x = _int8(1, 3, 6, 6)
     w = _int8(4, 3, 3, 3)

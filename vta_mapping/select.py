@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .embedding import Embedding
 from .polyhedral import TensorOp
-from .rewrite import Plan, plan
+from .rewrite import Plan, plan, tile_counts
 
 __all__ = ["Candidate", "rank"]
 
@@ -20,10 +22,14 @@ __all__ = ["Candidate", "rank"]
 @dataclass(frozen=True, eq=False)
 class Candidate:
     embedding: Embedding
-    plan: Plan
     mac_overhead: int
     data_overhead: int
     score: float
+    counts: dict  # calls and tile counts (:func:`tile_counts`)
+
+    def plan(self, op: TensorOp) -> Plan:
+        """The full tiling plan (built on demand: it enumerates every GEMM call)."""
+        return plan(op, self.embedding)
 
 
 def rank(op: TensorOp, embeddings, *, weights: tuple[float, float] = (1.0, 1.0), top: int | None = None
@@ -46,8 +52,12 @@ def rank(op: TensorOp, embeddings, *, weights: tuple[float, float] = (1.0, 1.0),
         if not e.is_dense or e.key() in seen:
             continue
         seen.add(e.key())
-        p = plan(op, e)
-        om, od = p.mac_total - op.macs, p.data_total - p.data_min
-        out.append(Candidate(e, p, om, od, weights[0] * om + weights[1] * od))
+        n = tile_counts(op, e)
+        g = e.shape
+        mac_total = n["calls"] * g.macs
+        data_total = n["A"] * g.batch * g.block_in + n["B"] * g.block_out * g.block_in + n["C"] * g.batch * g.block_out
+        data_min = sum(int(np.prod(a.shape)) for a in (op.output, *op.inputs))
+        om, od = mac_total - op.macs, data_total - data_min
+        out.append(Candidate(e, om, od, weights[0] * om + weights[1] * od, n))
     out.sort(key=lambda c: (c.score, c.mac_overhead, str(c.embedding)))
     return out[:top] if top else out

@@ -23,7 +23,7 @@ import numpy as np
 
 from .dfg import GemmShape
 
-__all__ = ["CostModel", "VTAConfig", "Load", "Store", "Gemm", "Alu", "Stats", "Simulator"]
+__all__ = ["CostModel", "VTAConfig", "Load", "Store", "Gemm", "Alu", "Stats", "Simulator", "program_stats"]
 
 
 @dataclass(frozen=True)
@@ -147,40 +147,47 @@ class Simulator:
         self.acc = np.zeros((config.acc_cap, g.batch, g.block_out), np.int32)
 
     def _dma(self, y: int, x: int, tile_bytes: int) -> int:
-        c = self.config.cost
-        return c.insn + c.dma_setup + c.dma_row * y + -(-(y * x * tile_bytes) // c.bus_bytes)
+        return _dma_cycles(self.config.cost, y, x, tile_bytes)
 
     def run(self, program, dram: dict[str, np.ndarray]) -> Stats:
         """Run ``program`` (a list of instructions); ``dram['out']`` receives the stores."""
-        cfg, st = self.config, Stats()
+        cfg = self.config
+        g = cfg.gemm
+        # one int8 x int8 tile product summed over BLOCK_IN stays below 2**24: exact in float32,
+        # which NumPy multiplies several times faster than int32
+        exact_f32 = g.block_in * 128 * 128 < 2**24
         for ins in program:
-            st.instructions += 1
             if isinstance(ins, Load):
-                buf, cap, tb = ((self.inp, cfg.inp_cap, cfg.inp_tile) if ins.buffer == "inp"
-                                else (self.wgt, cfg.wgt_cap, cfg.wgt_tile))
+                buf, cap = (self.inp, cfg.inp_cap) if ins.buffer == "inp" else (self.wgt, cfg.wgt_cap)
+                if ins.buffer not in ("inp", "wgt"):
+                    raise ValueError(f"LOAD buffer must be 'inp' or 'wgt', got {ins.buffer!r}")
                 if ins.sram + ins.y_size * ins.x_size > cap:
                     raise ValueError(f"LOAD overflows the {ins.buffer} buffer: {ins}")
                 src = dram[ins.buffer]
                 rows = ins.dram + np.arange(ins.y_size)[:, None] * ins.x_stride + np.arange(ins.x_size)[None, :]
                 buf[ins.sram:ins.sram + rows.size] = src[rows.ravel()]
-                cyc = self._dma(ins.y_size, ins.x_size, tb)
-                st.load_cycles += cyc
-                st.bytes_loaded += rows.size * tb
             elif isinstance(ins, Store):
                 rows = ins.dram + np.arange(ins.y_size)[:, None] * ins.x_stride + np.arange(ins.x_size)[None, :]
                 dram["out"][rows.ravel()] = self.acc[ins.sram:ins.sram + rows.size]
-                st.store_cycles += self._dma(ins.y_size, ins.x_size, cfg.acc_tile)
-                st.bytes_stored += rows.size * cfg.acc_tile
             elif isinstance(ins, Gemm):
                 u = ins.uops
                 if ins.reset:
                     self.acc[np.unique(u[:, 0])] = 0
-                else:
-                    prod = np.einsum("uxz,uyz->uxy", self.inp[u[:, 1]].astype(np.int32),
-                                     self.wgt[u[:, 2]].astype(np.int32))
-                    np.add.at(self.acc, u[:, 0], prod)
-                    st.gemm_uops += len(u)
-                st.gemm_cycles += cfg.cost.insn + cfg.cost.gemm_uop * len(u)
+                    continue
+                for lo in range(0, len(u), 1 << 16):  # bounded temporaries
+                    part = u[lo:lo + (1 << 16)]
+                    if exact_f32:
+                        prod = np.einsum("uxz,uyz->uxy", self.inp[part[:, 1]].astype(np.float32),
+                                         self.wgt[part[:, 2]].astype(np.float32)).astype(np.int32)
+                    else:
+                        prod = np.einsum("uxz,uyz->uxy", self.inp[part[:, 1]].astype(np.int32),
+                                         self.wgt[part[:, 2]].astype(np.int32))
+                    accs = part[:, 0]
+                    if len(accs) > 1 and np.all(accs[1:] >= accs[:-1]):
+                        starts = np.flatnonzero(np.r_[True, accs[1:] != accs[:-1]])
+                        self.acc[accs[starts]] += np.add.reduceat(prod, starts, axis=0)
+                    else:
+                        np.add.at(self.acc, accs, prod)
             elif isinstance(ins, Alu):
                 a = self.acc[ins.acc]
                 if ins.op == "add":
@@ -194,8 +201,48 @@ class Simulator:
                 else:
                     raise ValueError(f"unknown ALU op {ins.op!r}; expected add, shr, max or min")
                 self.acc[ins.acc] = a
-                st.alu_cycles += cfg.cost.insn + cfg.cost.alu_uop * len(ins.acc)
             else:
                 raise ValueError(f"unknown instruction {ins!r}")
-        st.cycles = st.load_cycles + st.gemm_cycles + st.alu_cycles + st.store_cycles
-        return st
+        return program_stats(program, cfg)
+
+
+def _dma_cycles(c: CostModel, y: int, x: int, tile_bytes: int) -> int:
+    return c.insn + c.dma_setup + c.dma_row * y + -(-(y * x * tile_bytes) // c.bus_bytes)
+
+
+def program_stats(program, config: VTAConfig) -> Stats:
+    """Cycles and bytes of a program under the cost model, without executing it.
+
+    The counts depend only on the instruction stream (not on data), so they equal what
+    :meth:`Simulator.run` reports; used to count programs whose numerics are not re-run.
+
+    Parameters
+    ----------
+    program : list
+        VTA instructions.
+    config : VTAConfig
+
+    Returns
+    -------
+    Stats
+    """
+    c, st = config.cost, Stats()
+    for ins in program:
+        st.instructions += 1
+        if isinstance(ins, Load):
+            tb = config.inp_tile if ins.buffer == "inp" else config.wgt_tile
+            st.load_cycles += _dma_cycles(c, ins.y_size, ins.x_size, tb)
+            st.bytes_loaded += ins.y_size * ins.x_size * tb
+        elif isinstance(ins, Store):
+            st.store_cycles += _dma_cycles(c, ins.y_size, ins.x_size, config.acc_tile)
+            st.bytes_stored += ins.y_size * ins.x_size * config.acc_tile
+        elif isinstance(ins, Gemm):
+            if not ins.reset:
+                st.gemm_uops += len(ins.uops)
+            st.gemm_cycles += c.insn + c.gemm_uop * len(ins.uops)
+        elif isinstance(ins, Alu):
+            st.alu_cycles += c.insn + c.alu_uop * len(ins.acc)
+        else:
+            raise ValueError(f"unknown instruction {ins!r}")
+    st.cycles = st.load_cycles + st.gemm_cycles + st.alu_cycles + st.store_cycles
+    return st
