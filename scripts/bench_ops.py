@@ -15,8 +15,9 @@ number of **measured trials**:
 * PyTorch (oneDNN) and TVM's untuned build of the canonical kernel.
 
 Every kernel is checked against PyTorch before it is timed. Speedups are geometric means
-per family and overall. Tuning is noisy when the machine is busy; all final timings are
-taken at the end, one after another, in this process.
+per family and overall. Each configuration's kernels are timed together right after it is
+tuned (three interleaved rounds, median), and the JSON is rewritten after every
+configuration, so an interrupted run keeps what it finished.
 
     python scripts/bench_ops.py [--trials 24] [--per-family 1] [--families C2D DEP ...]
                                 [--threads 2] [--seed 0] [--json docs/bench_ops.json]
@@ -85,10 +86,11 @@ def draw_configs(*, families, per_family: int, seed: int) -> list[OpConfig]:
     """``per_family`` configurations per family, drawn reproducibly, 5 MFLOP .. 1.5 GFLOP each."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
-    pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
     configs = []
     for family in families:
+        # One generator per family: a family's configurations do not depend on which others run.
+        rng = np.random.default_rng([seed, FAMILIES.index(family)])
+        pick = lambda xs, rng=rng: xs[int(rng.integers(len(xs)))]  # noqa: E731
         found = 0
         while found < per_family:
             batch = pick([1, 1, 2])
@@ -221,7 +223,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ms-layouts", nargs="+", default=["nchw", "nhwc"], choices=["nchw", "nhwc"])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=20, help="timed runs per kernel in the final timing")
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs per kernel per timing round")
     parser.add_argument("--skip-ms", action="store_true", help="skip MetaSchedule (e.g. for a quick run)")
     parser.add_argument("--log-dir", default=None, help="keep alt-tvm's tuning logs here (default: temporary)")
     parser.add_argument("--json", default=None)
@@ -253,9 +255,11 @@ def main(argv=None) -> int:
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="alt_bench_ops_")
     os.makedirs(log_dir, exist_ok=True)
     rows: list[Row] = []
-    kernels = []  # (row, label, callable timing it) for the final timing phase
     ms_import_s = 0.0
+    peak = measure_peak_gflops(threads=args.threads)
+    print(f"measured FP32 peak: {peak:.0f} GFLOP/s on {args.threads} thread(s)", flush=True)
     for index, cfg in enumerate(configs):
+        kernels = []  # (row, label, callable timing it), timed once this configuration is tuned
         row = Row(cfg, flops(cfg) / 1e9)
         rows.append(row)
         print(f"[{index + 1}/{len(configs)}] {cfg.family} {cfg.describe()} ({row.gflop:.3f} GFLOP)", flush=True)
@@ -309,28 +313,38 @@ def main(argv=None) -> int:
                     ms_import_s = max(ms_import_s, import_s)
                     kernels.append((row, f"ms_{layout}", timer))
 
-    print(f"\nfinal timing of {len(kernels)} kernels ({args.threads} threads, median of {args.repeat})", flush=True)
-    for row, label, timer in kernels:
-        value = timer()
-        if label == "torch":
-            row.torch_ms = value
-        elif label == "tvm_untuned":
-            row.tvm_untuned_ms = value
-        elif label.startswith("ms_"):
-            row.ms_ms[label[3:]] = value
-        else:
-            setattr(row, f"{label}_ms", value)
-    peak = measure_peak_gflops(threads=args.threads)
+        # Time this configuration's kernels back to back (all tuned), in rounds, median per kernel.
+        samples: dict = {}
+        for _ in range(3):
+            for _row, label, timer in kernels:
+                samples.setdefault(label, []).append(timer())
+        for label, values in samples.items():
+            value = float(np.median(values))
+            if label == "torch":
+                row.torch_ms = value
+            elif label == "tvm_untuned":
+                row.tvm_untuned_ms = value
+            elif label.startswith("ms_"):
+                row.ms_ms[label[3:]] = value
+            else:
+                setattr(row, f"{label}_ms", value)
+        print(f"    torch {row.torch_ms:.3f} ms | MS {row.ms_ms} | alt {row.alt_kernel_ms:.3f} ms "
+              f"(default {row.alt_default_ms:.3f}, with conversions {row.alt_model_ms:.3f})", flush=True)
+        if args.json:  # rewritten after every configuration: an interrupted run keeps what it finished
+            _write_json(args.json, rows, args, peak, ms_import_s, machine)
     _report(rows, args, peak, ms_import_s)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "threads": args.threads,
-                       "trials": args.trials, "peak_gflops": peak, "ms_import_s": ms_import_s,
-                       "machine": {"name": machine.name, "cores": machine.num_cores, "l1d": machine.l1d_bytes,
-                                   "l2": machine.l2_bytes},
-                       "rows": [dict(asdict(r), ms_best_ms=r.ms_best_ms) for r in rows]}, fh, indent=1, default=str)
         print(f"wrote {args.json}")
     return 1 if any(r.errors for r in rows) else 0
+
+
+def _write_json(path, rows, args, peak, ms_import_s, machine) -> None:
+    with open(path, "w") as fh:
+        json.dump({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "threads": args.threads,
+                   "trials": args.trials, "peak_gflops": peak, "ms_import_s": ms_import_s,
+                   "machine": {"name": machine.name, "cores": machine.num_cores, "l1d": machine.l1d_bytes,
+                               "l2": machine.l2_bytes},
+                   "rows": [dict(asdict(r), ms_best_ms=r.ms_best_ms) for r in rows]}, fh, indent=1, default=str)
 
 
 def _rel_error(got, want) -> float:
