@@ -120,17 +120,8 @@ class CudaConvSpace(Space):
                                                                   "shared", "unroll")})
         return layout, loop
 
-    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-        """``CudaConvTiling`` JSON of a valid point.
-
-        Raises
-        ------
-        ValueError
-            If :meth:`check` rejects the point (the message says why).
-        """
-        why = self.check(layout, loop)
-        if why is not None:
-            raise ValueError(f"invalid point: {why}")
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        """``CudaConvTiling`` JSON of a point :meth:`check` accepted."""
         return self._tiling(layout, loop).to_json()
 
 
@@ -188,15 +179,6 @@ class CudaGemmSpace(Space):
                                                                   "k_split", "shared", "unroll")})
         return layout, loop
 
-    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-        """``CudaGemmTiling`` JSON of a valid point.
-
-        Raises
-        ------
-        ValueError
-            If :meth:`check` rejects the point (the message says why).
-        """
-        why = self.check(layout, loop)
-        if why is not None:
-            raise ValueError(f"invalid point: {why}")
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        """``CudaGemmTiling`` JSON of a point :meth:`check` accepted."""
         return self._tiling(layout, loop).to_json()

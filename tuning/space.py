@@ -72,9 +72,22 @@ class Space(abc.ABC):
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The analytic default point (the untuned build's choice)."""
 
-    @abc.abstractmethod
     def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-        """The strategy parameters a point decodes to."""
+        """The strategy parameters a valid point decodes to.
+
+        Raises
+        ------
+        ValueError
+            If :meth:`check` rejects the point (the message says why).
+        """
+        why = self.check(layout, loop)
+        if why is not None:
+            raise ValueError(f"invalid point: {why}")
+        return self.decode(layout, loop)
+
+    @abc.abstractmethod
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        """The strategy parameters of a point :meth:`check` accepted."""
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
         """``None`` for a valid point, else why it is invalid."""
@@ -199,10 +212,7 @@ class ConvSpace(Space):
             loop[knob.name] = knob.nearest(float(loop[knob.name]))
         return layout, loop
 
-    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-        why = self.check(layout, loop)
-        if why is not None:
-            raise ValueError(f"invalid point: {why}")
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         params = {"spatial": [layout[f"s{d}"] for d in range(self.rank)], "ot": layout["ot"], "it": layout["it"],
                 "reg": loop["reg"], "weight_ot": layout["weight_ot"], "weight_it": layout["weight_it"],
                 "rc_split": loop["rc_split"], "parallel_channels": bool(loop["parallel_channels"]),
@@ -237,8 +247,5 @@ class GemmSpace(Space):
         return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"]),
                         "kt": knobs["kt"].nearest(d.get("kt", 1))}
 
-    def params(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-        why = self.check(layout, loop)
-        if why is not None:
-            raise ValueError(f"invalid point: {why}")
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"]}
