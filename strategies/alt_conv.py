@@ -246,6 +246,16 @@ class DefaultConvTiling:
     window_outer: bool = False
     epilogue_in_block: bool = False
 
+    def __post_init__(self) -> None:
+        if self.outer_spatial and len(self.outer_spatial) != len(self.spatial):
+            raise ValueError(f"outer_spatial {list(self.outer_spatial)} needs one tile per spatial dim "
+                             f"({len(self.spatial)}: {list(self.spatial)})")
+        if self.outer_spatial and self.outer_ot < 1:
+            raise ValueError(f"a two-level tiling needs outer_ot >= 1, got {self.outer_ot}")
+        if any(t < 1 for t in (*self.spatial, *self.outer_spatial, self.ot, self.it, self.reg)):
+            raise ValueError(f"tiles must be positive: spatial={list(self.spatial)} ot={self.ot} it={self.it} "
+                             f"reg={self.reg} outer_spatial={list(self.outer_spatial)}")
+
     @property
     def two_level(self) -> bool:
         return bool(self.outer_spatial)

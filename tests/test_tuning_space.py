@@ -97,3 +97,16 @@ def _target_key():
     from alt_tvm.target import host
 
     return target_key(host().to_tvm())
+
+
+def test_tiling_records_with_inconsistent_levels_are_refused():
+    from alt_tvm.strategies.alt_conv import DefaultConvTiling
+
+    base = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}
+    with pytest.raises(ValueError, match=r"outer_spatial \[2\] needs one tile per spatial dim \(2"):
+        DefaultConvTiling.from_json({**base, "outer_spatial": [2], "outer_ot": 1})
+    with pytest.raises(ValueError, match="a two-level tiling needs outer_ot >= 1, got 0"):
+        DefaultConvTiling.from_json({**base, "outer_spatial": [2, 1]})
+    with pytest.raises(ValueError, match="tiles must be positive"):
+        DefaultConvTiling.from_json({**base, "reg": 0})
+    assert DefaultConvTiling.from_json({**base, "outer_spatial": [2, 1], "outer_ot": 2}).two_level
