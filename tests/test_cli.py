@@ -11,8 +11,8 @@ from alt_tvm.cli import main
 
 def test_dse_subcommand_prints_the_counts_as_json(capsys):
     assert main(["dse", "--shape", "400", "120", "--json", "--count-only"]) == 0
-    counts = json.loads(capsys.readouterr().out)["counts"]
-    assert list(counts) == ["all", "alignment", "vectorization", "initial_layer", "scalability"]
+    obj = json.loads(capsys.readouterr().out)
+    counts = {k: obj[k] for k in ("all", "alignment", "vectorization", "initial_layer", "scalability")}
     assert counts["all"] >= counts["alignment"] >= counts["vectorization"] >= counts["scalability"]
 
 

@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "shape": {"n": n, "m": m},
         "config": {"vl": config.vl, "max_length": config.max_length, "min_heavy_flops": config.min_heavy_flops},
         "dense": {"flops": dense_flops(n, m), "params": dense_params(n, m)},
-        "counts": counts,
+        **counts,  # the counts after each pruning step, as top-level keys (the interface)
         "solutions": counts["scalability"] if args.count_only else [s.to_dict() for s in sols],
     }
     if args.csv:
