@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -225,8 +226,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per kernel per timing round")
     parser.add_argument("--skip-ms", action="store_true", help="skip MetaSchedule (e.g. for a quick run)")
-    parser.add_argument("--log-dir", default=None, help="keep alt-tvm's tuning logs here (default: temporary)")
+    parser.add_argument("--log-dir", default=None,
+                        help="keep alt-tvm's logs and MetaSchedule's databases here (default: temporary)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--report", nargs="+", default=None, metavar="JSON",
+                        help="only print the tables of earlier runs' JSON files (a later file's row replaces an "
+                             "earlier row of the same configuration, e.g. a re-measurement)")
     args = parser.parse_args(argv)
     for name in ("per_family", "trials", "threads", "repeat"):
         if getattr(args, name) < 1:
@@ -236,6 +241,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return _report_files(args.report)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     import numpy as np
     import torch
@@ -274,15 +281,16 @@ def main(argv=None) -> int:
         if os.path.exists(log):
             os.remove(log)
         start = time.perf_counter()
-        tune(module, trials=args.trials, log=log, example_inputs=(x,), seed=args.seed,
+        model, example = _importable(module, x, os.path.join(log_dir, f"{index:02d}_{cfg.family}.onnx"))
+        tune(model, trials=args.trials, log=log, example_inputs=example, seed=args.seed,
              joint_fraction=args.joint_fraction, progress=False)
         row.alt_tune_s = time.perf_counter() - start
-        tasks = extract_tasks(module, target=machine, example_inputs=(x,))
+        tasks = extract_tasks(model, target=machine, example_inputs=example)
         if len(tasks) != 1:
             raise SystemExit(f"{cfg.describe()}: expected one tunable task, got {len(tasks)}")
         task = tasks[0]
         row.alt_params = best_params(log, target=machine).get(task.key, {})
-        compiled = build(module, example_inputs=(x,), records=log)
+        compiled = build(model, example_inputs=example, records=log)
         error = _rel_error(compiled(x.numpy())[0], reference)
         if error > 1e-3:
             row.errors.append(f"alt-tvm model differs from PyTorch: relative error {error:.2e}")
@@ -305,7 +313,8 @@ def main(argv=None) -> int:
             for layout in args.ms_layouts:
                 if cfg.family == "GMM" and layout == "nhwc":
                     continue
-                ms_ms = _metaschedule(cfg, weight, data_nd, reference, layout=layout, target=target,
+                work_dir = os.path.join(log_dir, f"{index:02d}_{cfg.family}_ms_{layout}")
+                ms_ms = _metaschedule(cfg, weight, data_nd, reference, layout=layout, target=target, work_dir=work_dir,
                                       trials=args.trials, seed=args.seed, row=row)
                 if ms_ms is not None:
                     timer, tune_s, import_s = ms_ms
@@ -347,6 +356,21 @@ def _write_json(path, rows, args, peak, ms_import_s, machine) -> None:
                    "rows": [dict(asdict(r), ms_best_ms=r.ms_best_ms) for r in rows]}, fh, indent=1, default=str)
 
 
+def _importable(module, x, onnx_path: str):
+    """``(model, example_inputs)`` for alt-tvm: the torch module, or its ONNX export where TVM's
+    PyTorch frontend lacks the operator (ConvTranspose3d in TVM 0.27)."""
+    import torch
+
+    from alt_tvm.graph.frontend import ModelImportError, load_model
+
+    try:
+        load_model(module, example_inputs=(x,))
+        return module, (x,)
+    except ModelImportError:
+        torch.onnx.export(module, (x,), onnx_path, dynamo=False)
+        return onnx_path, None
+
+
 def _rel_error(got, want) -> float:
     import numpy as np
 
@@ -382,7 +406,8 @@ def _kernel_timer(lib, args_nd, *, number: int, repeat: int):
     return run
 
 
-def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: int, seed: int, row: Row):
+def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: int, seed: int, row: Row,
+                  work_dir: str):
     """Tune the canonical (or channels-last) kernel; a timer for the best, or None with the error noted."""
     import numpy as np
     import tvm
@@ -390,7 +415,8 @@ def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: 
     from alt_tvm.graph.metaschedule import tune_kernel
 
     func, layouts = canonical_kernel(cfg, weight.shape, channels_last=layout == "nhwc")
-    result = tune_kernel(func, target=target, trials=trials, seed=seed)
+    shutil.rmtree(work_dir, ignore_errors=True)  # a fresh search, its database kept for inspection
+    result = tune_kernel(func, target=target, trials=trials, seed=seed, work_dir=work_dir)
     if result.artifact is None:
         row.errors.append(f"MetaSchedule ({layout}) found no valid schedule in {trials} trials")
         return None
@@ -440,6 +466,25 @@ def _report(rows: list[Row], args, peak: float, ms_import_s: float) -> None:
     ms_s = sum(sum(r.ms_tune_s.values()) for r in rows)
     print(f"\ntuning wall time: alt-tvm {alt_s:.0f} s, MetaSchedule {ms_s:.0f} s "
           f"(+ {ms_import_s:.0f} s one-time intrinsic import)")
+
+
+def _report_files(paths) -> int:
+    """Merge the rows of earlier runs and print their tables (no measuring)."""
+    merged: dict = {}
+    meta = None
+    for path in paths:
+        with open(path) as fh:
+            run = json.load(fh)
+        meta = meta or run
+        for raw in run["rows"]:
+            cfg = dict(raw["config"])
+            cfg["spatial"] = tuple(cfg["spatial"])
+            raw = {k: v for k, v in raw.items() if k not in ("config", "ms_best_ms")}
+            row = Row(OpConfig(**cfg), **raw)
+            merged[row.config] = row
+    args = argparse.Namespace(trials=meta["trials"], threads=meta["threads"])
+    _report(list(merged.values()), args, meta["peak_gflops"], meta["ms_import_s"])
+    return 0
 
 
 if __name__ == "__main__":
