@@ -50,6 +50,7 @@ __all__ = [
     "is_cuda",
     "schedule_cuda_conv",
     "schedule_cuda_gemm",
+    "gpu_kernel_violations",
     "verify_gpu_kernels",
 ]
 
@@ -371,13 +372,13 @@ def gemm_tiling_problem(tiling: CudaGemmTiling, *, m: int, n: int, k: int, limit
     return why
 
 
-def verify_gpu_kernels(mod: tvm.IRModule, *, target: tvm.target.Target, limits: GpuLimits) -> None:
-    """Lower ``mod`` with the target's TIR pipeline and run TVM's ``verify_gpu_code`` on its kernels.
+def gpu_kernel_violations(mod: tvm.IRModule, *, target: tvm.target.Target, limits: GpuLimits) -> list[str]:
+    """Lower ``mod`` with the target's TIR pipeline; the device kernels ``verify_gpu_code`` rejects.
 
     Raises
     ------
     ValueError
-        If a kernel exceeds ``limits`` (threads or shared memory as TVM allocates it).
+        If lowering produced no device kernel at all (nothing was bound to the GPU).
     """
     import importlib
 
@@ -389,10 +390,19 @@ def verify_gpu_kernels(mod: tvm.IRModule, *, target: tvm.target.Target, limits: 
                    "max_threads_per_block": limits.max_threads_per_block,
                    "max_thread_x": limits.max_threads_per_block, "max_thread_y": limits.max_threads_per_block,
                    "max_thread_z": 64}
-    for device_mod in device.values():
-        for name, func in device_mod.functions.items():
-            if not tvm.s_tir.analysis.verify_gpu_code(func, constraints):
-                raise ValueError(f"kernel {name.name_hint} exceeds the device limits {constraints}")
+    kernels = [(gv.name_hint, f) for m in device.values() for gv, f in m.functions.items()]
+    if not kernels:
+        raise ValueError("no device kernel after lowering: the schedule binds nothing to the GPU")
+    return [name for name, f in kernels if not tvm.s_tir.analysis.verify_gpu_code(f, constraints)]
+
+
+def verify_gpu_kernels(mod: tvm.IRModule, *, target: tvm.target.Target, limits: GpuLimits) -> None:
+    """Raise ``ValueError`` if a kernel of ``mod`` exceeds ``limits`` (threads, shared memory as
+    TVM allocates it), after lowering with the target's TIR pipeline."""
+    bad = gpu_kernel_violations(mod, target=target, limits=limits)
+    if bad:
+        raise ValueError(f"kernels {bad} exceed the device limits (threads <= {limits.max_threads_per_block}, "
+                         f"shared memory <= {limits.max_shared_memory_per_block} bytes)")
 
 
 # --------------------------------------------------------------------------------------

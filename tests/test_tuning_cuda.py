@@ -9,7 +9,6 @@ PyTorch.
 
 import dataclasses
 import functools
-import importlib
 import re
 
 import numpy as np
@@ -21,6 +20,7 @@ from alt_tvm.strategies.alt_conv_cuda import (
     CudaGemmTiling,
     GpuLimits,
     conv_block_usage,
+    gpu_kernel_violations,
     schedule_cuda_gemm,
 )
 from alt_tvm.tuning.cuda_space import CudaConvSpace, CudaGemmSpace
@@ -93,17 +93,7 @@ def cuda_source(func):
 
 def verifies_on_gpu(func, *, limits=LIMITS):
     """TVM's GPU verifier on the kernels of ``func`` lowered by the CUDA pipeline, with ``limits``."""
-    target = V100.to_tvm()
-    mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"main": func}))
-    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
-    _, device = importlib.import_module("tvm.tirx.build").split_host_device_mods(pipeline(mod))
-    constraints = {"max_shared_memory_per_block": limits.max_shared_memory_per_block,
-                   "max_threads_per_block": limits.max_threads_per_block,
-                   "max_thread_x": limits.max_threads_per_block, "max_thread_y": limits.max_threads_per_block,
-                   "max_thread_z": 64}
-    kernels = [f for m in device.values() for f in m.functions.values()]
-    assert kernels, "no device kernel"
-    return all(tvm.s_tir.analysis.verify_gpu_code(f, constraints) for f in kernels)
+    return not gpu_kernel_violations(tvm.IRModule({"main": func}), target=V100.to_tvm(), limits=limits)
 
 
 def shared_bytes(source):
