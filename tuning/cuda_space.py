@@ -11,6 +11,7 @@ exceed the device's limits.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,30 @@ def _clamp(knobs: Sequence[Knob], point: dict[str, Any]) -> dict[str, Any]:
     return {k.name: k.nearest(float(point[k.name])) for k in knobs}
 
 
-class CudaConvSpace(Space):
+class _GpuSpace(Space):
+    """A space whose points decode to a GPU tiling checked against the device limits."""
+
+    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
+        """``None`` for a valid point, else why not (knob values, tiles, threads, shared memory, registers)."""
+        why = super().check(layout, loop)
+        if why is not None:
+            return why
+        try:
+            tiling = self._tiling(layout, loop)
+        except ValueError as err:
+            return str(err)
+        return self._problem(tiling)
+
+    @abc.abstractmethod
+    def _tiling(self, layout: dict[str, Any], loop: dict[str, Any]) -> Any:
+        """The tiling dataclass of a point (raises ``ValueError`` if it cannot be one)."""
+
+    @abc.abstractmethod
+    def _problem(self, tiling: Any) -> str | None:
+        """Why ``tiling`` does not fit the operator or the device, or None."""
+
+
+class CudaConvSpace(_GpuSpace):
     """The conv template (any spatial rank) with GPU loop knobs.
 
     Parameters
@@ -97,15 +121,7 @@ class CudaConvSpace(Space):
                               block_o=loop["block_o"], tile_o=loop["tile_o"], tile_s=loop["tile_s"],
                               rc_split=loop["rc_split"], shared=bool(loop["shared"]), unroll=loop["unroll"])
 
-    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
-        """``None`` for a valid point, else why not (knob values, threads, shared memory, registers)."""
-        why = super().check(layout, loop)
-        if why is not None:
-            return why
-        try:
-            tiling = self._tiling(layout, loop)
-        except ValueError as err:
-            return str(err)
+    def _problem(self, tiling: Any) -> str | None:
         return conv_tiling_problem(tiling, in_channels_per_group=self.in_channels_per_group,
                                    out_channels_per_group=self.out_channels_per_group, kernel=self.kernel,
                                    strides=self.strides, dilation=self.dilation, limits=self.limits)
@@ -125,7 +141,7 @@ class CudaConvSpace(Space):
         return self._tiling(layout, loop).to_json()
 
 
-class CudaGemmSpace(Space):
+class CudaGemmSpace(_GpuSpace):
     """The GMM template (packed weight ``N/nt . K . nt``) with GPU loop knobs.
 
     Parameters
@@ -161,15 +177,7 @@ class CudaGemmSpace(Space):
                               thread_n=loop["thread_n"], tile_n=loop["tile_n"], k_split=loop["k_split"],
                               shared=bool(loop["shared"]), unroll=loop["unroll"])
 
-    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
-        """``None`` for a valid point, else why not (knob values, block tiles, device limits)."""
-        why = super().check(layout, loop)
-        if why is not None:
-            return why
-        try:
-            tiling = self._tiling(layout, loop)
-        except ValueError as err:
-            return str(err)
+    def _problem(self, tiling: Any) -> str | None:
         return gemm_tiling_problem(tiling, m=self.m, n=self.n, k=self.k, limits=self.limits)
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
