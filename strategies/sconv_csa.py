@@ -28,6 +28,7 @@ from alt_tvm.target import HardwareTarget
 
 __all__ = [
     "CSAParams",
+    "PAPER_AVX512",
     "ConvShape",
     "MicroKernel",
     "ScheduleCost",
@@ -224,40 +225,49 @@ class TilingPlan:
 def _broadcast_cost(target: HardwareTarget) -> float:
     """Loads spent per broadcast filter value in the micro-kernel.
 
-    AVX-512 FMAs take a broadcast memory operand ({1to16}), so a broadcast is free; NEON
-    multiplies by a lane of a loaded vector (one load serves ``lanes`` filters); AVX2 and
-    RVV broadcast or load one scalar per filter.
+    NEON multiplies by a lane of a loaded vector (one load serves ``lanes`` filters).
+    Everywhere else a filter value costs one load: AVX-512's broadcast memory operand
+    (``{1to16}``) saves the register and the instruction, not the load-port slot, and AVX2
+    and RVV broadcast or load one scalar per filter.
     """
-    kind = str(target.tvm_target.get("kind", "llvm"))
     triple = str(target.tvm_target.get("mtriple", ""))
-    if kind != "llvm":
-        return 1.0
-    if triple.startswith("aarch64") or triple.startswith("arm"):
+    if str(target.tvm_target.get("kind", "llvm")) == "llvm" and triple.startswith(("aarch64", "arm")):
         return 1.0 / target.vector_lanes("float32")
-    if triple.startswith("riscv"):
-        return 1.0
-    return 0.0 if target.vector_bits >= 512 else 1.0
+    return 1.0
 
 
-def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulator_share: float = 0.75) -> MicroKernel:
+# The paper's AVX-512 micro-kernel (§5.2, OpenBLAS's): 16 windows x 24 filters.
+PAPER_AVX512 = MicroKernel(n_win=16, n_f=24, lanes=16, window_vectors=1, registers=32)
+
+
+def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulator_share: float = 0.75,
+                     fma_ports: int = 2, load_ports: int = 2) -> MicroKernel:
     """Size the outer-product micro-kernel for ``target``'s vector register file.
 
     Accumulators ``n_f x window_vectors`` may take ``accumulator_share`` of the registers
     (the rest hold the window vectors, broadcasts and addresses). Among shapes with the
-    most accumulators, the one with the fewest loads per rank-1 update
-    (``window_vectors + n_f x broadcast cost``) wins, then the fewest window vectors
-    (fewer wasted windows at edges). AVX-512 gives the paper's 16 windows x 24 filters.
+    most accumulators, the one with the fewest cycles per rank-1 update wins — FMAs over
+    ``fma_ports`` or loads (``window_vectors + n_f x broadcast cost``) over ``load_ports``,
+    whichever binds — then the fewest window vectors (fewer wasted windows at edges).
+
+    On AVX-512 this gives 32 windows x 12 filters, not the paper's 16 x 24
+    (:data:`PAPER_AVX512`): 16 x 24 needs 25 loads per 24 FMAs, more than two load ports
+    issue while two FMA ports retire 24 FMAs, so it is load-bound; measured on this
+    repository's AVX-512 host it is about 25% slower (docs/sconv.md).
 
     Raises
     ------
     ValueError
-        If the target has no vector registers (a GPU) or ``accumulator_share`` is not in (0, 1).
+        If the target has no vector registers (a GPU), ``accumulator_share`` is not in
+        (0, 1) or a port count is < 1.
     """
     if target.vector_registers < 4:
         raise ValueError(f"target {target.name!r} has {target.vector_registers} vector registers; "
                          "SConv's micro-kernel needs a SIMD CPU")
     if not 0.0 < accumulator_share < 1.0:
         raise ValueError(f"accumulator_share must be in (0, 1), got {accumulator_share!r}")
+    if fma_ports < 1 or load_ports < 1:
+        raise ValueError(f"fma_ports and load_ports must be >= 1, got {fma_ports}, {load_ports}")
     lanes = max(1, target.vector_bits // (8 * dtype_bytes))
     regs = target.vector_registers
     budget = int(regs * accumulator_share)
@@ -268,7 +278,8 @@ def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulato
         n_f = min(budget // vecs, (regs - vecs - 1) // vecs)
         if n_f < 1:
             continue
-        key = (-(vecs * n_f), vecs + n_f * bcast, vecs)
+        cycles = max(vecs * n_f / fma_ports, (vecs + n_f * bcast) / load_ports)
+        key = (-(vecs * n_f), cycles, vecs)
         if best is None or key < best[0]:
             best = (key, vecs, n_f)
     _, vecs, n_f = best
@@ -281,8 +292,7 @@ def fit_filters(micro: MicroKernel, out_channels: int, *, min_share: float = 2 /
     The paper computes a smaller edge tile when ``N_f`` does not divide ``OUT_c``; our
     kernel computes every tile at full size over zero filters, so instead the micro-kernel
     takes the ``n_f`` in ``[min_share * N_f, N_f]`` that pads ``OUT_c`` least (the largest
-    on ties). With AVX-512's memory-operand broadcasts a 16-filter kernel does the same
-    work per FMA as a 24-filter one, so e.g. 64 channels become 4 tiles of 16, not 3 of 24.
+    on ties): e.g. 64 channels become 8 tiles of 8, not 6 tiles of 12 over 72 filters.
 
     Raises
     ------

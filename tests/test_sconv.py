@@ -6,6 +6,7 @@ import torch
 import tvm
 from alt_tvm.strategies.sconv import SConvOptions, build_sconv, sconv_geometry
 from alt_tvm.strategies.sconv_csa import (
+    PAPER_AVX512,
     ConvShape,
     CSAParams,
     MicroKernel,
@@ -30,30 +31,39 @@ R18_3X3 = ConvShape.symmetric(n=1, c=64, h=56, w=56, k=64, r=3, s=3, pad=1)
 
 
 # ------------------------------------------------------------------------------------ CSA
-def test_micro_kernel_matches_the_paper_on_avx512_and_fills_other_register_files():
-    assert (micro_kernel_for(CASCADE_LAKE).n_win, micro_kernel_for(CASCADE_LAKE).n_f) == (16, 24)  # §5.2
+def test_micro_kernel_is_sized_by_fma_and_load_throughput():
+    # AVX-512, 24 accumulators: 16 x 24 (the paper's, PAPER_AVX512) needs 25 loads per 24 FMAs,
+    # 12.5 cycles on two load ports; 2 window vectors x 12 filters need 14 loads: FMA-bound, 12.
+    avx512 = micro_kernel_for(CASCADE_LAKE)
+    assert (avx512.n_win, avx512.n_f, avx512.window_vectors) == (32, 12, 2)
+    assert (PAPER_AVX512.n_win, PAPER_AVX512.n_f) == (16, 24)
+    # One load port: loads bind earlier, so more window vectors (3 x 8: 11 loads, 11 cycles).
+    assert micro_kernel_for(CASCADE_LAKE, load_ports=1).window_vectors == 3
     mk = micro_kernel_for(host())
     assert mk.n_f * mk.window_vectors <= 0.75 * host().vector_registers
-    # NEON: lane-indexed FMAs make filter loads cheap -> 2 vectors of windows x 12 filters.
-    assert (micro_kernel_for(board("kirin990")).n_win, micro_kernel_for(board("kirin990")).n_f) == (8, 12)
-    # RVV 256-bit: 8 lanes, 32 registers, scalar-operand FMAs -> 4 vectors x 6 filters.
-    assert (micro_kernel_for(board("bananapi-f3")).n_win, micro_kernel_for(board("bananapi-f3")).n_f) == (32, 6)
-    # AVX2: 16 registers, 12 accumulators, broadcasts cost a load -> 3 vectors x 4 filters.
-    assert (micro_kernel_for(AVX2).n_win, micro_kernel_for(AVX2).n_f) == (24, 4)
+    # NEON: lane-indexed FMAs make filter loads cheap, FMA-bound already with 1 vector x 24 filters.
+    assert (micro_kernel_for(board("kirin990")).n_win, micro_kernel_for(board("kirin990")).n_f) == (4, 24)
+    # RVV 256-bit: 8 lanes, 32 registers, scalar-operand FMAs -> 2 vectors x 12 filters.
+    assert (micro_kernel_for(board("bananapi-f3")).n_win, micro_kernel_for(board("bananapi-f3")).n_f) == (16, 12)
+    # AVX2: 16 registers, 12 accumulators, 2 vectors x 6 filters (8 loads, FMA-bound).
+    assert (micro_kernel_for(AVX2).n_win, micro_kernel_for(AVX2).n_f) == (16, 6)
     with pytest.raises(ValueError, match="vector registers"):
         micro_kernel_for(board("v100"))
+    with pytest.raises(ValueError, match="load_ports"):
+        micro_kernel_for(host(), load_ports=0)
 
 
 def test_fit_filters_narrows_n_f_to_pad_output_channels_least():
-    avx512 = micro_kernel_for(CASCADE_LAKE)  # 16 x 24; candidates 16..24
+    avx512 = PAPER_AVX512  # 16 x 24; candidates 16..24
     assert [fit_filters(avx512, k).n_f for k in (16, 48, 64, 50, 1000)] == [16, 24, 16, 17, 20]
     assert fit_filters(avx512, 5).n_f == 16  # a single tile either way: the smallest allowed
+    assert [fit_filters(micro_kernel_for(CASCADE_LAKE), k).n_f for k in (64, 96, 1000)] == [8, 12, 10]
     with pytest.raises(ValueError, match="out_channels"):
         fit_filters(avx512, 0)
 
 
 def test_csa_resnet18_3x3_on_the_papers_x86_by_hand():
-    plan = analyze(R18_3X3, CASCADE_LAKE)
+    plan = analyze(R18_3X3, CASCADE_LAKE, micro=PAPER_AVX512)
     # Eq. (1)-(2): Nc halves 64 -> 32 -> 16; at 16: 16*16*9*4 + 24*16*9*4 + 16*24*4 = 24576 <= 0.9*32768.
     assert 64 * 9 * 4 * (16 + 24) + 1536 > 0.9 * 32768 and 32 * 9 * 4 * (16 + 24) + 1536 > 0.9 * 32768
     assert (plan.n_c, plan.channel_sets) == (16, 4)
@@ -91,14 +101,14 @@ def test_csa_dram_reloads_when_filters_do_not_fit_l2():
 
 def test_csa_edges_absent_l3_and_parameters():
     shape = ConvShape.symmetric(n=1, c=3, h=17, w=19, k=50, r=7, s=7, stride=2, pad=3)
-    plan = analyze(shape, host())
+    plan = analyze(shape, host(), micro=PAPER_AVX512)
     assert plan.n_c == 3 and plan.edge_channels == 3
     assert plan.edge_filters == 50 - 2 * 24 and plan.edge_windows == 9 * 10 - 5 * 16
     # No L3 (the RISC-V board): eq. (5) never holds, so K3 falls to 1.
     rv = analyze(R18_3X3, board("bananapi-f3"))
     assert (rv.costs[0].k3, rv.costs[1].k3) == (1, 1)
     # alpha scales the L1 budget: a quarter of it halves Nc twice more.
-    assert analyze(R18_3X3, CASCADE_LAKE, params=CSAParams(alpha=0.9 / 4)).n_c == 4
+    assert analyze(R18_3X3, CASCADE_LAKE, params=CSAParams(alpha=0.9 / 4), micro=PAPER_AVX512).n_c == 4
     assert analyze(R18_3X3, CASCADE_LAKE, schedule="IS").schedule == "IS"
     with pytest.raises(ValueError, match="alpha"):
         CSAParams(alpha=1.5)
@@ -138,6 +148,20 @@ def test_sconv_matches_pytorch(n, c, h, w, k, r, s, stride, pad, schedule, vbp):
     np.testing.assert_allclose(kernel(x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("micro", [PAPER_AVX512, MicroKernel(n_win=48, n_f=8, lanes=16, window_vectors=3,
+                                                            registers=32)], ids=["paper-16x24", "3-vectors"])
+@pytest.mark.parametrize("stride,vbp", [(1, True), (2, False)])
+def test_sconv_other_micro_kernels_match_pytorch(micro, stride, vbp):
+    shape = ConvShape.symmetric(n=1, c=12, h=15, w=13, k=30, r=3, s=3, stride=stride, pad=1)
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((1, 12, 15, 13), dtype=np.float32)
+    wt = rng.standard_normal((30, 12, 3, 3), dtype=np.float32)
+    kernel = build_sconv(shape, wt, options=SConvOptions(micro=micro, vbp=vbp))
+    assert (kernel.plan.n_win, kernel.plan.micro.window_vectors) == (micro.n_win, micro.window_vectors)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt), stride=stride, padding=1).numpy()
+    np.testing.assert_allclose(kernel(x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
 def test_sconv_asymmetric_padding_and_several_channel_sets():
     shape = ConvShape(1, 40, 10, 9, 26, 3, 2, 1, 2, 0, 1, 2, 0)  # pads top 0, left 1, bottom 2, right 0
     rng = np.random.default_rng(3)
@@ -161,6 +185,11 @@ def test_vector_based_packing_emits_register_shifts():
 def test_geometry_pads_tiles_to_whole_sets_and_the_weight_shape_is_checked():
     plan = analyze(R18_3X3, host())
     geo = sconv_geometry(plan)
+    # 64 channels x 3x3 = 576 MACs per output: accumulate tile-major; 1x1 and the 3-channel
+    # first layer keep filter-major rows (their crop would have to gather).
+    assert geo.tile_major
+    assert not sconv_geometry(analyze(ConvShape.symmetric(n=1, c=3, h=32, w=32, k=16, r=7, s=7, stride=2, pad=3),
+                                      host())).tile_major
     assert not geo.direct and sconv_geometry(analyze(ConvShape.symmetric(n=1, c=8, h=9, w=9, k=8, r=1, s=1),
                                                      host())).direct
     assert geo.wq == 58 and geo.q >= 55 * 58 + 56 and geo.q % 16 == 0
