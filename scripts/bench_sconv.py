@@ -328,6 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     # Thread pools read these when the libraries load, so set them before importing.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
         os.environ[var] = str(args.threads)
+    if args.threads > 1:
+        # Three thread pools take turns on the same cores. Idle workers spin-wait by default
+        # (OpenBLAS ~2^28 cycles, libgomp, TVM's pool), stealing the cores from whichever
+        # library is timed next: multi-threaded times came out 5-100x too slow. Make them
+        # sleep as soon as they are idle.
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
     import numpy as np
     import torch
 
