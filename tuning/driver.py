@@ -19,6 +19,7 @@ import numpy as np
 from alt_tvm.target import HardwareTarget, host
 
 from .records import RecordWriter, TuningRecord, iter_records, target_key
+from .records import candidate_key as params_key
 from .task import Task, extract_tasks, measure_in_process
 from .tuner import Trial, TuneConfig, Tuner, TuneResult, candidate_key
 
@@ -44,16 +45,64 @@ def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
 
 
 def best_params(log: str | os.PathLike[str], *, target: HardwareTarget | None = None) -> dict[str, dict[str, Any]]:
-    """Best tuned parameters per workload key in ``log`` (records measured on ``target`` only)."""
+    """Best tuned parameters per workload key in ``log`` (records measured on ``target`` only).
+
+    Where a workload has re-validated candidates (see ``revalidate`` in :func:`tune`), the
+    best is the re-validated candidate with the lowest median over all its measurements,
+    so one lucky measurement of another candidate cannot win; otherwise the lowest
+    single measurement.
+    """
     wanted = target_key((target or host()).to_tvm())
+    samples: dict[tuple[str, str], list[float]] = {}
+    params: dict[tuple[str, str], dict[str, Any]] = {}
+    revalidated: set[tuple[str, str]] = set()
     best: dict[str, TuningRecord] = {}
     for record in iter_records(log):
         if not record.ok or record.target != wanted or "params" not in record.candidate:
             continue
+        key = (record.workload_key, params_key(record.candidate["params"]))
+        samples.setdefault(key, []).extend(record.latencies_ms)
+        params[key] = record.candidate["params"]
+        if record.candidate.get("revalidation"):
+            revalidated.add(key)
         current = best.get(record.workload_key)
         if current is None or record.median_ms < current.median_ms:
             best[record.workload_key] = record
-    return {key: record.candidate["params"] for key, record in best.items()}
+    chosen = {workload: record.candidate["params"] for workload, record in best.items()}
+    for workload in {w for w, _ in revalidated}:
+        finalists = [key for key in revalidated if key[0] == workload]
+        winner = min(finalists, key=lambda key: float(np.median(samples[key])))
+        chosen[workload] = params[winner]
+    return chosen
+
+
+def _revalidate(task: Task, trials: Sequence[Trial], *, count: int, rounds: int,
+                measure: Callable[[Task, dict[str, Any]], float], write: Callable[[Trial, float, str], None]) -> float:
+    """Measure the ``count`` fastest distinct candidates ``rounds`` more times, interleaved.
+
+    Single measurements on a shared machine swing by tens of percent, so the fastest one
+    is often a lucky draw; the median over the rounds decides. Returns the best median.
+    """
+    finished = sorted((t for t in trials if math.isfinite(t.latency_ms)), key=lambda t: t.latency_ms)
+    finalists, seen = [], set()
+    for trial in finished:
+        key = params_key(trial.params)
+        if key not in seen:
+            seen.add(key)
+            finalists.append(trial)
+        if len(finalists) == count:
+            break
+    samples = {id(t): [t.latency_ms] for t in finalists}
+    for _ in range(rounds):
+        for trial in finalists:
+            try:
+                latency, error = float(measure(task, trial.params)), ""
+            except Exception as err:  # a failing re-measurement drops the candidate, not the run
+                latency, error = math.inf, f"{type(err).__name__}: {err}"
+            write(trial, latency, error)
+            samples[id(trial)].append(latency)
+    medians = [float(np.median(v)) for v in samples.values()]
+    return min(medians, default=math.inf)
 
 
 def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: HardwareTarget | None = None,
@@ -62,7 +111,7 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
          measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
          progress: bool = True, plot: str | os.PathLike[str] | None = None,
          layout_levels: int = 1, features: str = "tir", batch: int = 128,
-         top_k: int = 8) -> list[TaskSummary]:
+         top_k: int = 8, revalidate: int = 3, revalidate_rounds: int = 2) -> list[TaskSummary]:
     """Tune every tunable partition of ``model`` and append the measurements to ``log``.
 
     Parameters
@@ -90,9 +139,17 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
         lower) or ``"knobs"`` (the candidate's parameters; free).
     batch, top_k
         Candidates ranked by the cost model per loop round, and how many of them are measured.
+    revalidate, revalidate_rounds
+        After each task, its ``revalidate`` fastest candidates are measured
+        ``revalidate_rounds`` more times, interleaved, and :func:`best_params` picks by the
+        median. These measurements count towards ``trials`` (at most a quarter of a task's
+        budget: fewer finalists, or none, on small budgets) and are logged as records whose
+        candidate has ``"revalidation": true``. 0 turns it off.
     """
     if features not in ("tir", "knobs"):
         raise ValueError(f"features must be 'tir' or 'knobs', got {features!r}")
+    if revalidate < 0 or revalidate_rounds < 0:
+        raise ValueError(f"revalidate and revalidate_rounds must be >= 0, got {revalidate}, {revalidate_rounds}")
     from tqdm import tqdm
 
     machine = target or host()
@@ -108,8 +165,9 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
     with RecordWriter(log) as writer:
         for index, (task, budget) in enumerate(zip(tasks, budgets)):
             known = {candidate_key(r.candidate["layout"], r.candidate["loop"]): (r.median_ms if r.ok else math.inf)
-                     for r in previous
-                     if r.workload_key == task.key and r.target == target_json and "layout" in r.candidate}
+                     for r in previous  # the search's own draws, so a resumed search replays it
+                     if r.workload_key == task.key and r.target == target_json and "layout" in r.candidate
+                     and not r.candidate.get("revalidation")}
             bar = tqdm(total=budget, desc=f"task {index + 1}/{len(tasks)} {task.key.split('|')[0]}",
                        disable=not progress, leave=False)
 
@@ -130,15 +188,35 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
                 bar.update(1)
                 bar.set_postfix(best_ms=f"{best_so_far[0]:.3f}")
 
-            config = TuneConfig(trials=budget, joint_fraction=joint_fraction, seed=seed + index,
-                                batch=batch, top_k=min(top_k, budget, batch))
+            finalists = min(revalidate, budget // 4 // revalidate_rounds) if revalidate_rounds else 0
+            search = budget - finalists * revalidate_rounds
+            revalidated_before = any(r.candidate.get("revalidation") for r in previous
+                                     if r.workload_key == task.key and r.target == target_json)
+            config = TuneConfig(trials=search, joint_fraction=joint_fraction, seed=seed + index,
+                                batch=batch, top_k=min(top_k, search, batch))
             model_ = _cost_model(cost_model, seed + index)
             featurize = tir_featurizer(task) if features == "tir" and model_ is not None else None
             result = Tuner(task.space, measure=lambda p, task=task: measure(task, p), config=config,
                            cost_model=model_, known=known, on_trial=record, featurize=featurize).run()
+            best_ms = result.best.latency_ms if result.best else math.inf
+            measured = len(result.trials)
+            if finalists and not revalidated_before:
+                def write(trial: Trial, latency: float, error: str, task: Task = task, index: int = index) -> None:
+                    ok = math.isfinite(latency)
+                    writer.write(TuningRecord(
+                        workload_key=task.key, target=target_json,
+                        candidate={"layout": trial.layout, "loop": trial.loop, "params": trial.params,
+                                   "revalidation": True},
+                        latencies_ms=(latency,) if ok else (), error_code=None if ok else "RUN_ERROR",
+                        error_msg=error if not ok else "", trial=trial.index, seed=seed + index))
+
+                best_ms = _revalidate(task, result.trials, count=finalists, rounds=revalidate_rounds,
+                                      measure=measure, write=write)
+                bar.update(finalists * revalidate_rounds)
+                measured += finalists * revalidate_rounds
             bar.close()
-            summaries.append(TaskSummary(task.key, task.weight, len(result.trials), result.trials[0].latency_ms,
-                                         result.best.latency_ms if result.best else math.inf))
+            summaries.append(TaskSummary(task.key, task.weight, measured, result.trials[0].latency_ms,
+                                         best_ms))
             curves.append(result)
     if plot is not None:
         plot_curves(curves, [s.key.split("|")[0] + f" #{i + 1}" for i, s in enumerate(summaries)], plot)

@@ -34,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="one- or two-level layout tiling templates (paper §5.1)")
     parser.add_argument("--features", default="tir", choices=["tir", "knobs"],
                         help="what the XGBoost cost model learns from (lowered TIR, or the knob values)")
+    parser.add_argument("--revalidate", type=int, default=3,
+                        help="re-measure this many of each task's fastest candidates (within --trials; 0: off)")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
     summaries = tune(model, trials=args.trials, log=log, target=target, seed=args.seed,
                      joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
                      measure=measure, progress=not args.no_progress, plot=plot,
-                     layout_levels=args.layout_levels, features=args.features)
+                     layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate)
     print(f"{'task':60s} {'x':>3s} {'trials':>6s} {'default ms':>10s} {'best ms':>9s} {'speedup':>8s}")
     for s in summaries:
         print(f"{s.key[:60]:60s} {s.weight:3d} {s.trials:6d} {s.default_ms:10.3f} {s.best_ms:9.3f} "
