@@ -43,6 +43,13 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
     scalar into all of them, so the loop is bound by FMA issue, not memory. The best of
     ``repeat`` runs is returned: the ceiling that kernels are reported against. The TVM
     runtime's own thread pool runs it, so ``TVM_NUM_THREADS`` must allow ``threads``.
+
+    Raises
+    ------
+    ValueError
+        If ``threads < 1``, or TVM's thread pool has fewer than ``threads`` workers (its
+        default here is one per *physical* core guess, e.g. 1 on a 2-vCPU guest): the
+        measurement would silently report the throughput of fewer threads.
     """
     from tvm import te
 
@@ -50,6 +57,10 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
 
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    if threads > pool:
+        raise ValueError(f"TVM's thread pool has {pool} thread(s), fewer than threads={threads}: set "
+                         f"TVM_NUM_THREADS={threads} before TVM runs its first parallel kernel")
     machine = host()
     lanes = lanes or machine.vector_lanes("float32")
     x = te.placeholder((threads, accumulators, lanes), name="x")

@@ -384,8 +384,14 @@ def _vectorize_windows(sch: Any, loop: Any, lanes: int) -> None:
         sch.vectorize(loop)
 
 
-def _parallel_choice(sch: Any, loops: list, threads: int) -> Any | None:
-    """The loop whose extent splits best over ``threads`` (outer first on ties)."""
+def _parallel_choice(sch: Any, loops: list, threads: int, *, balance: float = 0.85) -> Any | None:
+    """The outermost of ``loops`` that splits over ``threads`` with ``balance`` or better.
+
+    Outermost first: every iteration of the loops around the parallel one starts a
+    parallel region, and an inner choice (e.g. 8 filter tiles under 400 tile/channel-set
+    iterations) spends more time starting regions than computing. Falls back to the
+    best-balanced loop.
+    """
     if threads <= 1:
         return None
     best, best_eff = None, 0.0
@@ -394,6 +400,8 @@ def _parallel_choice(sch: Any, loops: list, threads: int) -> Any | None:
         if extent < 2:
             continue
         eff = extent / (_ceil_div(extent, threads) * threads)
+        if extent >= threads and eff >= balance:
+            return loop
         if eff > best_eff + 1e-9:
             best, best_eff = loop, eff
     return best
@@ -428,12 +436,12 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
         t3, t2 = sch.split(t, [None, g.k3])
         k3, k1 = sch.split(kt, [None, g.k2])
         sch.reorder(n, *cs, t3, k3, t2, k1, kf, v)
-        pack_at, micro_at, par_loops = t2, k1, [t2, k1]
+        pack_at, micro_at, par_loops = t2, k1, [t3, k3, t2, k1]
     else:
         k3, k1 = sch.split(kt, [None, g.k3])
         t3, t1 = sch.split(t, [None, g.k2])
         sch.reorder(n, *cs, k3, t3, k1, t1, kf, v)
-        pack_at, micro_at, par_loops = t3, t1, [t3, k1, t1]
+        pack_at, micro_at, par_loops = t3, t1, [k3, t3, k1, t1]
 
     def below(block: Any, loop: Any) -> list:
         """The loops of ``block`` nested inside ``loop``."""
@@ -460,8 +468,9 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
     par = _parallel_choice(sch, par_loops, threads)
     if par is not None:
         sch.parallel(par)
-        if g.schedule == "WS" and g.k2 >= threads and not sch.get(par).same_as(sch.get(t3)):
-            # WS packs K2 tiles outside the parallel loop: split that packing over threads too.
+        inner = [lp for lp in par_loops[2:] if sch.get(par).same_as(sch.get(lp))]
+        if g.schedule == "WS" and g.k2 >= threads and inner:
+            # WS packs K2 tiles outside an inner parallel loop: split that packing over threads too.
             sch.parallel(below(pack, pack_at)[0])
     init = sch.decompose_reduction(part, p_red[0] if p_red else p_kf)
     split = g.n_win > lanes and g.n_win % lanes == 0  # as _vectorize_windows split p_v

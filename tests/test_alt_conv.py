@@ -76,6 +76,11 @@ def test_measured_peak_is_vector_fma_speed():
     assert peak > 8.0
     with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
         measure_peak_gflops(threads=0)
+    import tvm
+
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    with pytest.raises(ValueError, match=f"TVM's thread pool has {pool} thread"):
+        measure_peak_gflops(threads=pool + 1)  # would silently measure `pool` threads
 
 
 def test_default_tiling_follows_registers_and_l1():
