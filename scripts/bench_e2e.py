@@ -11,7 +11,7 @@ fused kernels of TVM's own pipeline, the same N measured trials); both tuned bui
 checked against ONNX Runtime and timed here, with their tuning wall-clock times.
 
     python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
-                                [--threads 2] [--variants alt alt-wp alt-ol] [--trials N] [--json out.json]
+                                [--threads 2] [--variants alt alt-wp alt-ol] [--sconv] [--trials N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--variants", nargs="+", default=["alt"], choices=["alt", "alt-wp", "alt-ol"])
+    parser.add_argument("--sconv", action="store_true",
+                        help="also build with the SConv strategy for plain conv2d (strategies=['sconv'])")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per runner (median reported)")
     parser.add_argument("--tvm-repeat", type=int, default=3, help="timed calls for TVM's untuned build (slow)")
     parser.add_argument("--skip-tvm-default", action="store_true", help="skip TVM's untuned build")
@@ -108,6 +110,13 @@ def main(argv=None) -> int:
                 if not check(label, compiled):
                     return 1
                 rows[label] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
+        if args.sconv:
+            t0 = time.perf_counter()
+            compiled = build(str(path), strategies=["sconv"], records=log)
+            build_s = time.perf_counter() - t0
+            if not check("alt-tvm (sconv)", compiled):
+                return 1
+            rows["alt-tvm (sconv)"] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
         if args.trials and not args.skip_ms:
             result = tune_model(prepare(load_model(str(path)).mod), target=host().to_tvm(), trials=args.trials,
                                 seed=args.seed)
