@@ -317,3 +317,19 @@ def test_transpose_producers_become_the_layout_the_conv_reads():
     # Both convs read their NHWC inputs in place; the first one's output is the residual the
     # second one's epilogue adds; only the model output is converted back.
     assert [n.rstrip("0123456789").rstrip("_") for n in names] == ["alt_conv2d", "alt_conv2d", "layout_convert"]
+
+
+def test_build_gives_tvm_thread_pool_one_thread_per_core_unless_the_user_set_it():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import tvm; from alt_tvm.graph.build import use_runtime_threads; "
+            "print(use_runtime_threads(2), tvm.get_global_func('runtime.NumThreads')())")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    # TVM alone would start one thread on a 2-vCPU x86 guest (half the logical CPUs).
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "2"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "TVM_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["1", "1"]  # the user's choice stands

@@ -359,6 +359,24 @@ def load_builtin_strategies() -> None:
 
 
 # ------------------------------------------------------------------------------ build
+def use_runtime_threads(cores: int) -> int:
+    """Make TVM's thread pool run ``cores`` threads unless the user chose otherwise.
+
+    The schedules split their parallel loops for ``cores`` threads, but TVM's pool
+    defaults to half the logical CPUs on x86 (it assumes SMT): one thread on a 2-vCPU
+    guest, which silently halves every parallel kernel. So ``TVM_NUM_THREADS`` is set to
+    ``cores`` when neither it nor ``OMP_NUM_THREADS`` is set. The pool reads it once,
+    when it starts; if it already runs fewer threads, this warns. Returns the pool size.
+    """
+    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = str(cores)
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    if pool < cores and os.environ.get("TVM_NUM_THREADS") == str(cores):
+        warnings.warn(f"TVM's thread pool already runs {pool} thread(s), fewer than the target's {cores} cores: "
+                      f"set TVM_NUM_THREADS={cores} before the first TVM kernel runs", stacklevel=3)
+    return pool
+
+
 class CompiledModel:
     """A built model: call it on NumPy arrays; ``report`` says how it was built."""
 
@@ -524,6 +542,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
         if not os.path.exists(records):
             raise FileNotFoundError(f"tuning log {records!r} does not exist (write one with alt_tvm.tune)")
         params = best_params(records, target=machine)
+    use_runtime_threads(machine.num_cores)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
     alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, params=params,
                              strategy_options=strategy_options)
