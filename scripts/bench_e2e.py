@@ -72,7 +72,14 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in MODEL_NAMES]
     if unknown:
         raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)}")
-    results = []
+    from alt_tvm.timing import measure_peak_gflops
+
+    # The ceiling of this run (machine states differ between days): FP32 FMA peak.
+    peak = {"threads_1": measure_peak_gflops(threads=1), f"threads_{args.threads}": measure_peak_gflops(
+        threads=args.threads)}
+    print("FP32 FMA peak measured in this run: " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} GFLOP/s"
+                                                               for k, v in peak.items()))
+    results = [{"runner": "fp32 peak", "peak_gflops": peak}]
     tune_s: dict = {}
     workdir = tempfile.mkdtemp(prefix="alt_e2e_")
     for name in args.models:

@@ -353,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit:
         groups = {m: convs[:args.limit] for m, convs in groups.items()}
     blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-    print(f"target: {host().description}; threads: {args.threads}")
+    from alt_tvm.timing import measure_peak_gflops
+
+    print(f"target: {host().description}; threads: {args.threads}; FP32 FMA peak measured now: "
+          + ", ".join(f"{t} thread(s) {measure_peak_gflops(threads=t):.0f} GFLOP/s"
+                      for t in sorted({1, args.threads})))
     print(f"Base BLAS: NumPy {np.__version__} with {blas.get('name', '?')} {blas.get('version', '')}; "
           f"PyTorch {torch.__version__} conv2d (oneDNN)")
     cache: dict = {}
