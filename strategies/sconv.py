@@ -369,6 +369,11 @@ def _schedule_pack_rows(sch: Any, pack: Any, g: SConvGeometry, vbp: bool, lanes:
         sch.vectorize(loops[-1])
 
 
+def _splits_windows(extent: int, lanes: int) -> bool:
+    """Whether :func:`_vectorize_windows` splits a window loop of ``extent`` into registers."""
+    return extent > lanes and extent % lanes == 0
+
+
 def _vectorize_windows(sch: Any, loop: Any, lanes: int) -> None:
     """Vectorise a loop over windows one register at a time (outer part unrolled).
 
@@ -376,7 +381,7 @@ def _vectorize_windows(sch: Any, loop: Any, lanes: int) -> None:
     (``<48 x float>`` with three AVX-512 registers), which LLVM legalises badly.
     """
     extent = int(sch.get(loop).extent)
-    if extent > lanes and extent % lanes == 0:
+    if _splits_windows(extent, lanes):
         outer, inner = sch.split(loop, [None, lanes])
         sch.unroll(outer)
         sch.vectorize(inner)
@@ -473,8 +478,7 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
             # WS packs K2 tiles outside an inner parallel loop: split that packing over threads too.
             sch.parallel(below(pack, pack_at)[0])
     init = sch.decompose_reduction(part, p_red[0] if p_red else p_kf)
-    split = g.n_win > lanes and g.n_win % lanes == 0  # as _vectorize_windows split p_v
-    i_loops = sch.get_loops(init)[-3 if split else -2:]
+    i_loops = sch.get_loops(init)[-3 if _splits_windows(g.n_win, lanes) else -2:]
     for loop in i_loops[:-1]:
         sch.unroll(loop)
     sch.vectorize(i_loops[-1])

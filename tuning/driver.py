@@ -76,6 +76,18 @@ def best_params(log: str | os.PathLike[str], *, target: HardwareTarget | None = 
     return chosen
 
 
+def _trial_record(workload_key: str, target_json: str, trial: Trial, latency: float, error: str, *, seed: int,
+                  revalidation: bool = False) -> TuningRecord:
+    """The log line of one measurement of ``trial``'s candidate (a failure when ``latency`` is inf)."""
+    ok = math.isfinite(latency)
+    candidate = {"layout": trial.layout, "loop": trial.loop, "params": trial.params}
+    if revalidation:
+        candidate["revalidation"] = True
+    return TuningRecord(workload_key=workload_key, target=target_json, candidate=candidate,
+                        latencies_ms=(latency,) if ok else (), error_code=None if ok else "RUN_ERROR",
+                        error_msg="" if ok else error, trial=trial.index, seed=seed)
+
+
 def _revalidate(task: Task, trials: Sequence[Trial], *, count: int, rounds: int,
                 measure: Callable[[Task, dict[str, Any]], float], write: Callable[[Trial, float, str], None]) -> float:
     """Measure the ``count`` fastest distinct candidates ``rounds`` more times, interleaved.
@@ -164,10 +176,10 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
     summaries, curves = [], []
     with RecordWriter(log) as writer:
         for index, (task, budget) in enumerate(zip(tasks, budgets)):
+            logged = [r for r in previous if r.workload_key == task.key and r.target == target_json]
             known = {candidate_key(r.candidate["layout"], r.candidate["loop"]): (r.median_ms if r.ok else math.inf)
-                     for r in previous  # the search's own draws, so a resumed search replays it
-                     if r.workload_key == task.key and r.target == target_json and "layout" in r.candidate
-                     and not r.candidate.get("revalidation")}
+                     for r in logged  # the search's own draws, so a resumed search replays it
+                     if "layout" in r.candidate and not r.candidate.get("revalidation")}
             bar = tqdm(total=budget, desc=f"task {index + 1}/{len(tasks)} {task.key.split('|')[0]}",
                        disable=not progress, leave=False)
 
@@ -177,21 +189,15 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
                        known: dict = known, index: int = index) -> None:
                 key = candidate_key(trial.layout, trial.loop)
                 if key not in known:  # already in the log
-                    ok = math.isfinite(trial.latency_ms)
-                    writer.write(TuningRecord(
-                        workload_key=task.key, target=target_json,
-                        candidate={"layout": trial.layout, "loop": trial.loop, "params": trial.params},
-                        latencies_ms=(trial.latency_ms,) if ok else (),
-                        error_code=None if ok else "RUN_ERROR", error_msg=trial.error or "",
-                        trial=trial.index, seed=seed + index))
+                    writer.write(_trial_record(task.key, target_json, trial, trial.latency_ms, trial.error or "",
+                                               seed=seed + index))
                 best_so_far[0] = min(best_so_far[0], trial.latency_ms)
                 bar.update(1)
                 bar.set_postfix(best_ms=f"{best_so_far[0]:.3f}")
 
             finalists = min(revalidate, budget // 4 // revalidate_rounds) if revalidate_rounds else 0
             search = budget - finalists * revalidate_rounds
-            revalidated_before = any(r.candidate.get("revalidation") for r in previous
-                                     if r.workload_key == task.key and r.target == target_json)
+            revalidated_before = any(r.candidate.get("revalidation") for r in logged)
             config = TuneConfig(trials=search, joint_fraction=joint_fraction, seed=seed + index,
                                 batch=batch, top_k=min(top_k, search, batch))
             model_ = _cost_model(cost_model, seed + index)
@@ -202,13 +208,8 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
             measured = len(result.trials)
             if finalists and not revalidated_before:
                 def write(trial: Trial, latency: float, error: str, task: Task = task, index: int = index) -> None:
-                    ok = math.isfinite(latency)
-                    writer.write(TuningRecord(
-                        workload_key=task.key, target=target_json,
-                        candidate={"layout": trial.layout, "loop": trial.loop, "params": trial.params,
-                                   "revalidation": True},
-                        latencies_ms=(latency,) if ok else (), error_code=None if ok else "RUN_ERROR",
-                        error_msg=error if not ok else "", trial=trial.index, seed=seed + index))
+                    writer.write(_trial_record(task.key, target_json, trial, latency, error, seed=seed + index,
+                                               revalidation=True))
 
                 best_ms = _revalidate(task, result.trials, count=finalists, rounds=revalidate_rounds,
                                       measure=measure, write=write)
