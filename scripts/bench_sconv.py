@@ -225,10 +225,11 @@ def measure(conv: Conv, *, threads: int, repeat: int) -> dict:
     for vbp in (True, False):
         funcs = build_sconv_packing(shape, options=SConvOptions(vbp=vbp, threads=threads))
         repacks[vbp] = funcs.repacks
-        tp = tvm.runtime.tensor(np.empty(funcs.phase_shape, np.float32), dev)
         tk = tvm.runtime.tensor(np.empty(funcs.pack_shape, np.float32), dev)
         suffix = "" if vbp else "_novbp"
-        fns["phase" + suffix] = lambda f=funcs.phase, o=tp: f["main"](tx, o)
+        if funcs.phase is not None:  # (pointwise: tiles are packed from the input, no phase image)
+            tp = tvm.runtime.tensor(np.empty(funcs.phase_shape, np.float32), dev)
+            fns["phase" + suffix] = lambda f=funcs.phase, o=tp: f["main"](tx, o)
         fns["pack" + suffix] = lambda f=funcs.pack, o=tk: f["main"](tx, o)
 
     # Base: im2col (Caffe-style, padding included) + one OpenBLAS sgemm per image.
@@ -271,7 +272,7 @@ def measure(conv: Conv, *, threads: int, repeat: int) -> dict:
         result[f"{name}_ms"] = best
         result[f"{name}_median_ms"] = median
     for vbp, suffix in ((True, ""), (False, "_novbp")):
-        phase_ms, all_ms = result[f"phase{suffix}_ms"], result[f"pack{suffix}_ms"]
+        phase_ms, all_ms = result.get(f"phase{suffix}_ms", 0.0), result[f"pack{suffix}_ms"]
         result[f"sconv_pack{suffix}_ms"] = phase_ms + max(0.0, all_ms - phase_ms) * repacks[vbp]
     result["speedup_vs_base"] = result["base_ms"] / result["sconv_ms"]
     if shape.pointwise:

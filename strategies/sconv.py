@@ -9,7 +9,8 @@ convolution as TE plus an ``s_tir`` schedule:
   windows of consecutive output positions ``q = oh * Wq + ow`` start at consecutive
   addresses, so an input tile of ``N_win`` windows is read with contiguous vector loads,
   across output rows. The ``Wq - OUT_w`` extra columns per row are computed and dropped.
-  Pointwise convolutions need no phase image: their tiles are packed from the input.
+  Pointwise convolutions need no phase image: their tiles are packed from the input,
+  the last one shifted back to end at the image's end (it overlaps its predecessor).
 * **Packing on demand** ``P[n, t, c, r, s, v]`` (Fig. 7): for input tile ``t``, the
   element at filter position ``(r, s)`` of each of its ``N_win`` windows, stored
   consecutively; computed inside the macro-kernel, one tile (IS) or ``K2`` tiles (WS) at
@@ -28,6 +29,14 @@ convolution as TE plus an ``s_tir`` schedule:
 
 Edge tiles (windows, filters, channels that the tile sizes do not divide) are computed as
 full tiles over zero-padded filters/channels and extra windows that are then dropped.
+
+The accumulated output goes through one more pass, the crop (plus the epilogue), into
+NCHW — except for a pointwise convolution reduced in one channel set, whose micro-kernel
+writes its registers (through the epilogue) straight into the NCHW output: each tile's
+windows are consecutive positions of the output plane, and the overlapping last tile
+writes the same values twice instead of running past the plane. s_tir cannot express
+that write (two tiles cover some outputs), so it is a TIR rewrite after scheduling
+(:func:`_write_output_from_registers`).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from tvm import te, tirx
 from alt_tvm.graph.lower import attrs_dict
 from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout, create_prim_func
+from alt_tvm.layout.expr import rebuild
 from alt_tvm.target import HardwareTarget, host
 
 from .sconv_csa import ConvShape, CSAParams, MicroKernel, TilingPlan, analyze, fit_filters, micro_kernel_for
@@ -56,6 +66,7 @@ __all__ = [
     "SConvGeometry",
     "build_sconv",
     "build_sconv_packing",
+    "lower_sconv",
     "sconv_geometry",
     "sconv_pack_te",
     "sconv_te",
@@ -123,8 +134,8 @@ class SConvGeometry:
     kp, cp
         Output / input channels padded to whole filter tiles / channel sets.
     direct
-        Pointwise with at least two input tiles: tiles are packed from the input itself
-        (no phase image; see :func:`sconv_pack_te`).
+        Pointwise with at least one whole tile of windows in the image: tiles are packed
+        from the input itself (no phase image; see :func:`sconv_pack_te`).
     tile_major
         (Property) the accumulated output is laid out by tile (see :func:`sconv_te`).
     """
@@ -152,6 +163,25 @@ class SConvGeometry:
         """
         sh = self.shape
         return not sh.pointwise and sh.c * sh.r * sh.s >= 512
+
+    @property
+    def writes_output(self) -> bool:
+        """The micro-kernel stores into the NCHW output (direct, one channel set)."""
+        return self.direct and self.plan.channel_sets == 1
+
+    def tile_start(self, t: Any) -> Any:
+        """First output position (``oh * W + ow``) of direct tile ``t``: the last whole
+        tile ends at the plane's end, and padding tiles repeat it."""
+        plane = self.shape.out_h * self.shape.out_w
+        return tirx.min(t * self.n_win, plane - self.n_win)
+
+    def window_of(self, p: Any) -> Any:
+        """Accumulator column ``q`` holding direct output position ``p`` (inverse of
+        :meth:`tile_start` for the whole tiles; the overlap is read from the last tile)."""
+        plane, nw = self.shape.out_h * self.shape.out_w, self.n_win
+        last = _ceil_div(plane, nw) - 1
+        shift = (last + 1) * nw - plane
+        return p + tirx.if_then_else(p >= last * nw, shift, 0) if shift else p
 
     @property
     def shape(self) -> ConvShape:
@@ -203,7 +233,7 @@ def sconv_geometry(plan: TilingPlan) -> SConvGeometry:
     hx = max(_ceil_div(last + 1 + lanes, wq), _ceil_div(hp, sh.stride_h))
     return SConvGeometry(plan=plan, wq=wq, hx=hx, span=hx * wq, tiles=tiles, fs_tiles=fs_tiles, k2=k2, k3=k3,
                          kp=fs_tiles * plan.n_f, cp=plan.channel_sets * n_c, n_c=n_c,
-                         direct=sh.pointwise and tiles >= 2)
+                         direct=sh.pointwise and sh.h * sh.w >= plan.n_win)
 
 
 def sconv_weight_layout(geometry: SConvGeometry) -> Layout:
@@ -217,34 +247,24 @@ def sconv_weight_layout(geometry: SConvGeometry) -> Layout:
     return layout.split(0, [geometry.kp // geometry.n_f, geometry.n_f]).reorder([0, 2, 3, 4, 1])
 
 
-def sconv_pack_te(data: te.Tensor, geometry: SConvGeometry) -> tuple[te.Tensor, te.Tensor]:
-    """The phase image ``X`` (or, pointwise, the tail tile) and the packed tiles ``P`` (Fig. 7).
+def sconv_pack_te(data: te.Tensor, geometry: SConvGeometry) -> tuple[te.Tensor | None, te.Tensor]:
+    """The phase image ``X`` (None for a direct pointwise one) and the packed tiles ``P`` (Fig. 7).
 
     A pointwise convolution's input already is its phase image (row length ``W``), so its
-    tiles are packed straight from ``data`` — one contiguous vector per channel — except
-    the last tile, which may run past the image and is copied once, zero-filled, into a
-    small ``sconv_tail`` buffer. The choice between the two is made per tile, outside
-    the vector loop, so both branches stay vector loads.
+    tiles are packed straight from ``data``, one contiguous vector per channel; the last
+    tile starts ``N_win`` positions before the plane's end (:meth:`SConvGeometry.tile_start`).
     """
     sh, g = geometry.shape, geometry
     c_in, sth, stw = sh.c, sh.stride_h, sh.stride_w
     wq, nw = g.wq, g.n_win
     if g.direct:
-        hw, last = sh.h * sh.w, (g.tiles - 1) * nw
-
-        def tail_value(n, c, v):
-            f = last + v
-            inside = tirx.all(c < c_in, f < hw)
-            return tirx.if_then_else(inside, data[n, c, f // sh.w, f % sh.w], tirx.const(0, data.dtype))
-
-        tail = te.compute((sh.n, g.cp, nw), tail_value, name="sconv_tail")
 
         def pack_direct(n, t, c, r, s, v):
-            f = t * nw + v
-            body = tirx.all(t < g.tiles - 1, c < c_in)
-            return tirx.if_then_else(body, data[n, c, f // sh.w, f % sh.w], tail[n, c, v])
+            f = g.tile_start(t) + v
+            value = data[n, tirx.min(c, c_in - 1), f // sh.w, f % sh.w]
+            return tirx.if_then_else(c < c_in, value, tirx.const(0, data.dtype)) if g.cp > c_in else value
 
-        return tail, te.compute((sh.n, g.tiles, g.cp, 1, 1, nw), pack_direct, name="sconv_pack")
+        return None, te.compute((sh.n, g.tiles, g.cp, 1, 1, nw), pack_direct, name="sconv_pack")
 
     def phase(n, c, a, b, f):
         row = (f // wq) * sth + a - sh.pad_top
@@ -291,7 +311,7 @@ def sconv_te(data: te.Tensor, weight: te.Tensor, geometry: SConvGeometry) -> te.
             return packed[n, q // nw, cs * nc + ci, rr, rs, q % nw] * weight[k, cs * nc + ci, rr, rs]
 
         def read(tensor, n, k, q):
-            return tensor[n, k, q]
+            return tensor[n, k, g.window_of(q) if g.direct else q]
     part = te.compute((n_img, n_sets, *acc_shape[1:]), lambda n, cs, *i: te.sum(part_at(n, cs, *i), axis=[ci, rr, rs]),
                       name="sconv_part")
     if n_sets == 1:
@@ -492,16 +512,107 @@ def schedule_sconv(func: tirx.PrimFunc, geometry: SConvGeometry, *, final: str =
                 not any(int(sch.get(lp).kind) == int(tirx.ForKind.PARALLEL) for lp in init_loops):
             sch.parallel(sch.fuse(*init_loops[:-1]))
     _schedule_phase(sch, g, threads)
-    # Crop (+ epilogue): a parallel pass over the NCHW output.
     sch.compute_inline(sch.get_sblock("sconv_out")) if final != "sconv_out" else None
     for name in inline:
         sch.compute_inline(sch.get_sblock(name))
+    if g.writes_output:
+        return _write_output_from_registers(sch.mod, g, final)
+    # Crop (+ epilogue): a parallel pass over the NCHW output.
     out_loops = sch.get_loops(sch.get_sblock(final))
     if threads > 1 and len(out_loops) >= 2:
         sch.parallel(sch.fuse(*out_loops[:2]))
     if int(sch.get(out_loops[-1]).extent) <= 64:
         sch.vectorize(out_loops[-1])
     return sch.mod
+
+
+def _rebuild_stmt(stmt: Any, visit: Any) -> Any:
+    """``stmt`` with every block realize ``r`` replaced by ``visit(r)`` (None: keep and
+    descend). Covers the statements an SConv schedule produces (TVM 0.27 gives Python no
+    statement mutator)."""
+    if isinstance(stmt, tirx.For):
+        body = _rebuild_stmt(stmt.body, visit)
+        return stmt if body.same_as(stmt.body) else tirx.For(
+            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations, stmt.step)
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [_rebuild_stmt(x, visit) for x in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+    if isinstance(stmt, tvm.s_tir.SBlockRealize):
+        new = visit(stmt)
+        if new is not None:
+            return new
+        blk = stmt.block
+        body = _rebuild_stmt(blk.body, visit)
+        if body.same_as(blk.body):
+            return stmt
+        block = tvm.s_tir.SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint, body, blk.init,
+                                 blk.alloc_buffers, blk.match_buffers, blk.annotations)
+        return tvm.s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
+    if isinstance(stmt, (tirx.BufferStore, tirx.Evaluate)):
+        return stmt
+    raise TypeError(f"unexpected statement {type(stmt).__name__} in an SConv schedule")
+
+
+def _write_output_from_registers(mod: tvm.IRModule, g: SConvGeometry, final: str) -> tvm.IRModule:
+    """Fuse the crop (and epilogue) pass into the micro-kernel's write-back.
+
+    The block ``final`` computes ``out[n, k, oh, ow] = E(acc[n, k, window_of(p)], ...)``
+    in a pass of its own. Here its expression ``E`` moves into the ``sconv_acc`` block
+    (``acc[n, k, q] = registers``), which then stores ``E(registers)`` at output position
+    ``p = tile_start(q // N_win) + q % N_win``; the pass and the accumulator buffer go.
+    """
+    func = mod["main"]
+    root = func.body.block
+    nests = list(root.body.seq)
+    found = {r.block.name_hint: r.block for nest in nests for r in _realizes(nest)}
+    fin, acc = found[final], found["sconv_acc"]
+    store, acc_store = fin.body, acc.body
+    acc_buf = acc_store.buffer
+    an, ak, aq = (iv.var for iv in acc.iter_vars)
+    sh, nw = g.shape, g.n_win
+    p = g.tile_start(tirx.floordiv(aq, nw)) + tirx.floormod(aq, nw)
+    fn, fk, fh, fw = (iv.var for iv in fin.iter_vars)
+    vmap = {fn: an, fk: ak, fh: tirx.floordiv(p, sh.out_w), fw: tirx.floormod(p, sh.out_w)}
+
+    def load(buf: Any, indices: list) -> Any:
+        return acc_store.value if buf.same_as(acc_buf) else tirx.BufferLoad(buf, indices)
+
+    value = rebuild(store.value, vmap=vmap, load=load)
+    indices = [rebuild(i, vmap=vmap) for i in store.indices]
+    body = tirx.BufferStore(store.buffer, value, indices)
+    if g.kp > sh.k:
+        body = tirx.IfThenElse(ak < sh.k, body, None)  # zero-padded filters are not stored
+
+    def region(r: Any) -> Any:
+        return tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(rebuild(x.min, vmap=vmap),
+                                                                         rebuild(x.extent, vmap=vmap))
+                                            for x in r.region])
+
+    reads = [*acc.reads, *(region(r) for r in fin.reads if not r.source.same_as(acc_buf))]
+    writes = [tirx.BufferRegion(store.buffer, [tvm.ir.Range.from_min_extent(i, 1) for i in indices])]
+    fused = tvm.s_tir.SBlock(acc.iter_vars, reads, writes, acc.name_hint, body, None, acc.alloc_buffers,
+                             acc.match_buffers, acc.annotations)
+
+    def visit(r: Any) -> Any:
+        if r.block.same_as(acc):
+            return tvm.s_tir.SBlockRealize(r.iter_values, r.predicate, fused)
+        return None
+
+    kept = [_rebuild_stmt(nest, visit) for nest in nests
+            if not any(r.block.same_as(fin) for r in _realizes(nest))]
+    new_root = tvm.s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                                tirx.SeqStmt(kept) if len(kept) > 1 else kept[0], root.init,
+                                [b for b in root.alloc_buffers if not b.same_as(acc_buf)], root.match_buffers,
+                                root.annotations)
+    body = tvm.s_tir.SBlockRealize(func.body.iter_values, func.body.predicate, new_root)
+    return tvm.IRModule({"main": func.with_body(body)})
+
+
+def _realizes(stmt: Any) -> list:
+    """Every block realize in ``stmt``, outer first."""
+    found: list = []
+    _rebuild_stmt(stmt, found.append)  # append returns None: keep and descend
+    return found
 
 
 # ------------------------------------------------------------------------ standalone use
@@ -551,20 +662,28 @@ def build_sconv(shape: ConvShape, weight: np.ndarray, *, target: HardwareTarget 
     expected = (shape.k, shape.c, shape.r, shape.s)
     if tuple(weight.shape) != expected:
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected} (OIHW) for {shape}")
+    mod, geometry = lower_sconv(shape, target=target, options=options)
+    opts = dataclasses.replace(options, threads=options.threads or target.num_cores)
+    module = tvm.compile(mod, target=target.to_tvm()).jit()
+    layout = sconv_weight_layout(geometry)
+    packed = tvm.runtime.tensor(np.ascontiguousarray(layout.apply(np.asarray(weight, np.float32))), tvm.cpu())
+    return SConvKernel(geometry, opts, module, packed)
+
+
+def lower_sconv(shape: ConvShape, *, target: HardwareTarget | None = None,
+                options: SConvOptions | None = None) -> tuple[tvm.IRModule, SConvGeometry]:
+    """The scheduled TIR of SConv for ``shape`` (``main(data, packed weight, out)``) and its geometry."""
+    target = target or host()
+    options = options or SConvOptions()
     plan = analyze(shape, target, params=options.params, schedule=options.schedule,
                    micro=_micro(shape, target, options))
     geometry = sconv_geometry(plan)
     data = te.placeholder((shape.n, shape.c, shape.h, shape.w), name="data")
-    w = te.placeholder(expected, name="weight")
+    w = te.placeholder((shape.k, shape.c, shape.r, shape.s), name="weight")
     out = sconv_te(data, w, geometry)
-    layout = sconv_weight_layout(geometry)
-    func = create_prim_func([data, w, out], layouts={w: layout})
-    threads = options.threads or target.num_cores
-    opts = dataclasses.replace(options, threads=threads)
-    mod = schedule_sconv(func, geometry, options=opts, lanes=target.vector_lanes("float32"))
-    module = tvm.compile(mod, target=target.to_tvm()).jit()
-    packed = tvm.runtime.tensor(np.ascontiguousarray(layout.apply(np.asarray(weight, np.float32))), tvm.cpu())
-    return SConvKernel(geometry, opts, module, packed)
+    func = create_prim_func([data, w, out], layouts={w: sconv_weight_layout(geometry)})
+    opts = dataclasses.replace(options, threads=options.threads or target.num_cores)
+    return schedule_sconv(func, geometry, options=opts, lanes=target.vector_lanes("float32")), geometry
 
 
 # -------------------------------------------------------------------- the build strategy
@@ -632,14 +751,15 @@ class PackingFunctions:
     """Compiled packing-only functions of one SConv kernel (see :func:`build_sconv_packing`).
 
     ``phase`` and ``pack`` are modules whose ``main`` takes the NCHW data and an output of
-    ``phase_shape`` / ``pack_shape``.
+    ``phase_shape`` / ``pack_shape``; ``phase`` is None where there is no phase image
+    (pointwise convolutions packed from the input).
     """
 
-    phase: Any
+    phase: Any | None
     pack: Any
     repacks: int
     geometry: SConvGeometry
-    phase_shape: tuple[int, ...]
+    phase_shape: tuple[int, ...] | None
     pack_shape: tuple[int, ...]
 
 
@@ -664,6 +784,9 @@ def build_sconv_packing(shape: ConvShape, *, target: HardwareTarget | None = Non
     first, packed = sconv_pack_te(data, g)
     modules = []
     for out in (first, packed):
+        if out is None:
+            modules.append(None)
+            continue
         sch = tvm.s_tir.Schedule(te.create_prim_func([data, out]))
         _schedule_phase(sch, g, threads)
         if out is packed:
@@ -674,4 +797,5 @@ def build_sconv_packing(shape: ConvShape, *, target: HardwareTarget | None = Non
         modules.append(tvm.compile(sch.mod, target=target.to_tvm()).jit())
     fs_set = g.k2 if plan.schedule == "IS" else g.k3
     return PackingFunctions(modules[0], modules[1], g.fs_tiles // fs_set, g,
-                            tuple(int(x) for x in first.shape), tuple(int(x) for x in packed.shape))
+                            None if first is None else tuple(int(x) for x in first.shape),
+                            tuple(int(x) for x in packed.shape))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from alt_tvm.strategies.sconv import SConvOptions, build_sconv, sconv_geometry
+from alt_tvm.strategies.sconv import SConvOptions, build_sconv, lower_sconv, sconv_geometry
 from alt_tvm.strategies.sconv_csa import (
     PAPER_AVX512,
     ConvShape,
@@ -174,6 +174,29 @@ def test_sconv_asymmetric_padding_and_several_channel_sets():
     np.testing.assert_allclose(kernel(x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("n,c,h,w,k,alpha", [
+    (1, 16, 9, 11, 24, 0.9),  # 99 positions: the last tile overlaps its predecessor
+    (2, 20, 9, 8, 13, 0.9),  # batch 2; 13 filters padded to 16, the 3 padding rows not stored
+    (1, 96, 7, 9, 40, 0.1),  # several channel sets: accumulate, then crop through the overlap
+])
+def test_pointwise_writes_the_output_from_registers(n, c, h, w, k, alpha):
+    shape = ConvShape.symmetric(n=n, c=c, h=h, w=w, k=k, r=1, s=1)
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+    wt = rng.standard_normal((k, c, 1, 1), dtype=np.float32)
+    options = SConvOptions(params=CSAParams(alpha=alpha), threads=2)
+    kernel = build_sconv(shape, wt, options=options)
+    g = kernel.geometry
+    assert g.direct and g.tiles * g.n_win > h * w and (g.kp > k) == (k == 13)
+    assert g.writes_output == (g.plan.channel_sets == 1) and (alpha == 0.9) == g.writes_output
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt)).numpy()
+    np.testing.assert_allclose(kernel(x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    # With one channel set, no accumulator buffer and no crop pass remain.
+    script = lower_sconv(shape, options=options)[0].script()
+    assert ("sconv_acc = T.sblock_alloc_buffer" in script) != g.writes_output
+    assert ('T.sblock("sconv_out")' in script) != g.writes_output
+
+
 def test_vector_based_packing_emits_register_shifts():
     shape = ConvShape.symmetric(n=1, c=8, h=10, w=10, k=24, r=3, s=3, pad=1)
     kernel = build_sconv(shape, np.ones((24, 8, 3, 3), np.float32), options=SConvOptions(vbp=True))
@@ -207,13 +230,15 @@ class SmallCNN(torch.nn.Module):
         super().__init__()
         self.a = torch.nn.Conv2d(3, 16, 3, padding=1)
         self.b = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.c = torch.nn.Conv2d(32, 24, 1)
+        self.c = torch.nn.Conv2d(32, 32, 1)
+        self.d = torch.nn.Conv2d(32, 24, 1)
         self.fc = torch.nn.Linear(24, 10)
 
     def forward(self, x):
         y = torch.relu(self.a(x))
         y = torch.relu(self.b(y))
-        y = self.c(y) + 1.0
+        y = torch.relu(self.c(y) + y)  # pointwise: bias, residual and ReLU written from registers
+        y = self.d(y) + 1.0
         return self.fc(y.mean(dim=(2, 3)))
 
 
@@ -231,7 +256,7 @@ def test_sconv_strategy_builds_a_cnn_that_matches_pytorch():
     alt_pass = AltLayoutPass(strategies=["sconv"])
     mod = alt_pass(prepare(mod))
     strategies = [p[0] for p in alt_pass.report.partitions]
-    assert strategies == ["sconv", "sconv", "sconv"], alt_pass.report.partitions
+    assert strategies == ["sconv"] * 4, alt_pass.report.partitions
     vm = relax.VirtualMachine(tvm.compile(mod, target=host().to_tvm()), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
     with torch.no_grad():

@@ -2,7 +2,8 @@
 
 TVM 0.27 exposes no expression mutator to Python, so this walks the node types TE
 bodies use and rebuilds only what changed. Tensor reads in TE are ``Call`` nodes of
-the ``te.tensor_load`` op with arguments ``(tensor, *indices)``.
+the ``te.tensor_load`` op with arguments ``(tensor, *indices)``; in TIR they are
+``TensorLoad`` nodes of a buffer, which :func:`rebuild` handles the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 from tvm.ir import prim
-from tvm.ir.expr import Call, Var
+from tvm.ir.expr import Call, TensorLoad, Var
 
 _BINARY = tuple(
     getattr(prim.expr, name)
@@ -32,8 +33,8 @@ def is_tensor_load(node: Any) -> bool:
 def rebuild(expr: Any, *, vmap: Mapping[Var, Any] | None = None, load: LoadFn | None = None) -> Any:
     """Return ``expr`` with variables substituted by ``vmap`` and tensor reads passed to ``load``.
 
-    ``load(tensor, indices)`` receives the read's tensor and its already rebuilt indices
-    and returns the replacement expression.
+    ``load(tensor, indices)`` receives the read's tensor (a TIR buffer for a TIR load)
+    and its already rebuilt indices and returns the replacement expression.
     """
     vmap = vmap or {}
 
@@ -51,6 +52,11 @@ def rebuild(expr: Any, *, vmap: Mapping[Var, Any] | None = None, load: LoadFn | 
             if load is not None:
                 return load(tensor, indices)
             return tensor(*indices)
+        if isinstance(node, TensorLoad):
+            indices = [visit(i) for i in node.indices]
+            if load is not None:
+                return load(node.source, indices)
+            return tirx.BufferLoad(node.source, indices)
         if isinstance(node, Call):
             args = [visit(a) for a in node.args]
             if all(x.same_as(y) for x, y in zip(args, node.args)):
