@@ -99,6 +99,17 @@ def test_csa_dram_reloads_when_filters_do_not_fit_l2():
     assert cost.n_l2 == 2 * 7 * 6 * 1280 / 64
 
 
+def test_csa_reduces_pointwise_convolutions_in_one_channel_set():
+    shape = ConvShape.symmetric(n=1, c=1024, h=14, w=14, k=256, r=1, s=1)
+    assert analyze(shape, host()).channel_sets == 1
+    paper = analyze(shape, host(), params=CSAParams(pointwise_one_set=False))
+    # eq. (2) alone: input tile + filter tile + output tile within alpha * L1
+    assert paper.channel_sets > 1 and (paper.in_tile_bytes + paper.fs_tile_bytes + paper.out_tile_bytes
+                                       <= 0.9 * host().l1d_bytes)
+    strided = ConvShape.symmetric(n=1, c=1024, h=14, w=14, k=256, r=1, s=1, stride=2)
+    assert analyze(strided, host()).channel_sets > 1  # not pointwise in the paper's sense
+
+
 def test_csa_edges_absent_l3_and_parameters():
     shape = ConvShape.symmetric(n=1, c=3, h=17, w=19, k=50, r=7, s=7, stride=2, pad=3)
     plan = analyze(shape, host(), micro=PAPER_AVX512)
@@ -174,21 +185,22 @@ def test_sconv_asymmetric_padding_and_several_channel_sets():
     np.testing.assert_allclose(kernel(x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
-@pytest.mark.parametrize("n,c,h,w,k,alpha", [
-    (1, 16, 9, 11, 24, 0.9),  # 99 positions: the last tile overlaps its predecessor
-    (2, 20, 9, 8, 13, 0.9),  # batch 2; 13 filters padded to 16, the 3 padding rows not stored
-    (1, 96, 7, 9, 40, 0.1),  # several channel sets: accumulate, then crop through the overlap
+@pytest.mark.parametrize("n,c,h,w,k,one_set", [
+    (1, 16, 9, 11, 24, True),  # 99 positions: the last tile overlaps its predecessor
+    (2, 20, 9, 8, 13, True),  # batch 2; 13 filters padded to 16, the 3 padding rows not stored
+    (1, 96, 7, 9, 40, False),  # several channel sets: accumulate, then crop through the overlap
 ])
-def test_pointwise_writes_the_output_from_registers(n, c, h, w, k, alpha):
+def test_pointwise_writes_the_output_from_registers(n, c, h, w, k, one_set):
     shape = ConvShape.symmetric(n=n, c=c, h=h, w=w, k=k, r=1, s=1)
     rng = np.random.default_rng(c)
     x = rng.standard_normal((n, c, h, w), dtype=np.float32)
     wt = rng.standard_normal((k, c, 1, 1), dtype=np.float32)
-    options = SConvOptions(params=CSAParams(alpha=alpha), threads=2)
+    params = CSAParams() if one_set else CSAParams(alpha=0.1, pointwise_one_set=False)
+    options = SConvOptions(params=params, threads=2)
     kernel = build_sconv(shape, wt, options=options)
     g = kernel.geometry
     assert g.direct and g.tiles * g.n_win > h * w and (g.kp > k) == (k == 13)
-    assert g.writes_output == (g.plan.channel_sets == 1) and (alpha == 0.9) == g.writes_output
+    assert g.writes_output == (g.plan.channel_sets == 1) == one_set
     ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt)).numpy()
     np.testing.assert_allclose(kernel(x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     # With one channel set, no accumulator buffer and no crop pass remain.
