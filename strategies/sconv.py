@@ -56,7 +56,7 @@ from alt_tvm.layout import Layout, create_prim_func
 from alt_tvm.layout.expr import rebuild
 from alt_tvm.target import HardwareTarget, host
 
-from .sconv_csa import ConvShape, CSAParams, MicroKernel, TilingPlan, analyze, fit_filters, micro_kernel_for
+from .sconv_csa import ConvShape, CSAParams, MicroKernel, TilingPlan, analyze, fit_filters, micro_kernel_for_conv
 
 __all__ = [
     "PackingFunctions",
@@ -617,8 +617,9 @@ def _realizes(stmt: Any) -> list:
 
 # ------------------------------------------------------------------------ standalone use
 def _micro(shape: ConvShape, target: HardwareTarget, options: SConvOptions) -> MicroKernel:
-    micro = options.micro or micro_kernel_for(target, dtype_bytes=options.params.dtype_bytes)
-    return fit_filters(micro, shape.k) if options.fit_filters else micro
+    if options.micro is None:
+        return micro_kernel_for_conv(shape, target, dtype_bytes=options.params.dtype_bytes, fit=options.fit_filters)
+    return fit_filters(options.micro, shape.k) if options.fit_filters else options.micro
 
 
 

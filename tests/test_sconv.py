@@ -11,8 +11,10 @@ from alt_tvm.strategies.sconv_csa import (
     CSAParams,
     MicroKernel,
     analyze,
+    conv_cycles,
     fit_filters,
     micro_kernel_for,
+    micro_kernel_for_conv,
     schedule_cost,
 )
 
@@ -97,6 +99,20 @@ def test_csa_dram_reloads_when_filters_do_not_fit_l2():
     assert cost.n_dram2 == 2 * 1 * 1 * 6 * 1280 / 64
     assert cost.n_l3 == 2 * 2 * 8 * 640 / 64  # FS_fit = 6/2 - 1 = 2
     assert cost.n_l2 == 2 * 7 * 6 * 1280 / 64
+
+
+def test_small_images_take_a_narrower_micro_kernel_when_it_wastes_less():
+    small = ConvShape.symmetric(n=1, c=48, h=7, w=7, k=128, r=5, s=5, pad=2)  # GoogLeNet inception5b.b3b
+    wide = fit_filters(micro_kernel_for(host()), 128)
+    narrow = micro_kernel_for_conv(small, host())
+    if host().vector_bits >= 512:
+        # 73 windows ((7-1) x 11 + 7): 3 tiles of 32 x 16 filter tiles x 8 cycles per update,
+        # or 5 tiles of 16 x 8 filter tiles of 16 x 8.5 cycles (17 loads over 2 ports).
+        assert (wide.n_win, wide.n_f, narrow.n_win, narrow.n_f) == (32, 8, 16, 16)
+        assert conv_cycles(small, wide, host()) == 3 * 16 * 48 * 25 * 8
+        assert conv_cycles(small, narrow, host()) == 5 * 8 * 48 * 25 * 8.5
+    assert micro_kernel_for_conv(R18_3X3, host()) == fit_filters(micro_kernel_for(host()), 64)
+    assert micro_kernel_for_conv(small, host(), fit=False).n_f >= narrow.n_f
 
 
 def test_csa_reduces_pointwise_convolutions_in_one_channel_set():
