@@ -112,6 +112,11 @@ def test_small_images_take_a_narrower_micro_kernel_when_it_wastes_less():
         assert conv_cycles(small, wide, host()) == 3 * 16 * 48 * 25 * 8
         assert conv_cycles(small, narrow, host()) == 5 * 8 * 48 * 25 * 8.5
     assert micro_kernel_for_conv(R18_3X3, host()) == fit_filters(micro_kernel_for(host()), 64)
+    if host().vector_bits >= 512:
+        # 13x13 pointwise, 48 filters: 6 tiles of 32 x 4 x 12 cycles vs 11 of 16 x 2 x 12.5 (4.5% less)
+        squeeze = ConvShape.symmetric(n=1, c=256, h=13, w=13, k=48, r=1, s=1)
+        assert micro_kernel_for_conv(squeeze, host()).n_win == 16
+        assert micro_kernel_for_conv(squeeze, host(), margin=0.05).n_win == 32
     assert micro_kernel_for_conv(small, host(), fit=False).n_f >= narrow.n_f
 
 
