@@ -122,7 +122,7 @@ def test_small_images_take_a_narrower_micro_kernel_when_it_wastes_less():
 
 def test_csa_reduces_pointwise_convolutions_in_one_channel_set():
     shape = ConvShape.symmetric(n=1, c=1024, h=14, w=14, k=256, r=1, s=1)
-    assert analyze(shape, host()).channel_sets == 1
+    assert analyze(shape, host()).channel_sets == 1 and analyze(shape, host()).schedule == "IS"
     paper = analyze(shape, host(), params=CSAParams(pointwise_one_set=False))
     # eq. (2) alone: input tile + filter tile + output tile within alpha * L1
     assert paper.channel_sets > 1 and (paper.in_tile_bytes + paper.fs_tile_bytes + paper.out_tile_bytes
