@@ -272,7 +272,8 @@ def sconv_pack_te(data: te.Tensor, geometry: SConvGeometry) -> tuple[te.Tensor |
         inside = tirx.all(c < c_in, row >= 0, row < sh.h, col >= 0, col < sh.w)
         return tirx.if_then_else(inside, data[n, c, row, col], tirx.const(0, data.dtype))
 
-    x = te.compute((sh.n, g.cp, sth, stw, g.span), phase, name="sconv_phase")
+    # Only phases a filter tap lands on: a 1x1 stride-2 convolution reads one of four.
+    x = te.compute((sh.n, g.cp, min(sth, sh.r), min(stw, sh.s), g.span), phase, name="sconv_phase")
 
     def pack(n, t, c, r, s, v):
         return x[n, c, r % sth, s % stw, t * nw + v + (r // sth) * wq + s // stw]

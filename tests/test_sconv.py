@@ -230,6 +230,16 @@ def test_pointwise_writes_the_output_from_registers(n, c, h, w, k, one_set):
     assert ('T.sblock("sconv_out")' in script) != g.writes_output
 
 
+def test_phase_image_holds_only_the_phases_filter_taps_read():
+    from alt_tvm.strategies.sconv import build_sconv_packing
+
+    down = ConvShape.symmetric(n=1, c=8, h=14, w=14, k=16, r=1, s=1, stride=2)  # ResNet downsample
+    assert build_sconv_packing(down).phase_shape[2:4] == (1, 1)
+    first = ConvShape.symmetric(n=1, c=3, h=20, w=20, k=8, r=7, s=7, stride=2, pad=3)
+    assert build_sconv_packing(first).phase_shape[2:4] == (2, 2)
+    assert build_sconv_packing(ConvShape.symmetric(n=1, c=8, h=9, w=9, k=8, r=1, s=1)).phase is None
+
+
 def test_vector_based_packing_emits_register_shifts():
     shape = ConvShape.symmetric(n=1, c=8, h=10, w=10, k=24, r=3, s=3, pad=1)
     kernel = build_sconv(shape, np.ones((24, 8, 3, 3), np.float32), options=SConvOptions(vbp=True))
