@@ -210,13 +210,15 @@ def measure(conv: Conv, *, threads: int, repeat: int) -> dict:
     result["compile_s"] = (time.perf_counter() - compile_start) / 2
     ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt), stride=(conv.stride_h, conv.stride_w),
                                      padding=(conv.pad_h, conv.pad_w)).numpy()
+    # Each TVM function is looked up once: `module["main"]` costs 10-20 us per lookup in TVM
+    # 0.27's FFI, a third of a small convolution's time; a compiled model resolves it once too.
     fns = {}
     for vbp, kernel in kernels.items():
-        kernel.module["main"](tx, kernel.packed_weight, ty)
+        kernel.main(tx, kernel.packed_weight, ty)
         err = float(np.abs(ty.numpy() - ref).max() / max(1e-6, np.abs(ref).max()))
         if err > 1e-4:
             raise RuntimeError(f"SConv (vbp={vbp}) differs from PyTorch on {conv}: relative error {err:.2e}")
-        fns["sconv" if vbp else "sconv_novbp"] = lambda k=kernel: k.module["main"](tx, k.packed_weight, ty)
+        fns["sconv" if vbp else "sconv_novbp"] = lambda f=kernel.main, w=kernel.packed_weight: f(tx, w, ty)
     plan = kernels[True].plan
     result["plan"] = plan.summary()
 
@@ -229,8 +231,8 @@ def measure(conv: Conv, *, threads: int, repeat: int) -> dict:
         suffix = "" if vbp else "_novbp"
         if funcs.phase is not None:  # (pointwise: tiles are packed from the input, no phase image)
             tp = tvm.runtime.tensor(np.empty(funcs.phase_shape, np.float32), dev)
-            fns["phase" + suffix] = lambda f=funcs.phase, o=tp: f["main"](tx, o)
-        fns["pack" + suffix] = lambda f=funcs.pack, o=tk: f["main"](tx, o)
+            fns["phase" + suffix] = lambda f=funcs.phase["main"], o=tp: f(tx, o)
+        fns["pack" + suffix] = lambda f=funcs.pack["main"], o=tk: f(tx, o)
 
     # Base: im2col (Caffe-style, padding included) + one OpenBLAS sgemm per image.
     xp = np.zeros((conv.c, conv.h + 2 * conv.pad_h, conv.w + 2 * conv.pad_w), np.float32)
