@@ -566,6 +566,9 @@ def _write_output_from_registers(mod: tvm.IRModule, g: SConvGeometry, final: str
     root = func.body.block
     nests = list(root.body.seq)
     found = {r.block.name_hint: r.block for nest in nests for r in _realizes(nest)}
+    missing = [name for name in (final, "sconv_acc") if name not in found]
+    if missing:
+        raise RuntimeError(f"SConv write-back: scheduled blocks {missing} not found (have {sorted(found)})")
     fin, acc = found[final], found["sconv_acc"]
     store, acc_store = fin.body, acc.body
     acc_buf = acc_store.buffer
