@@ -215,10 +215,8 @@ def sconv_geometry(plan: TilingPlan) -> SConvGeometry:
     """Extents of the kernel for ``plan`` (see :class:`SConvGeometry`)."""
     sh = plan.shape
     hp = sh.h + sh.pad_top + sh.pad_bottom
-    wp = sh.w + sh.pad_left + sh.pad_right
-    wq = _ceil_div(wp, sh.stride_w)
-    windows = (sh.out_h - 1) * wq + sh.out_w  # positions q = oh*wq + ow up to the last valid one
-    tiles = _ceil_div(windows, plan.n_win)
+    wq = sh.phase_row
+    tiles = _ceil_div(sh.phase_windows, plan.n_win)
     fs_tiles = plan.fs_tiles
     # IS: K2 counts filter tiles, K3 input tiles; WS the other way round.
     in_set, fs_set = (plan.k3, plan.k2) if plan.schedule == "IS" else (plan.k2, plan.k3)

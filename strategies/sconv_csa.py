@@ -98,6 +98,17 @@ class ConvShape:
         return 2 * self.n * self.k * self.out_h * self.out_w * self.c * self.r * self.s
 
     @property
+    def phase_row(self) -> int:
+        """``Wq``: row length of a phase of the padded input (see ``sconv_geometry``)."""
+        return -(-(self.w + self.pad_left + self.pad_right) // self.stride_w)
+
+    @property
+    def phase_windows(self) -> int:
+        """Windows computed over the flat phase image: ``q = oh * Wq + ow`` up to the last
+        valid output (the ``Wq - OUT_w`` extra columns of each row included)."""
+        return (self.out_h - 1) * self.phase_row + self.out_w
+
+    @property
     def pointwise(self) -> bool:
         """1x1, unit stride, no padding: a plain GEMM (the paper's §7.5 case)."""
         return (self.r, self.s, self.stride_h, self.stride_w) == (1, 1, 1, 1) and \
@@ -283,16 +294,20 @@ def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulato
     budget = int(regs * accumulator_share)
     best = None
     for vecs in range(1, budget + 1):
-        # Accumulators within the budget, and room left for the window vectors + 1 spare.
-        n_f = min(budget // vecs, (regs - vecs - 1) // vecs)
-        if n_f < 1:
+        micro = _largest_kernel(vecs, lanes, regs, budget)
+        if micro is None:
             continue
-        cycles = _update_cycles(MicroKernel(vecs * lanes, n_f, lanes, vecs, regs), target, fma_ports, load_ports)
-        key = (-(vecs * n_f), cycles, vecs)
+        key = (-(vecs * micro.n_f), _update_cycles(micro, target, fma_ports, load_ports), vecs)
         if best is None or key < best[0]:
-            best = (key, vecs, n_f)
-    _, vecs, n_f = best
-    return MicroKernel(n_win=vecs * lanes, n_f=n_f, lanes=lanes, window_vectors=vecs, registers=regs)
+            best = (key, micro)
+    return best[1]
+
+
+def _largest_kernel(vecs: int, lanes: int, registers: int, budget: int) -> MicroKernel | None:
+    """The micro-kernel of ``vecs`` window vectors with the most filters whose accumulators fit
+    ``budget`` registers, leaving room for the window vectors and one spare (None: none fits)."""
+    n_f = min(budget // vecs, (registers - vecs - 1) // vecs)
+    return MicroKernel(vecs * lanes, n_f, lanes, vecs, registers) if n_f >= 1 else None
 
 
 def _update_cycles(micro: MicroKernel, target: HardwareTarget, fma_ports: int, load_ports: int) -> float:
@@ -309,14 +324,12 @@ def conv_cycles(shape: ConvShape, micro: MicroKernel, target: HardwareTarget, *,
     updates each, where ``windows`` counts the positions the flat phase image computes
     (``(OUT_h - 1) x Wq + OUT_w``).
     """
-    wq = -(-(shape.w + shape.pad_left + shape.pad_right) // shape.stride_w)
-    windows = shape.out_h * shape.out_w if shape.pointwise else (shape.out_h - 1) * wq + shape.out_w
-    calls = _sets(windows, micro.n_win) * _sets(shape.k, micro.n_f)
+    calls = _sets(shape.phase_windows, micro.n_win) * _sets(shape.k, micro.n_f)
     return calls * shape.c * shape.r * shape.s * _update_cycles(micro, target, fma_ports, load_ports)
 
 
 def micro_kernel_for_conv(shape: ConvShape, target: HardwareTarget, *, dtype_bytes: int = 4,
-                          fit: bool = True, margin: float = 0.02) -> MicroKernel:
+                          accumulator_share: float = 0.75, fit: bool = True, margin: float = 0.02) -> MicroKernel:
     """The micro-kernel for one convolution: :func:`micro_kernel_for`, unless a narrower one
     wastes enough less work on edge tiles.
 
@@ -329,13 +342,14 @@ def micro_kernel_for_conv(shape: ConvShape, target: HardwareTarget, *, dtype_byt
     AVX-512 host every 1x1 layer modelled >= 2.5% cheaper with 16 windows measured faster,
     and those modelled 1.4% cheaper or less went either way (docs/sconv.md), hence 2%.
     """
-    base = micro_kernel_for(target, dtype_bytes=dtype_bytes)
+    base = micro_kernel_for(target, dtype_bytes=dtype_bytes, accumulator_share=accumulator_share)
     best = fit_filters(base, shape.k) if fit else base
     best_cycles = conv_cycles(shape, best, target)
+    budget = int(base.registers * accumulator_share)
     for vecs in range(1, base.window_vectors):
-        n_f = min(int(base.registers * 0.75) // vecs, (base.registers - vecs - 1) // vecs)
-        cand = MicroKernel(n_win=vecs * base.lanes, n_f=n_f, lanes=base.lanes, window_vectors=vecs,
-                           registers=base.registers)
+        cand = _largest_kernel(vecs, base.lanes, base.registers, budget)
+        if cand is None:
+            continue
         cand = fit_filters(cand, shape.k) if fit else cand
         cycles = conv_cycles(shape, cand, target)
         if cycles < (1.0 - margin) * best_cycles:
@@ -443,7 +457,8 @@ def analyze(shape: ConvShape, target: HardwareTarget, *, params: CSAParams | Non
 
     out_bytes = n_win * n_f * dt
     l1 = target.l1d_bytes * params.alpha
-    if params.pointwise_one_set and shape.pointwise:
+    one_set = params.pointwise_one_set and shape.pointwise
+    if one_set:
         n_c = shape.c
     else:
         n_c = _halve(shape.c, lambda nc: in_bytes(nc) + fs_bytes(nc) + out_bytes <= l1)  # (2)
@@ -470,7 +485,6 @@ def analyze(shape: ConvShape, target: HardwareTarget, *, params: CSAParams | Non
     # Ties go to IS: its packing happens one tile at a time, right before use. A pointwise
     # convolution in one set packs each tile once whichever the order, and WS's K2 tiles
     # packed ahead (C x N_win each) leave L1: IS measured 0-7% faster on all 8 layers tried.
-    one_set = params.pointwise_one_set and shape.pointwise
     chosen = schedule or ("IS" if one_set or costs[0].total <= costs[1].total else "WS")
     pick = costs[0] if chosen == "IS" else costs[1]
     windows = shape.out_h * shape.out_w
