@@ -341,7 +341,14 @@ def micro_kernel_for_conv(shape: ConvShape, target: HardwareTarget, *, dtype_byt
     13x13 pointwise maps (169 windows: 192 or 176 computed) 1.02-1.10x. On this repository's
     AVX-512 host every 1x1 layer modelled >= 2.5% cheaper with 16 windows measured faster,
     and those modelled 1.4% cheaper or less went either way (docs/sconv.md), hence 2%.
+
+    Raises
+    ------
+    ValueError
+        If ``margin`` is not in [0, 1), or as :func:`micro_kernel_for`.
     """
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be in [0, 1), got {margin!r}")
     base = micro_kernel_for(target, dtype_bytes=dtype_bytes, accumulator_share=accumulator_share)
     best = fit_filters(base, shape.k) if fit else base
     best_cycles = conv_cycles(shape, best, target)

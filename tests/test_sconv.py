@@ -118,6 +118,8 @@ def test_small_images_take_a_narrower_micro_kernel_when_it_wastes_less():
         assert micro_kernel_for_conv(squeeze, host()).n_win == 16
         assert micro_kernel_for_conv(squeeze, host(), margin=0.05).n_win == 32
     assert micro_kernel_for_conv(small, host(), fit=False).n_f >= narrow.n_f
+    with pytest.raises(ValueError, match="margin"):
+        micro_kernel_for_conv(small, host(), margin=1.5)
 
 
 def test_csa_reduces_pointwise_convolutions_in_one_channel_set():
