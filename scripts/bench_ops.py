@@ -247,7 +247,8 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
     import tvm
-    from alt_tvm.tuning.driver import best_params, tune
+    from alt_tvm.records import best_params
+    from alt_tvm.tuning.driver import tune
     from alt_tvm.tuning.task import extract_tasks, measure_in_process
 
     from alt_tvm.graph.build import build

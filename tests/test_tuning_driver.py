@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from alt_tvm.tuning.driver import best_params, split_budget, tune
-from alt_tvm.tuning.records import load_records
+from alt_tvm.records import best_params
+from alt_tvm.tuning.driver import split_budget, tune
+from alt_tvm.records import load_records
 
 import alt_tvm
 

@@ -24,7 +24,7 @@ from alt_tvm.tuning.measure import (
     argument_specs,
     measure,
 )
-from alt_tvm.tuning.records import RecordWriter, load_best, load_records
+from alt_tvm.records import RecordWriter, load_best, load_records
 from tvm import te, tirx
 
 from alt_tvm.target import board, host

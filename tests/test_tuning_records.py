@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from alt_tvm.tuning.records import (
+from alt_tvm.records import (
     SCHEMA_VERSION,
     RecordWarning,
     RecordWriter,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from alt_tvm.tuning.records import RecordWriter, TuningRecord
+from alt_tvm.records import RecordWriter, TuningRecord
 from alt_tvm.tuning.space import ConvSpace
 from alt_tvm.tuning.task import extract_tasks
 
@@ -92,7 +92,7 @@ def test_two_level_tuning_space_is_selectable():
 
 
 def _target_key():
-    from alt_tvm.tuning.records import target_key
+    from alt_tvm.records import target_key
 
     from alt_tvm.target import host
 

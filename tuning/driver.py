@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from alt_tvm.records import RecordWriter, TuningRecord, iter_records, target_key
+from alt_tvm.records import candidate_key as params_key
 from alt_tvm.target import HardwareTarget, host
 
-from .records import RecordWriter, TuningRecord, iter_records, target_key
-from .records import candidate_key as params_key
 from .task import Task, extract_tasks, measure_in_process
 from .tuner import Trial, TuneConfig, Tuner, TuneResult, candidate_key
 
@@ -42,38 +42,6 @@ def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
     shares = [max(2, int(trials * w / total)) for w in weights]
     shares[0] += trials - sum(shares)  # rounding goes to the first task (usually the largest map)
     return shares
-
-
-def best_params(log: str | os.PathLike[str], *, target: HardwareTarget | None = None) -> dict[str, dict[str, Any]]:
-    """Best tuned parameters per workload key in ``log`` (records measured on ``target`` only).
-
-    Where a workload has re-validated candidates (see ``revalidate`` in :func:`tune`), the
-    best is the re-validated candidate with the lowest median over all its measurements,
-    so one lucky measurement of another candidate cannot win; otherwise the lowest
-    single measurement.
-    """
-    wanted = target_key((target or host()).to_tvm())
-    samples: dict[tuple[str, str], list[float]] = {}
-    params: dict[tuple[str, str], dict[str, Any]] = {}
-    revalidated: set[tuple[str, str]] = set()
-    best: dict[str, TuningRecord] = {}
-    for record in iter_records(log):
-        if not record.ok or record.target != wanted or "params" not in record.candidate:
-            continue
-        key = (record.workload_key, params_key(record.candidate["params"]))
-        samples.setdefault(key, []).extend(record.latencies_ms)
-        params[key] = record.candidate["params"]
-        if record.candidate.get("revalidation"):
-            revalidated.add(key)
-        current = best.get(record.workload_key)
-        if current is None or record.median_ms < current.median_ms:
-            best[record.workload_key] = record
-    chosen = {workload: record.candidate["params"] for workload, record in best.items()}
-    for workload in {w for w, _ in revalidated}:
-        finalists = [key for key in revalidated if key[0] == workload]
-        winner = min(finalists, key=lambda key: float(np.median(samples[key])))
-        chosen[workload] = params[winner]
-    return chosen
 
 
 def _trial_record(workload_key: str, target_json: str, trial: Trial, latency: float, error: str, *, seed: int,

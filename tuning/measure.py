@@ -7,7 +7,7 @@ description and its scheduled ``tvm.IRModule``) to a :class:`Builder`, which ret
 input. Nothing here raises for a bad candidate: a kernel that fails to build, crashes,
 hangs or cannot reach its board gives an :class:`ErrorCode`, so one bad point never stops
 a tuning run. :func:`measure` chains the two, and :meth:`MeasureResult.to_record` turns a
-result into a :class:`~alt_tvm.tuning.records.TuningRecord` for the log.
+result into a :class:`~alt_tvm.records.TuningRecord` for the log.
 
 Implementations:
 
@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 import tvm
-from alt_tvm.tuning.records import TuningRecord, candidate_key, target_key
+from alt_tvm.records import TuningRecord, candidate_key, target_key
 from tvm.support.popen_pool import PopenWorker, kill_child_processes
 
 from alt_tvm.target import HardwareTarget, board
@@ -290,7 +290,7 @@ class MeasureResult:
     def to_record(
         self, measure_input: MeasureInput, *, target: Any, trial: int, seed: int | None = None
     ) -> TuningRecord:
-        """The log line for this result (see :class:`~alt_tvm.tuning.records.TuningRecord`).
+        """The log line for this result (see :class:`~alt_tvm.records.TuningRecord`).
 
         ``target`` is a Target, a target dict, a HardwareTarget or its JSON string.
         """

@@ -537,7 +537,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     machine = target or host()
     params = None
     if records is not None:
-        from alt_tvm.tuning.driver import best_params
+        from alt_tvm.records import best_params
 
         if not os.path.exists(records):
             raise FileNotFoundError(f"tuning log {records!r} does not exist (write one with alt_tvm.tune)")

@@ -3,7 +3,7 @@
 A log is a text file with one JSON object per line (schema below). :class:`RecordWriter`
 appends a record as soon as its measurement finishes and forces it to disk, so a tuner
 that crashes or is killed loses no finished record; at worst the line being written is
-cut short. Readers (:func:`load_records`, :func:`load_best`, :func:`finished_candidates`)
+cut short. Readers (:func:`load_records`, :func:`load_best`, :func:`best_params`, :func:`finished_candidates`)
 skip such a line, and any other corrupt line or record of an unknown schema version, with
 a :class:`RecordWarning` that names the file and the line number.
 
@@ -32,8 +32,8 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ __all__ = [
     "RecordWarning",
     "RecordWriter",
     "TuningRecord",
+    "best_params",
     "candidate_key",
+    "choose_best",
     "finished_candidates",
     "iter_records",
     "load_best",
@@ -481,10 +483,52 @@ def load_records(path: str | os.PathLike[str], *, workload_key: str | None = Non
     return list(iter_records(path, workload_key=workload_key))
 
 
+def _identity(candidate: Mapping[str, Any]) -> str:
+    """What makes two measurements the same candidate: its decoded ``params`` where present
+    (two points decoding to the same strategy parameters build the same kernel), else the
+    whole candidate; the ``revalidation`` mark is not part of it."""
+    if "params" in candidate:
+        return candidate_key(candidate["params"])
+    return candidate_key({k: v for k, v in candidate.items() if k != "revalidation"})
+
+
+def choose_best(records: Iterable[TuningRecord]) -> dict[str, TuningRecord]:
+    """The best successful record of each workload: the one rule that applying and resuming use.
+
+    Where a workload has re-validated candidates (records whose candidate carries
+    ``"revalidation": true``: its fastest candidates measured again, interleaved), the
+    winner is the re-validated candidate with the lowest median over *all* its
+    measurements, so one lucky draw of another candidate cannot win; the record returned
+    then holds all those measurements. Otherwise the record with the lowest median
+    latency wins; ties go to the earlier record.
+    """
+    samples: dict[tuple[str, str], list[float]] = {}
+    first: dict[tuple[str, str], TuningRecord] = {}
+    revalidated: dict[str, list[tuple[str, str]]] = {}
+    best: dict[str, TuningRecord] = {}
+    for record in records:
+        if not record.ok:
+            continue
+        key = (record.workload_key, _identity(record.candidate))
+        samples.setdefault(key, []).extend(record.latencies_ms)
+        if not record.candidate.get("revalidation"):
+            first.setdefault(key, record)
+        if record.candidate.get("revalidation") and key not in revalidated.get(record.workload_key, []):
+            revalidated.setdefault(record.workload_key, []).append(key)
+        current = best.get(record.workload_key)
+        if current is None or record.median_ms < current.median_ms:
+            best[record.workload_key] = record
+    for workload, finalists in revalidated.items():
+        winner = min(finalists, key=lambda key: statistics.median(samples[key]))
+        template = first.get(winner) or best[workload]
+        best[workload] = replace(template, latencies_ms=tuple(samples[winner]))
+    return best
+
+
 def load_best(
     path: str | os.PathLike[str], *, workload_key: str, target: Any | None = None
 ) -> TuningRecord | None:
-    """The successful record of ``workload_key`` with the lowest median latency.
+    """The best successful record of ``workload_key`` (the rule of :func:`choose_best`).
 
     Parameters
     ----------
@@ -499,8 +543,7 @@ def load_best(
     Returns
     -------
     TuningRecord or None
-        ``None`` if the log has no successful record of the workload. Ties go to the
-        earlier record.
+        ``None`` if the log has no successful record of the workload.
 
     Raises
     ------
@@ -510,13 +553,23 @@ def load_best(
     if not isinstance(workload_key, str):
         raise TypeError(f"workload_key must be a str, got {type(workload_key).__name__}")
     wanted = None if target is None else target_key(target)
-    best: TuningRecord | None = None
-    for record in iter_records(path, workload_key=workload_key):
-        if not record.ok or (wanted is not None and record.target != wanted):
-            continue
-        if best is None or record.median_ms < best.median_ms:
-            best = record
-    return best
+    records = (r for r in iter_records(path, workload_key=workload_key) if wanted is None or r.target == wanted)
+    return choose_best(records).get(workload_key)
+
+
+def best_params(path: str | os.PathLike[str], *, target: Any | None = None) -> dict[str, dict[str, Any]]:
+    """The tuned strategy parameters per workload key in a log, as a build applies them.
+
+    Only records measured on ``target`` (default: this host) that carry decoded
+    ``params`` count; the best of each workload is chosen by :func:`choose_best`.
+    """
+    if target is None:
+        from alt_tvm.target import host
+
+        target = host()
+    wanted = target_key(target)
+    records = (r for r in iter_records(path) if r.target == wanted and "params" in r.candidate)
+    return {workload: record.candidate["params"] for workload, record in choose_best(records).items()}
 
 
 def finished_candidates(path: str | os.PathLike[str], workload_key: str) -> set[str]:
