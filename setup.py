@@ -32,7 +32,12 @@ setup(
         "alt_tvm.graph",
         "alt_tvm.models",
         "alt_tvm.strategies",
+        "alt_tvm.strategies.alt",
+        "alt_tvm.strategies.sconv",
+        "alt_tvm.strategies.tt",
+        "alt_tvm.strategies.vta",
         "alt_tvm.tuning",
+        "alt_tvm.tuning.measure",
         "alt_tvm.vta_mapping",
     ],
     package_dir={

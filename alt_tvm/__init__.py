@@ -11,7 +11,7 @@ def build(model, target=None, **options):
 
 
 def tune(model, **options):
-    """Tune a model's partitions into a log; see :func:`alt_tvm.tuning.driver.tune`."""
-    from alt_tvm.tuning.driver import tune as _tune
+    """Tune a model's partitions into a log; see :func:`alt_tvm.integration.tune`."""
+    from alt_tvm.integration import tune as _tune
 
     return _tune(model, **options)

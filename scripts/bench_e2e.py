@@ -54,7 +54,6 @@ def main(argv=None) -> int:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     import numpy as np
-    from alt_tvm.tuning.driver import tune
 
     from alt_tvm.graph.baselines import (
         TVMRunner,
@@ -66,6 +65,7 @@ def main(argv=None) -> int:
     from alt_tvm.graph.build import build, prepare
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.graph.metaschedule import tune_model
+    from alt_tvm.integration import tune
     from alt_tvm.models import MODEL_NAMES, MODELS, export_onnx, get_model
     from alt_tvm.target import host
 

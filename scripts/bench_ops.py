@@ -247,13 +247,13 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
     import tvm
-    from alt_tvm.records import best_params
-    from alt_tvm.tuning.driver import tune
-    from alt_tvm.tuning.task import extract_tasks, measure_in_process
 
     from alt_tvm.graph.build import build
+    from alt_tvm.integration import extract_tasks, tune
+    from alt_tvm.records import best_params
     from alt_tvm.target import host
     from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.tuning.task import measure_in_process
 
     torch.set_num_threads(args.threads)
     machine = host()

@@ -2,7 +2,7 @@
 
 For each convolution (batch 1 unless a config says otherwise), in one process and run:
 
-* **SConv** — ``alt_tvm.strategies.sconv`` (CSA-chosen tiling, VBP on), and with VBP off;
+* **SConv** — ``alt_tvm.strategies.sconv.kernel`` (CSA-chosen tiling, VBP on), and with VBP off;
 * **Base** — the paper's baseline: explicit im2col in NumPy (into a preallocated padded
   buffer and column matrix) followed by one sgemm through ``numpy.matmul`` (NumPy's
   bundled OpenBLAS; see the printed configuration);
@@ -190,8 +190,9 @@ def measure(conv: Conv, *, threads: int, repeat: int) -> dict:
     import numpy as np
     import torch
     import tvm
-    from alt_tvm.strategies.sconv import SConvOptions, build_sconv, build_sconv_packing
-    from alt_tvm.strategies.sconv_csa import ConvShape
+
+    from alt_tvm.strategies.sconv.csa import ConvShape
+    from alt_tvm.strategies.sconv.kernel import SConvOptions, build_sconv, build_sconv_packing
 
     shape = ConvShape(conv.n, conv.c, conv.h, conv.w, conv.k, conv.r, conv.s, conv.stride_h, conv.stride_w,
                       conv.pad_h, conv.pad_w, conv.pad_h, conv.pad_w)

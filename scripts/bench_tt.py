@@ -70,9 +70,9 @@ def main() -> int:
     import numpy as np
     import torch
     import tvm
-    from alt_tvm.strategies.tt_decompose import tt_svd
-    from alt_tvm.strategies.tt_einsum import TABLE3, EinsumShape, build_chain, build_einsum, plan_einsum
 
+    from alt_tvm.strategies.tt.decompose import tt_svd
+    from alt_tvm.strategies.tt.einsum import TABLE3, EinsumShape, build_chain, build_einsum, plan_einsum
     from alt_tvm.target import host
 
     torch.set_num_threads(args.threads)

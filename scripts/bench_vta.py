@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from alt_tvm.strategies.vta_gemm import DEFAULT_CONSTRAINTS
+
+from alt_tvm.strategies.vta.gemm import DEFAULT_CONSTRAINTS
 from alt_tvm.vta_mapping.csp import enumerate_embeddings
 from alt_tvm.vta_mapping.dfg import GemmShape
 from alt_tvm.vta_mapping.embedding import static_embedding

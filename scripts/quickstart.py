@@ -26,11 +26,11 @@ def main(argv=None) -> int:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     import numpy as np
-    from alt_tvm.tuning.driver import tune
 
     from alt_tvm.graph.baselines import onnxruntime_session, time_callable, torch_runner, tvm_default_build
     from alt_tvm.graph.build import build
     from alt_tvm.graph.frontend import load_model
+    from alt_tvm.integration import tune
     from alt_tvm.models import MODELS, export_onnx, get_model
 
     name = "small_cnn"

@@ -50,16 +50,16 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
     import tvm
-    from alt_tvm.strategies.alt_conv import (
+    from tvm import te
+
+    from alt_tvm.layout import rewrite
+    from alt_tvm.strategies.alt.conv import (
         R18_FIRST_LAYER,
         ConvTiling,
         conv2d_graph,
         conv2d_layouts,
         schedule_conv2d,
     )
-    from tvm import te
-
-    from alt_tvm.layout import rewrite
     from alt_tvm.target import host
     from alt_tvm.timing import measure_peak_gflops, time_compiled
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from alt_tvm.strategies.vta_gemm import DEFAULT_CONSTRAINTS, vta_conv2d
+
+from alt_tvm.strategies.vta.gemm import DEFAULT_CONSTRAINTS, vta_conv2d
 from alt_tvm.vta_mapping.csp import Constraints, enumerate_embeddings
 from alt_tvm.vta_mapping.dfg import GemmShape
 from alt_tvm.vta_mapping.embedding import static_embedding

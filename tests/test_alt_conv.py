@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from alt_tvm.strategies.alt_conv import (
+from conftest import host_target
+from tvm import te
+
+from alt_tvm.layout import rewrite
+from alt_tvm.strategies.alt.conv import (
     R18_FIRST_LAYER,
     Conv2dWorkload,
     ConvTiling,
@@ -12,10 +16,6 @@ from alt_tvm.strategies.alt_conv import (
     conv2d_layouts,
     schedule_conv2d,
 )
-from conftest import host_target
-from tvm import te
-
-from alt_tvm.layout import rewrite
 
 
 def _build_and_check(workload, kind, tiling):
@@ -84,7 +84,7 @@ def test_measured_peak_is_vector_fma_speed():
 
 
 def test_default_tiling_follows_registers_and_l1():
-    from alt_tvm.strategies.alt_conv import default_conv_tiling
+    from alt_tvm.strategies.alt.conv import default_conv_tiling
 
     big = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=48 * 1024)
     assert big.ot == 16 and big.spatial[0] * big.reg <= 24  # accumulators within 3/4 of 32 registers

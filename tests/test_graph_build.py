@@ -7,9 +7,9 @@ import tvm
 from conftest import host_target
 from tvm import relax
 
-from alt_tvm.graph import registry
 from alt_tvm.graph.build import AltLayoutPass, prepare
-from alt_tvm.graph.registry import OpInfo, Strategy
+from alt_tvm.strategies import registry
+from alt_tvm.strategies.base import OpInfo, Strategy
 
 torch.manual_seed(0)
 
@@ -245,9 +245,6 @@ def test_package_level_build_takes_a_torch_module():
 
 
 def test_opt_in_strategies_stay_silent_unless_named():
-    from alt_tvm.graph.build import load_builtin_strategies
-
-    load_builtin_strategies()
     info = OpInfo("relax.matmul", {}, ((1, 16), (16, 4)), ("float32",) * 2, (1, 4), "float32", "llvm",
                   {1: np.zeros((16, 4), np.float32)})
     chosen, reasons = registry.select(info)

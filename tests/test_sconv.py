@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from alt_tvm.strategies.sconv import SConvOptions, build_sconv, lower_sconv, sconv_geometry
-from alt_tvm.strategies.sconv_csa import (
+
+from alt_tvm.strategies.sconv.csa import (
     PAPER_AVX512,
     ConvShape,
     CSAParams,
@@ -17,7 +17,7 @@ from alt_tvm.strategies.sconv_csa import (
     micro_kernel_for_conv,
     schedule_cost,
 )
-
+from alt_tvm.strategies.sconv.kernel import SConvOptions, build_sconv, lower_sconv, sconv_geometry
 from alt_tvm.target import HardwareTarget, board, host
 
 # The paper's x86 machine (Table 1): Xeon Silver 4208, AVX-512, 32 KiB L1d, 1 MiB L2, 4 MiB L3.
@@ -233,7 +233,7 @@ def test_pointwise_writes_the_output_from_registers(n, c, h, w, k, one_set):
 
 
 def test_phase_image_holds_only_the_phases_filter_taps_read():
-    from alt_tvm.strategies.sconv import build_sconv_packing
+    from alt_tvm.strategies.sconv.kernel import build_sconv_packing
 
     down = ConvShape.symmetric(n=1, c=8, h=14, w=14, k=16, r=1, s=1, stride=2)  # ResNet downsample
     assert build_sconv_packing(down).phase_shape[2:4] == (1, 1)
@@ -288,10 +288,10 @@ class SmallCNN(torch.nn.Module):
 
 
 def test_sconv_strategy_builds_a_cnn_that_matches_pytorch():
-    import alt_tvm.strategies.sconv  # noqa: F401 - registers "sconv"
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
+    import alt_tvm.strategies.sconv.kernel  # noqa: F401 - registers "sconv"
     from alt_tvm.graph.build import AltLayoutPass, prepare
 
     torch.manual_seed(0)
@@ -310,9 +310,8 @@ def test_sconv_strategy_builds_a_cnn_that_matches_pytorch():
 
 
 def test_sconv_is_not_chosen_over_alt_by_default():
-    import alt_tvm.strategies.alt_conv  # noqa: F401
-
-    from alt_tvm.graph import registry
+    import alt_tvm.strategies.alt.conv  # noqa: F401
+    from alt_tvm.strategies import registry
 
     conv = [s for s in registry.registered_strategies() if "relax.nn.conv2d" in s.ops]
     by_name = {s.name: s.priority for s in conv}
@@ -324,8 +323,7 @@ def test_resnet18_built_with_sconv_matches_onnx_runtime(tmp_path):
     """ResNet-18 of the whole-model issue (about 25 s to build); run with ``-m slow``."""
     models = pytest.importorskip("alt_tvm.models")
     ort = pytest.importorskip("onnxruntime")
-    import alt_tvm.strategies.sconv  # noqa: F401
-
+    import alt_tvm.strategies.sconv.kernel  # noqa: F401
     from alt_tvm.graph.build import build
 
     model, inputs = models.get_model("resnet18", batch=1)

@@ -11,7 +11,10 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
-from alt_tvm.strategies.tt_dse import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alt_tvm.strategies.tt.dse import (
     STAGES,
     DSEConfig,
     count,
@@ -22,8 +25,6 @@ from alt_tvm.strategies.tt_dse import (
     tt_flops,
     tt_params,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from alt_tvm.strategies.tt_decompose import decompose, reconstruct, tt_forward, tt_svd
-from alt_tvm.strategies.tt_dse import solutions
-from alt_tvm.strategies.tt_einsum import (
+from tvm import te
+
+from alt_tvm.strategies.tt.decompose import decompose, reconstruct, tt_forward, tt_svd
+from alt_tvm.strategies.tt.dse import solutions
+from alt_tvm.strategies.tt.einsum import (
     TABLE3,
     EinsumShape,
     L2Cache,
@@ -30,8 +32,6 @@ from alt_tvm.strategies.tt_einsum import (
     plan_einsum,
     threads_for,
 )
-from tvm import te
-
 from alt_tvm.target import board, host
 
 RNG = np.random.default_rng(1234)

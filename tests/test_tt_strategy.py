@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from alt_tvm.strategies.tt_decompose import decompose, reconstruct
-from alt_tvm.strategies.tt_dse import dense_flops, solutions
-from alt_tvm.strategies.tt_strategy import TTBudgetError, TTLayerRequest, TTOptions, plan_layer
 
 import alt_tvm
+from alt_tvm.strategies.tt.decompose import decompose, reconstruct
+from alt_tvm.strategies.tt.dse import dense_flops, solutions
+from alt_tvm.strategies.tt.strategy import TTBudgetError, TTLayerRequest, TTOptions, plan_layer
 
 N, M, B = 512, 256, 4
 #: The TT shape the test weight is built from: DSE solution #2 of 512x256 (sorted by FLOPs).

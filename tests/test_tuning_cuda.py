@@ -15,21 +15,21 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from alt_tvm.strategies.alt_conv_cuda import (
+from conftest import host_target
+from tvm import te
+
+from alt_tvm.integration import extract_tasks
+from alt_tvm.strategies.alt.conv_cuda import schedule_cuda_gemm
+from alt_tvm.strategies.alt.cuda_space import CudaConvSpace, CudaGemmSpace
+from alt_tvm.strategies.alt.cuda_tiling import (
     CudaConvTiling,
     CudaGemmTiling,
     GpuLimits,
     conv_block_usage,
     gpu_kernel_violations,
-    schedule_cuda_gemm,
 )
-from alt_tvm.tuning.cuda_space import CudaConvSpace, CudaGemmSpace
-from alt_tvm.tuning.space import ConvSpace
-from alt_tvm.tuning.task import extract_tasks
-from conftest import host_target
-from tvm import te
-
-from alt_tvm.graph.lower import PartitionContext, const_value
+from alt_tvm.strategies.alt.space import ConvSpace
+from alt_tvm.strategies.base import PartitionContext, const_value
 from alt_tvm.target import board
 
 V100 = board("v100")
@@ -161,7 +161,7 @@ def test_tuned_points_compile_and_the_shared_estimate_bounds_the_allocation():
 
 def _estimate(space, params):
     if isinstance(space, CudaGemmSpace):
-        from alt_tvm.strategies.alt_conv_cuda import gemm_block_usage
+        from alt_tvm.strategies.alt.cuda_tiling import gemm_block_usage
 
         return gemm_block_usage(CudaGemmTiling.from_json(params)).shared_bytes
     return conv_block_usage(CudaConvTiling.from_json(params), in_channels_per_group=space.in_channels_per_group,

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from alt_tvm.records import best_params
-from alt_tvm.tuning.driver import split_budget, tune
-from alt_tvm.records import load_records
 
 import alt_tvm
+from alt_tvm.integration import tune
+from alt_tvm.records import best_params, load_records
+from alt_tvm.tuning.driver import split_budget
 
 
 class TwoConvs(torch.nn.Module):
@@ -91,9 +91,8 @@ def test_budget_split_and_bad_budget():
 
 
 def test_tuning_through_isolated_workers_writes_real_latencies(tmp_path):
-    from alt_tvm.tuning.remote import isolated_measure
-
     from alt_tvm.target import host
+    from alt_tvm.tuning.remote import isolated_measure
 
     log = tmp_path / "tune.jsonl"
     measure = isolated_measure(target=host(), number=3, repeat=2)
@@ -105,9 +104,8 @@ def test_tuning_through_isolated_workers_writes_real_latencies(tmp_path):
 def test_unreachable_tracker_fails_before_tuning_starts():
     import socket
 
-    from alt_tvm.tuning.remote import rpc_measure
-
     from alt_tvm.target import host
+    from alt_tvm.tuning.remote import rpc_measure
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

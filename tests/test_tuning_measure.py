@@ -11,6 +11,10 @@ import time
 
 import pytest
 import tvm
+from tvm import te, tirx
+
+from alt_tvm.records import RecordWriter, load_best, load_records
+from alt_tvm.target import board, host
 from alt_tvm.tuning.measure import (
     ArgSpec,
     BuildResult,
@@ -24,10 +28,6 @@ from alt_tvm.tuning.measure import (
     argument_specs,
     measure,
 )
-from alt_tvm.records import RecordWriter, load_best, load_records
-from tvm import te, tirx
-
-from alt_tvm.target import board, host
 
 N = 64  # matmul size: builds and runs in a fraction of a second
 

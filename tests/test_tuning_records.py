@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from alt_tvm.records import (
     SCHEMA_VERSION,
     RecordWarning,

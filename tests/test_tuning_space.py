@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from alt_tvm.records import RecordWriter, TuningRecord
-from alt_tvm.tuning.space import ConvSpace
-from alt_tvm.tuning.task import extract_tasks
 
 import alt_tvm
+from alt_tvm.integration import extract_tasks
 from alt_tvm.layout.templates import conv_output_tiled, conv_output_two_level
+from alt_tvm.records import RecordWriter, TuningRecord
+from alt_tvm.strategies.alt.space import ConvSpace
 
 
 class ConvRelu(torch.nn.Module):
@@ -93,14 +93,13 @@ def test_two_level_tuning_space_is_selectable():
 
 def _target_key():
     from alt_tvm.records import target_key
-
     from alt_tvm.target import host
 
     return target_key(host().to_tvm())
 
 
 def test_tiling_records_with_inconsistent_levels_are_refused():
-    from alt_tvm.strategies.alt_conv import DefaultConvTiling
+    from alt_tvm.strategies.alt.conv import DefaultConvTiling
 
     base = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}
     with pytest.raises(ValueError, match=r"outer_spatial \[2\] needs one tile per spatial dim \(2"):

@@ -5,7 +5,9 @@ import math
 
 import pytest
 import torch
-from alt_tvm.tuning.space import ConvSpace, GemmSpace, Knob
+
+from alt_tvm.strategies.alt.space import ConvSpace, GemmSpace
+from alt_tvm.strategies.space import Knob
 from alt_tvm.tuning.tuner import TuneConfig, Tuner, candidate_key
 
 DEFAULT = {"spatial": [2, 8], "ot": 8, "it": 8, "reg": 2, "weight_ot": 8, "weight_it": 8, "rc_split": 8,
@@ -105,7 +107,8 @@ def test_space_decodes_and_rejects_points():
 
 
 def test_real_tuning_on_this_cpu_starts_from_the_untuned_schedule():
-    from alt_tvm.tuning.task import extract_tasks, measure_in_process
+    from alt_tvm.integration import extract_tasks
+    from alt_tvm.tuning.task import measure_in_process
 
     class Conv(torch.nn.Module):
         def __init__(self):

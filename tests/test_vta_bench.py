@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from alt_tvm.strategies.vta_gemm import DEFAULT_CONSTRAINTS, vta_conv2d
+
+from alt_tvm.strategies.vta.gemm import DEFAULT_CONSTRAINTS, vta_conv2d
 from alt_tvm.vta_mapping.csp import enumerate_embeddings
 from alt_tvm.vta_mapping.dfg import GemmShape
 from alt_tvm.vta_mapping.embedding import static_embedding

@@ -1,14 +1,14 @@
 """VTA mapping: representation from TE, the CP-SAT embedding CSP and candidate selection."""
 
 import pytest
+from tvm import te
+
+import alt_tvm.ops as ops
 from alt_tvm.vta_mapping.csp import Constraints, enumerate_embeddings
 from alt_tvm.vta_mapping.dfg import GemmShape, gemm_dfg
 from alt_tvm.vta_mapping.embedding import static_embedding
 from alt_tvm.vta_mapping.polyhedral import batch_matmul_op, conv2d_op, dense_op, from_te
 from alt_tvm.vta_mapping.select import rank
-from tvm import te
-
-import alt_tvm.ops as ops
 
 PAPER = Constraints(swap_operands=False)
 

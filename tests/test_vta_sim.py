@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from alt_tvm.strategies.vta_gemm import applicable, vta_conv2d, vta_dense
+
+from alt_tvm.strategies.vta.gemm import applicable, vta_conv2d, vta_dense
 from alt_tvm.vta_mapping.dfg import GemmShape
 from alt_tvm.vta_mapping.sim import Alu, Gemm, Load, Simulator, Store, VTAConfig
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from alt_tvm.strategies import vta_strategy
 from tvm import relax
 
 import alt_tvm
 from alt_tvm.graph.build import BuildReport
+from alt_tvm.strategies.vta import strategy as vta_strategy
 from alt_tvm.target import board
 
 RNG = np.random.default_rng(7)
@@ -170,7 +170,7 @@ def test_not_applicable_off_vta_or_for_float():
     np.testing.assert_array_equal(model(x)[0], conv_ref(x, w))  # TVM's own legalization
 
     strategy = vta_strategy.VTAGemmStrategy()
-    info = alt_tvm.graph.registry.OpInfo(
+    info = alt_tvm.strategies.base.OpInfo(
         op="relax.nn.conv2d", attrs={}, input_shapes=((1, 3, 6, 6), (4, 3, 3, 3)),
         input_dtypes=("float32", "float32"), output_shape=(1, 4, 4, 4), output_dtype="float32",
         target_kind="llvm", target_name="vta")

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from alt_tvm.vta_mapping.dfg import GemmShape
 from alt_tvm.vta_mapping.embedding import static_embedding
 from alt_tvm.vta_mapping.polyhedral import conv2d_op, dense_op

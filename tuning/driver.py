@@ -1,4 +1,4 @@
-"""Tune a whole model: extract tasks, spread the budget, write records, resume, plot.
+"""Tune a list of tasks: spread the budget, write records, resume, re-validate, plot.
 
 Tasks are tuned in topological order, each with its own seed (``seed + task index``).
 Every measurement is appended to the log as soon as it finishes, so an interrupted run
@@ -18,9 +18,8 @@ import numpy as np
 
 from alt_tvm.records import RecordWriter, TuningRecord, iter_records, target_key
 from alt_tvm.records import candidate_key as params_key
-from alt_tvm.target import HardwareTarget, host
 
-from .task import Task, extract_tasks, measure_in_process
+from .task import Task, measure_in_process
 from .tuner import Trial, TuneConfig, Tuner, TuneResult, candidate_key
 
 
@@ -85,19 +84,19 @@ def _revalidate(task: Task, trials: Sequence[Trial], *, count: int, rounds: int,
     return min(medians, default=math.inf)
 
 
-def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: HardwareTarget | None = None,
-         seed: int = 0, joint_fraction: float = 0.3, example_inputs: Sequence[Any] | None = None,
-         strategies: Sequence[str] | None = None, resume: bool = True,
-         measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
-         progress: bool = True, plot: str | os.PathLike[str] | None = None,
-         layout_levels: int = 1, features: str = "tir", batch: int = 128,
-         top_k: int = 8, revalidate: int = 3, revalidate_rounds: int = 2) -> list[TaskSummary]:
-    """Tune every tunable partition of ``model`` and append the measurements to ``log``.
+def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str], seed: int = 0,
+               joint_fraction: float = 0.3, resume: bool = True,
+               measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
+               progress: bool = True, plot: str | os.PathLike[str] | None = None, features: str = "tir",
+               batch: int = 128, top_k: int = 8, revalidate: int = 3,
+               revalidate_rounds: int = 2) -> list[TaskSummary]:
+    """Tune ``tasks`` (all for one target) and append every measurement to ``log``.
 
     Parameters
     ----------
-    model
-        As for :func:`alt_tvm.build` (ONNX path/proto, torch module + ``example_inputs``, Relax).
+    tasks
+        The tasks, e.g. from :func:`alt_tvm.integration.extract_tasks`; records are keyed
+        by ``task.key`` and ``task.target``.
     trials
         Total measured candidates, spread over the tasks.
     log
@@ -111,8 +110,6 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
         ``update`` and ``predict``.
     plot
         Write a PNG of the tuning curves (best latency so far per task) here.
-    layout_levels
-        1 or 2: the one- or two-level layout tiling templates (paper §5.1).
     features
         What the cost model learns from: ``"tir"`` (features of each candidate's lowered
         TIR: loops, annotations, access strides, arithmetic; ~0.1 s per candidate to
@@ -121,23 +118,24 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
         Candidates ranked by the cost model per loop round, and how many of them are measured.
     revalidate, revalidate_rounds
         After each task, its ``revalidate`` fastest candidates are measured
-        ``revalidate_rounds`` more times, interleaved, and :func:`best_params` picks by the
-        median. These measurements count towards ``trials`` (at most a quarter of a task's
-        budget: fewer finalists, or none, on small budgets) and are logged as records whose
-        candidate has ``"revalidation": true``. 0 turns it off.
+        ``revalidate_rounds`` more times, interleaved, and the best record is chosen by the
+        median (:func:`alt_tvm.records.choose_best`). These measurements count towards
+        ``trials`` (at most a quarter of a task's budget: fewer finalists, or none, on small
+        budgets) and are logged as records whose candidate has ``"revalidation": true``.
+        0 turns it off.
     """
     if features not in ("tir", "knobs"):
         raise ValueError(f"features must be 'tir' or 'knobs', got {features!r}")
     if revalidate < 0 or revalidate_rounds < 0:
         raise ValueError(f"revalidate and revalidate_rounds must be >= 0, got {revalidate}, {revalidate_rounds}")
+    if not tasks:
+        raise ValueError("no tasks to tune: the model has no partition a tunable strategy implements")
+    targets = {target_key(task.target.to_tvm()) for task in tasks}
+    if len(targets) != 1:
+        raise ValueError(f"tasks for {len(targets)} different targets; tune one target at a time")
     from tqdm import tqdm
 
-    machine = target or host()
-    target_json = target_key(machine.to_tvm())
-    tasks = extract_tasks(model, target=machine, example_inputs=example_inputs, strategies=strategies,
-                          layout_levels=layout_levels)
-    if not tasks:
-        raise ValueError("the model has no partition a tunable strategy implements")
+    (target_json,) = targets
     budgets = split_budget(tasks, trials)
     measure = measure or (lambda task, params: measure_in_process(task, params))
     previous = list(iter_records(log)) if resume and os.path.exists(log) else []

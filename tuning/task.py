@@ -1,27 +1,23 @@
-"""Tuning tasks: the partitions of a model that a tunable strategy implements.
+"""Tuning tasks: one partition that a tunable strategy implements, and its search space.
 
-A task is extracted with the same partitioner and strategy selection as
-``alt_tvm.build``, so a tuned point is keyed by exactly the workload the build later
-looks up. Lowering a task's point goes through the strategy's own ``implement``, so
-what is measured is what the build will run.
+Tasks are extracted from a model by :func:`alt_tvm.integration.extract_tasks`, with the
+same partitioning and strategy selection as ``alt_tvm.build``, so a tuned point is keyed by
+exactly the workload the build later looks up. Lowering a task's point goes through the
+strategy's own ``implement`` with the build's variant and options, so what is measured is
+what the build will run. This module knows strategies, not models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tvm
 
-from alt_tvm.graph import registry
-from alt_tvm.graph.build import load_builtin_strategies, op_info, prepare
-from alt_tvm.graph.lower import PartitionContext, const_value
-from alt_tvm.graph.partition import Partition, dtype_of, find_partitions, op_name, static_shape
-from alt_tvm.target import HardwareTarget, host
-
-from .space import Space
+from alt_tvm.strategies.base import Partition, PartitionContext, Strategy, const_value, dtype_of, static_shape
+from alt_tvm.strategies.space import Space
+from alt_tvm.target import HardwareTarget
 
 
 @dataclass
@@ -38,15 +34,19 @@ class Task:
     """One tunable partition (occurring ``weight`` times in the model)."""
 
     key: str
-    strategy: registry.Strategy
+    strategy: Strategy
     partition: Partition
     target: HardwareTarget
     space: Space
     weight: int = 1
+    #: the build variant and the build's options for ``strategy`` (lowered exactly as the build lowers)
+    variant: str = "alt"
+    options: Any = None
 
     def lower(self, params: dict[str, Any] | None) -> Lowered:
         """Lower the partition with ``params`` (None: the strategy's defaults)."""
-        context = PartitionContext(self.partition, self.target, "alt", {}, params=params)
+        context = PartitionContext(self.partition, self.target, self.variant, {}, params=params,
+                                   options=self.options)
         lowered = self.strategy.implement(self.partition.anchor, context)
         specs, constants = [], {}
         for i, arg in enumerate(lowered.args):
@@ -60,49 +60,6 @@ class Task:
                 specs.append((static_shape(arg), dtype_of(arg)))
         specs.append((lowered.output_shape, lowered.output_dtype))
         return Lowered(lowered.func, specs, constants)
-
-
-def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_inputs: Sequence[Any] | None = None,
-                  strategies: Sequence[str] | None = None, layout_levels: int = 1) -> list[Task]:
-    """The tunable tasks of ``model`` (same inputs as ``alt_tvm.build``), in topological order.
-
-    Identical workloads (e.g. repeated ResNet blocks) are one task with a ``weight``.
-    ``layout_levels`` selects the one- or two-level layout templates (paper §5.1) for the
-    strategies that have both.
-    """
-    if layout_levels not in (1, 2):
-        raise ValueError(f"layout_levels must be 1 or 2, got {layout_levels!r}")
-    from alt_tvm.graph.frontend import load_model
-
-    load_builtin_strategies()
-    target = target or host()
-    allowed = registry.check_names(strategies)
-    imported = load_model(model, example_inputs=example_inputs)
-    func = prepare(imported.mod)["main"]
-    selected: dict = {}
-
-    def is_anchor(binding) -> bool:
-        if not any(op_name(binding.value) in s.ops for s in registry.registered_strategies()):
-            return False
-        strategy, _ = registry.select(op_info(binding, target), allowed=allowed)
-        if strategy is None:
-            return False
-        selected[binding.var] = strategy
-        return True
-
-    tasks: dict[str, Task] = {}
-    for partition in find_partitions(func, is_anchor=is_anchor, absorbs_pad=lambda b: selected[b.var].absorbs_pad):
-        strategy = selected[partition.anchor.var]
-        context = PartitionContext(partition, target, "alt", {}, options={"layout_levels": layout_levels})
-        space = strategy.space(partition.anchor, context)
-        if space is None:
-            continue
-        key = context.workload_key
-        if key in tasks:
-            tasks[key].weight += 1
-        else:
-            tasks[key] = Task(key, strategy, partition, target, space)
-    return list(tasks.values())
 
 
 def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int = 5, repeat: int = 3,

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from alt_tvm.strategies.space import Space
+
 from .ppo import DIRECTIONS, CrossExplorationAgents, PPOConfig
-from .space import Space
 
 MeasureFn = Callable[[dict[str, Any]], float]
 
@@ -93,7 +94,7 @@ def candidate_key(layout: dict[str, Any], loop: dict[str, Any]) -> str:
 
 
 class Tuner:
-    """Cross-exploration over one task's :class:`~alt_tvm.tuning.space.Space`.
+    """Cross-exploration over one task's :class:`~alt_tvm.strategies.space.Space`.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""TT design-space exploration of one FC layer (seed 000 §4; see ``alt_tvm.strategies.tt_dse``).
+"""TT design-space exploration of one FC layer (seed 000 §4; see ``alt_tvm.strategies.tt.dse``).
 
 Prints one JSON object: the layer, the config, the counts after each pruning step and the
 surviving solutions (or their number with ``--count-only``)::
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from alt_tvm.strategies.tt_dse import DSEConfig, TTSolution, count, dense_flops, dense_params, solutions
+from alt_tvm.strategies.tt.dse import DSEConfig, TTSolution, count, dense_flops, dense_params, solutions
 
 
 def write_csv(path: Path, sols: Sequence[TTSolution]) -> None:

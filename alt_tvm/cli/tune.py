@@ -43,9 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    from alt_tvm.integration import tune
     from alt_tvm.models import MODEL_NAMES, get_model
     from alt_tvm.target import board, host
-    from alt_tvm.tuning.driver import tune
 
     if (args.tracker is None) != (args.key is None):
         raise SystemExit("--tracker and --key go together")

@@ -26,21 +26,22 @@ from tvm import relax, te
 
 from alt_tvm.layout import Layout, convert_layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
-from alt_tvm.target import HardwareTarget, host
-
-from . import registry
-from .baselines import flatten_outputs
-from .lower import PartitionContext, attrs_dict, const_value, workload_key
-from .partition import (
-    BINARY_EPILOGUE,
-    UNARY_EPILOGUE,
+from alt_tvm.strategies import registry
+from alt_tvm.strategies.base import (
     Partition,
-    consumers,
+    PartitionContext,
+    Strategy,
     dtype_of,
-    find_partitions,
+    equivalent,
     op_name,
     static_shape,
+    workload_key,
 )
+from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE, epilogue_te
+from alt_tvm.target import HardwareTarget, host
+
+from .baselines import flatten_outputs
+from .partition import consumers, plan_partitions
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
 #: PrimFunc attribute marking kernels that alt-tvm scheduled itself.
@@ -55,6 +56,8 @@ class BuildReport:
     fallbacks: dict[str, list[str]] = field(default_factory=dict)  # op -> reasons no strategy applied
     conversions: int = 0
     tuned: int = 0  # partitions built with tuned parameters
+    #: workload key of every partition a strategy lowered, in program order (what tuning records key)
+    workloads: list[str] = field(default_factory=list)
 
 
     def summary(self) -> str:
@@ -79,7 +82,6 @@ class AltLayoutPass:
                  strategy_options: dict[str, Any] | None = None) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
-        load_builtin_strategies()
         self.target = target or host()
         self.variant = variant
         self.allowed = registry.check_names(strategies)
@@ -96,23 +98,12 @@ class AltLayoutPass:
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
             raise ValueError("the Relax module has no 'main' function")
         func = mod["main"]
-        selected: dict = {}
-
-        def is_anchor(binding) -> bool:
-            name = op_name(binding.value)
-            if not _is_anchor_op(name):
-                return False
-            info = op_info(binding, self.target, options=self.strategy_options)
-            strategy, reasons = registry.select(info, allowed=self.allowed)
-            if strategy is None:
-                known = self.report.fallbacks.setdefault(name, [])
-                known.extend(r for r in reasons if r not in known)
-                return False
-            selected[binding.var] = strategy
-            return True
-
-        partitions = find_partitions(func, is_anchor=is_anchor, epilogues=self.variant != "alt-wp",
-                                     absorbs_pad=lambda b: selected[b.var].absorbs_pad)
+        plan = plan_partitions(func, target=self.target, variant=self.variant, allowed=self.allowed,
+                               strategy_options=self.strategy_options)
+        for name, reasons in plan.fallbacks.items():
+            known = self.report.fallbacks.setdefault(name, [])
+            known.extend(r for r in reasons if r not in known)
+        partitions, selected = plan.partitions, plan.strategies
         backward = self._backward_layouts(func, partitions, selected) if self.variant != "alt-wp" else {}
         mutator = _Mutator(mod, partitions, selected, self, backward)
         new_func = mutator.visit_expr(func)
@@ -120,6 +111,13 @@ class AltLayoutPass:
         new_mod["main"] = relax.analysis.remove_all_unused(new_func)
         return new_mod
 
+
+    def context_for(self, partition: Partition, strategy: Strategy, input_layouts: dict) -> PartitionContext:
+        """The context ``partition`` is lowered in: its tuned parameters (none for ALT-OL, the
+        loop-only ablation keeps the analytic tiles) and the build's options for ``strategy``."""
+        tuned = self.params.get(workload_key(partition)) if self.variant != "alt-ol" else None
+        return PartitionContext(partition, self.target, self.variant, input_layouts, params=tuned,
+                                options=self.strategy_options.get(strategy.name))
 
     def _backward_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
         """Layouts to propagate backwards onto element-wise producers (paper §4.2, §6).
@@ -140,13 +138,10 @@ class AltLayoutPass:
             producer = producers.get(data)
             if producer is None or data in members or not _standalone_elementwise(producer, users):
                 continue
-            # A dry run of the consumer's lowering tells which input layout it asks for.
-            context = PartitionContext(partition, self.target, self.variant, {},
-                                       params=self.params.get(workload_key(partition)),
-                                       options=self.strategy_options.get(selected[partition.anchor.var].name))
-            selected[partition.anchor.var].implement(partition.anchor, context)
-            layout = context.conversions.get(data)
-            if layout is None or layout.expands_data:
+            strategy = selected[partition.anchor.var]
+            context = self.context_for(partition, strategy, {})
+            layout = strategy.preferred_input_layout(partition.anchor, context)
+            if layout is None or layout.expands_data or equivalent(layout, None, static_shape(data)):
                 continue
             shape = static_shape(data)
             stack = [data]
@@ -182,19 +177,6 @@ def alt_layout_pass(*, target: HardwareTarget | None = None, variant: str = "alt
         return lowering(mod)
 
     return tvm.ir.transform.module_pass(transform, opt_level=0, name="AltLayoutStrategies")
-
-
-def op_info(binding: relax.VarBinding, target: HardwareTarget, *,
-            options: dict[str, Any] | None = None) -> registry.OpInfo:
-    call = binding.value
-    tensors = [a for a in call.args if static_shape(a) is not None]
-    constants = {i: const_value(a) for i, a in enumerate(call.args) if const_value(a) is not None}
-    return registry.OpInfo(
-        op=op_name(call), attrs=attrs_dict(call.attrs),
-        input_shapes=tuple(static_shape(a) for a in tensors), input_dtypes=tuple(dtype_of(a) for a in tensors),
-        output_shape=static_shape(binding.var) or (), output_dtype=dtype_of(binding.var) or "",
-        target_kind=target.to_tvm().kind.name, constants=constants, target_name=target.name,
-        options=dict(options or {}))
 
 
 @relax.expr_functor.mutator
@@ -259,8 +241,6 @@ class _Mutator(relax.PyExprMutator):
 
     def _emit_elementwise(self, binding: relax.VarBinding, layout: Layout) -> None:
         """An element-wise op computed directly in ``layout`` (backward propagation)."""
-        from .epilogue import epilogue_te
-
         call = binding.value
         operands, args, layouts = [], [], TensorMap()
         for j, arg in enumerate(call.args):
@@ -293,11 +273,9 @@ class _Mutator(relax.PyExprMutator):
             for used in relax.analysis.free_vars(binding.value):
                 if used in self.layouts:
                     input_layouts[used] = self.layouts[used][1]
-        key = workload_key(partition)
-        tuned = self.owner.params.get(key) if self.owner.variant != "alt-ol" else None
-        context = PartitionContext(partition, self.owner.target, self.owner.variant, input_layouts, params=tuned,
-                                   options=self.owner.strategy_options.get(strategy.name))
-        if tuned is not None:
+        context = self.owner.context_for(partition, strategy, input_layouts)
+        self.owner.report.workloads.append(context.workload_key)
+        if context.params is not None:
             self.owner.report.tuned += 1
         lowered = strategy.implement(partition.anchor, context)
         args = []
@@ -341,21 +319,6 @@ class _Mutator(relax.PyExprMutator):
             self.set_var_remap(original, value)
         else:
             self.set_var_remap(original, self.builder_.emit_output(value, original.name))
-
-
-_BUILTINS_LOADED = False
-
-
-def load_builtin_strategies() -> None:
-    """Import the strategy modules that register themselves."""
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        import alt_tvm.strategies.alt_conv  # noqa: F401
-        import alt_tvm.strategies.alt_gmm  # noqa: F401
-        import alt_tvm.strategies.sconv  # noqa: F401
-        import alt_tvm.strategies.tt_strategy  # noqa: F401
-        import alt_tvm.strategies.vta_strategy  # noqa: F401
-        _BUILTINS_LOADED = True
 
 
 # ------------------------------------------------------------------------------ build

@@ -10,63 +10,25 @@ epilogue fuse into the anchor's loop nest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tvm import relax
 
-#: Element-wise Relax ops an epilogue may contain (binary ones broadcast their other operand).
-UNARY_EPILOGUE = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
-                  "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.exp",
-                  "relax.sqrt", "relax.negative", "relax.abs")
-BINARY_EPILOGUE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
-                   "relax.minimum")
-
-
-def op_name(expr: relax.Expr) -> str | None:
-    if isinstance(expr, relax.Call) and hasattr(expr.op, "name"):
-        return str(expr.op.name)
-    return None
-
-
-def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    ty = expr.ty if hasattr(expr, "ty") else None
-    shape = getattr(ty, "shape", None)
-    if shape is None:
-        return None
-    try:
-        return tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        return None
-
-
-def dtype_of(expr: relax.Expr) -> str | None:
-    ty = getattr(expr, "ty", None)
-    dtype = getattr(ty, "dtype", None)
-    return None if dtype is None else str(dtype)
-
-
-@dataclass
-class Partition:
-    """An anchor binding and the epilogue bindings fused after it, in program order."""
-
-    anchor: relax.VarBinding
-    epilogue: list[relax.VarBinding] = field(default_factory=list)
-    #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
-    prologue: list[relax.VarBinding] = field(default_factory=list)
-
-    @property
-    def bindings(self) -> list[relax.VarBinding]:
-        return [*self.prologue, self.anchor, *self.epilogue]
-
-    @property
-    def output(self) -> relax.Var:
-        return self.bindings[-1].var
-
-    @property
-    def ops(self) -> list[str]:
-        """Anchor op first, then the epilogue ops (an absorbed pad is not listed)."""
-        return [op_name(b.value) for b in (self.anchor, *self.epilogue)]
+from alt_tvm.strategies.base import (
+    OpInfo,
+    Partition,
+    Strategy,
+    attrs_dict,
+    const_value,
+    dtype_of,
+    op_name,
+    static_shape,
+)
+from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE
+from alt_tvm.strategies.registry import registered_strategies, select
+from alt_tvm.target import HardwareTarget
 
 
 def consumers(func: relax.Function) -> dict:
@@ -170,3 +132,73 @@ def _pad_producer(anchor: relax.VarBinding, earlier: list, users: dict) -> relax
                 if widths[:4] == [0, 0, 0, 0]:  # batch and channels unpadded
                     return binding
     return None
+
+
+def op_info(binding: relax.VarBinding, target: HardwareTarget, *,
+            options: Mapping[str, Any] | None = None) -> OpInfo:
+    """What a strategy sees of one Relax call (:class:`~alt_tvm.strategies.base.OpInfo`)."""
+    call = binding.value
+    tensors = [a for a in call.args if static_shape(a) is not None]
+    constants = {i: const_value(a) for i, a in enumerate(call.args) if const_value(a) is not None}
+    return OpInfo(
+        op=op_name(call), attrs=attrs_dict(call.attrs),
+        input_shapes=tuple(static_shape(a) for a in tensors), input_dtypes=tuple(dtype_of(a) for a in tensors),
+        output_shape=static_shape(binding.var) or (), output_dtype=dtype_of(binding.var) or "",
+        target_kind=target.to_tvm().kind.name, constants=constants, target_name=target.name,
+        options=dict(options or {}))
+
+
+@dataclass
+class PartitionPlan:
+    """The partitions of a function and the strategy chosen for each (:func:`plan_partitions`)."""
+
+    partitions: list[Partition]
+    #: anchor var -> the strategy that lowers its partition
+    strategies: dict = field(default_factory=dict)
+    #: anchor op -> why no strategy took it (calls of ops some strategy registers for)
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)
+
+    def strategy_of(self, partition: Partition) -> Strategy:
+        return self.strategies[partition.anchor.var]
+
+
+def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: str = "alt",
+                    allowed: Sequence[str] | None = None,
+                    strategy_options: Mapping[str, Any] | None = None) -> PartitionPlan:
+    """Partition ``func`` and select a strategy for every partition: the one rule that the
+    build and task extraction both apply, so a task is tuned for exactly the program the
+    build makes.
+
+    Parameters
+    ----------
+    func
+        A Relax function after :func:`alt_tvm.graph.build.prepare`.
+    target
+        The hardware the partitions are lowered for.
+    variant
+        ``"alt-wp"`` partitions have no epilogue (ALT paper §7 ablation); the others do.
+    allowed
+        Strategy names the user restricted the build to (None: every non-opt-in strategy,
+        and the opt-in ones given options).
+    strategy_options
+        Options per strategy name, handed to ``applicable`` through ``OpInfo.options``.
+    """
+    options = dict(strategy_options or {})
+    anchor_ops = {op for s in registered_strategies() for op in s.ops}
+    plan = PartitionPlan([])
+
+    def is_anchor(binding: relax.VarBinding) -> bool:
+        name = op_name(binding.value)
+        if name not in anchor_ops:
+            return False
+        strategy, reasons = select(op_info(binding, target, options=options), allowed=allowed)
+        if strategy is None:
+            known = plan.fallbacks.setdefault(name, [])
+            known.extend(r for r in reasons if r not in known)
+            return False
+        plan.strategies[binding.var] = strategy
+        return True
+
+    plan.partitions = find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
+                                      absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad)
+    return plan

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tt_dse import TTSolution, rank_bounds
+from .dse import TTSolution, rank_bounds
 
 __all__ = ["TTDecomposition", "decompose", "reconstruct", "tt_forward", "tt_svd"]
 
@@ -94,7 +94,7 @@ def tt_svd(weight: np.ndarray, *, in_factors: Sequence[int], out_factors: Sequen
         ``(n_1..n_d)`` with product ``N`` and ``(m_1..m_d)`` with product ``M``.
     ranks : sequence of int
         ``(1, r_1, ..., r_{d-1}, 1)``; each ``r_t`` is capped by the rank bound of its cut
-        (:func:`alt_tvm.strategies.tt_dse.rank_bounds`) and by the rank the SVD finds.
+        (:func:`alt_tvm.strategies.tt.dse.rank_bounds`) and by the rank the SVD finds.
 
     Returns
     -------
@@ -143,7 +143,7 @@ def decompose(weight: np.ndarray, *, solution: TTSolution) -> TTDecomposition:
     weight : numpy.ndarray
         ``[M, N]`` with ``M = prod(solution.out_factors)``, ``N = prod(solution.in_factors)``.
     solution : TTSolution
-        From :func:`alt_tvm.strategies.tt_dse.solutions`.
+        From :func:`alt_tvm.strategies.tt.dse.solutions`.
 
     Returns
     -------

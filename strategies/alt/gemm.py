@@ -13,10 +13,10 @@ from typing import Any
 import tvm
 from tvm import te
 
-from alt_tvm.graph.lower import tiles_for
-from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.strategies.base import OpInfo, Strategy, static_shape, tiles_for
+from alt_tvm.strategies.registry import register_strategy
 
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
@@ -54,11 +54,15 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
 
 
 class AltGemmStrategy(Strategy):
-    """Matmul with a constant 2-D right-hand side (dense / linear layers)."""
+    """Matmul with a constant 2-D right-hand side (dense / linear layers) on CPUs.
+
+    Subclasses for other targets keep the TE and the weight layout and swap the loop
+    schedule (:meth:`layout_params`, :meth:`schedule`).
+    """
 
     name = "alt"
     ops = ("relax.matmul",)
-    target_kinds = ("llvm", "cuda")
+    target_kinds = ("llvm",)
     priority = 10
 
     def applicable(self, info: OpInfo) -> str | None:
@@ -70,11 +74,20 @@ class AltGemmStrategy(Strategy):
             return f"shapes {info.input_shapes} (needs [..., M, K] x [K, N])"
         return None
 
-    def implement(self, anchor, context) -> Any:
-        from . import alt_conv_cuda
+    def layout_params(self, anchor: Any, context: Any) -> dict[str, int]:
+        """``{"nt", "mt", "vec", "kt"}``: ``nt`` tiles the packed weight, the rest are loop tiles."""
+        if context.params is not None:
+            return context.params
+        m, n, _ = _gemm_extents(anchor)
+        return self._defaults(m, n, context)
 
-        if alt_conv_cuda.wants_cuda(context):  # same TE and layout, GPU loop schedule
-            return alt_conv_cuda.implement_cuda_gemm(self, anchor, context)
+    def schedule(self, *, anchor: Any, gemm: te.Tensor, stages: list, batch: int, params: dict[str, int],
+                 context: Any) -> Any:
+        """The loop schedule: ``PrimFunc -> IRModule``."""
+        nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
+        return lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=batch, mt=mt, nt=nt, vec=vec, kt=kt)
+
+    def implement(self, anchor, context) -> Any:
         call = anchor.value
         a = context.te_input(call.args[0], "a")
         b = context.te_input(call.args[1], "b")
@@ -85,15 +98,14 @@ class AltGemmStrategy(Strategy):
                           name="matmul", tag="matmul")
         stages = context.epilogue_te(gemm)
         final = stages[-1] if stages else gemm
-        params = context.params or self._defaults(m, n, context)
+        params = self.layout_params(anchor, context)
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
         if n % nt or m % mt or nt % vec or kdim % kt:
             raise ValueError(f"GEMM parameters {params} do not divide M={m}, N={n}, K={kdim}")
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
-        return context.finish(
-            output=final, layouts=layouts, strategy=self.name,
-            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt, vec=vec,
-                                              kt=kt))
+        return context.finish(output=final, layouts=layouts, strategy=self.name,
+                              schedule=self.schedule(anchor=anchor, gemm=gemm, stages=stages, batch=len(lead),
+                                                     params=params, context=context))
 
     @staticmethod
     def _defaults(m: int, n: int, context) -> dict[str, int]:
@@ -102,18 +114,17 @@ class AltGemmStrategy(Strategy):
         return {"nt": nt, "mt": tiles_for(m, 4), "vec": tiles_for(nt, lanes)}
 
     def space(self, anchor, context) -> Any:
-        from . import alt_conv_cuda
+        from .space import GemmSpace
 
-        if alt_conv_cuda.wants_cuda(context):
-            return alt_conv_cuda.cuda_gemm_space(anchor, context)
-        from alt_tvm.tuning.space import GemmSpace
-
-        from alt_tvm.graph.partition import static_shape
-
-        a_shape, b_shape = static_shape(anchor.value.args[0]), static_shape(anchor.value.args[1])
-        m, n = a_shape[-2], b_shape[-1]
-        return GemmSpace(m=m, n=n, k=a_shape[-1], default=self._defaults(m, n, context),
+        m, n, k = _gemm_extents(anchor)
+        return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, context),
                          lanes=context.target.vector_lanes("float32"))
+
+
+def _gemm_extents(anchor: Any) -> tuple[int, int, int]:
+    """``(M, N, K)`` of a matmul anchor."""
+    a_shape, b_shape = static_shape(anchor.value.args[0]), static_shape(anchor.value.args[1])
+    return a_shape[-2], b_shape[-1], a_shape[-1]
 
 
 register_strategy(AltGemmStrategy())

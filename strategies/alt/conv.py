@@ -9,6 +9,7 @@ same loop schedule whatever the layout, so layouts can be compared at equal loop
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,9 +17,6 @@ import tvm
 from tvm import te
 
 from alt_tvm import ops
-from alt_tvm.graph.lower import attrs_dict
-from alt_tvm.graph.partition import static_shape
-from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.layout.templates import (
@@ -29,6 +27,9 @@ from alt_tvm.layout.templates import (
     conv_weight_tiled,
     weight_channels_last,
 )
+from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, static_shape, tiles_for
+from alt_tvm.strategies.registry import register_strategy
+from alt_tvm.target import HardwareTarget
 
 LayoutKind = Literal["nchw", "nhwc", "tiled"]
 LAYOUT_KINDS: tuple[str, ...] = ("nchw", "nhwc", "tiled")
@@ -332,8 +333,6 @@ def channel_tile(channels: int, lanes: int) -> int:
     consumer's input tile and 1x1 convolutions read their input without conversion.
     Two vectors per accumulator row keep the register block full on small maps.
     """
-    from alt_tvm.graph.lower import tiles_for
-
     if channels >= 256 and channels % (2 * lanes) == 0:
         return 2 * lanes
     return tiles_for(channels, lanes)
@@ -424,12 +423,80 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     return sch.mod
 
 
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A conv partition's shapes and attributes, read from its Relax call (no TE built)."""
+
+    rank: int
+    transposed: bool
+    #: the data the partition reads (before an absorbed pad op; in the conv's order for a transpose)
+    data_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilation: tuple[int, ...]
+    #: padding before then after each spatial dim, an absorbed zero pad op included
+    pads: tuple[int, ...]
+    groups: int
+    #: the partition reads the data through an absorbed transpose
+    transposed_input: bool
+
+    @property
+    def in_per_group(self) -> int:
+        return self.data_shape[1] // self.groups
+
+    @property
+    def out_per_group(self) -> int:
+        return self.weight_shape[1] if self.transposed else self.weight_shape[0] // self.groups
+
+    @property
+    def conv_strides(self) -> tuple[int, ...]:
+        """Strides of the direct conv computed (a transposed conv runs stride 1 over its dilated input)."""
+        return (1,) * self.rank if self.transposed else self.strides
+
+    @classmethod
+    def of(cls, anchor: Any, prologue: Sequence[Any] = ()) -> ConvGeometry:
+        call = anchor.value
+        rank, transposed = _CONV_OPS[str(call.op.name)]
+        attrs = attrs_dict(call.attrs)
+        pads = list(attrs.get("padding", [0] * (2 * rank)))
+        data_shape = static_shape(call.args[0])
+        absorbs_transpose = bool(prologue) and str(prologue[0].value.op.name) == "relax.permute_dims"
+        if prologue and not absorbs_transpose and not transposed:
+            # An explicit pad op before the conv joins the conv's own padding (one pad stage).
+            widths = [int(w) for w in prologue[0].value.attrs.pad_width]
+            before, after = widths[4::2], widths[5::2]
+            pads = [p + b for p, b in zip(pads[:rank], before)] + [p + a for p, a in zip(pads[rank:], after)]
+            data_shape = static_shape(prologue[0].value.args[0])
+        return cls(rank=rank, transposed=transposed, data_shape=data_shape,
+                   weight_shape=static_shape(call.args[1]), out_shape=static_shape(anchor.var),
+                   strides=tuple(attrs.get("strides", [1] * rank)), dilation=tuple(attrs.get("dilation", [1] * rank)),
+                   pads=tuple(pads), groups=int(attrs.get("groups", 1)), transposed_input=absorbs_transpose)
+
+
+@dataclass(frozen=True)
+class ConvLayouts:
+    """The layouts of one conv partition's tensors, and the tiling they come from."""
+
+    tiling: DefaultConvTiling
+    #: ALT-OL: the loop tiling applied by splits over whole-extent layout tiles (None otherwise)
+    loop_tiles: DefaultConvTiling | None
+    output: Layout
+    source: Layout  # the direct conv's input (the pad stage's output, or the data itself)
+    weight: Layout | None
+
+
 class AltConvStrategy(Strategy):
-    """ALT's conv template with analytic tiles (the ``alt`` default strategy for convs)."""
+    """ALT's conv template with analytic tiles (the ``alt`` default strategy for convs on CPUs).
+
+    Subclasses for other targets keep the TE and the layouts and swap the loop schedule
+    (:meth:`layout_params`, :meth:`schedule`), so layout propagation does not depend on
+    the target.
+    """
 
     name = "alt"
     ops = tuple(_CONV_OPS)
-    target_kinds = ("llvm", "cuda")
+    target_kinds = ("llvm",)
     priority = 10
     absorbs_pad = True
 
@@ -450,127 +517,127 @@ class AltConvStrategy(Strategy):
                 return f"asymmetric padding {pads}"
         return None
 
+    @staticmethod
+    def default_tiling(geometry: ConvGeometry, target: HardwareTarget) -> DefaultConvTiling:
+        """The analytic tiling for ``target`` (the untuned build's choice)."""
+        return default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
+                                   in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
+                                   registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes)
+
     def space(self, anchor, context) -> Any:
         """The tuning space of this partition (the defaults are the untuned build's choice)."""
-        from . import alt_conv_cuda
+        from .space import ConvSpace
 
-        if alt_conv_cuda.wants_cuda(context):
-            return alt_conv_cuda.cuda_conv_space(anchor, context)
-        from alt_tvm.tuning.space import ConvSpace
-
-        from alt_tvm.graph.partition import static_shape
-
-        call = anchor.value
-        _, transposed = _CONV_OPS[str(call.op.name)]
-        data_shape, weight_shape = static_shape(call.args[0]), static_shape(call.args[1])
-        out_shape = static_shape(anchor.var)
-        groups = int(attrs_dict(call.attrs).get("groups", 1))
-        in_per_group = data_shape[1] // groups
-        out_per_group = weight_shape[1] if transposed else weight_shape[0] // groups
+        geometry = ConvGeometry.of(anchor)
         machine = context.target
-        lanes, registers = machine.vector_lanes("float32"), machine.vector_registers or 16
-        default = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=data_shape[1],
-                                      lanes=lanes, registers=registers, l1_bytes=machine.l1d_bytes)
         levels = int((context.options or {}).get("layout_levels", 1))
-        return ConvSpace(out_shape=out_shape, in_channels_per_group=in_per_group,
-                         out_channels_per_group=out_per_group, default=default.to_json(), registers=registers,
-                         lanes=lanes, levels=levels)
+        return ConvSpace(out_shape=geometry.out_shape, in_channels_per_group=geometry.in_per_group,
+                         out_channels_per_group=geometry.out_per_group,
+                         default=self.default_tiling(geometry, machine).to_json(),
+                         registers=machine.vector_registers or 16, lanes=machine.vector_lanes("float32"),
+                         levels=levels)
+
+    def layout_params(self, geometry: ConvGeometry, context: Any) -> tuple[DefaultConvTiling, str]:
+        """The tiling the layouts come from, and the variant they follow (``"alt"`` or ``"alt-ol"``)."""
+        if context.params is not None:
+            return DefaultConvTiling.from_json(context.params), context.variant
+        return self.default_tiling(geometry, context.target), context.variant
+
+    def layouts(self, geometry: ConvGeometry, context: Any) -> ConvLayouts:
+        """The layouts of the partition's tensors (the paper's §5.1 templates)."""
+        tiling, variant = self.layout_params(geometry, context)
+        out_shape = geometry.out_shape
+        source_shape = list(geometry.data_shape)
+        if not geometry.transposed:
+            source_shape[2:] = [s + geometry.pads[d] + geometry.pads[d + geometry.rank]
+                                for d, s in enumerate(geometry.data_shape[2:])]
+        else:  # the dilated, padded input of the equivalent direct conv
+            windows = zip(out_shape[2:], geometry.weight_shape[2:], geometry.dilation)
+            source_shape[2:] = [o + d * (k - 1) for o, k, d in windows]
+        kernel = list(geometry.weight_shape[2:])
+        strides, dilation = list(geometry.conv_strides), list(geometry.dilation)
+        if variant == "alt-ol":
+            # Loop-only: channels-last storage (whole-extent layout tiles), tiling by loops.
+            # Whole-extent tiles: N.1.1.1.H.W.O stores exactly like NHWO, and keeps the loop
+            # structure the schedule expects.
+            loop_tiles = tiling
+            tiling = DefaultConvTiling(tuple(out_shape[2:]), out_shape[1], geometry.data_shape[1], tiling.reg,
+                                       parallel_channels=tiling.parallel_channels)
+            output = conv_output_tiled(out_shape, spatial_tiles=out_shape[2:], channel_tile=out_shape[1])
+            source = conv_input_unfolded(source_shape, spatial_tiles=out_shape[2:], channel_tile=source_shape[1],
+                                         kernel=kernel, strides=strides, dilation=dilation)
+            weight = None if geometry.transposed else weight_channels_last(list(geometry.weight_shape))
+            return ConvLayouts(tiling, loop_tiles, output, source, weight)
+        output = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot) \
+            if not tiling.two_level else \
+            conv_output_two_level(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot,
+                                  outer_spatial_tiles=tiling.outer_spatial, outer_channel_tile=tiling.outer_ot)
+        source = conv_input_unfolded(source_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.it,
+                                     kernel=kernel, strides=strides, dilation=dilation)
+        weight = _weight_layout(list(geometry.weight_shape), tiling, geometry.transposed)
+        return ConvLayouts(tiling, None, output, source, weight)
+
+    def preferred_input_layout(self, anchor, context) -> Layout | None:
+        geometry = ConvGeometry.of(anchor, context.partition.prologue)
+        if geometry.transposed or geometry.transposed_input or any(geometry.pads):
+            return None  # a pad stage (or the absorbed transpose) writes the input layout for free
+        return self.layouts(geometry, context).source
+
+    def schedule(self, *, conv: te.Tensor, stages: list, pad_stage: te.Tensor | None, geometry: ConvGeometry,
+                 layouts: ConvLayouts, context: Any) -> Any:
+        """The loop schedule: ``PrimFunc -> IRModule``."""
+        tiling, loop_tiles = layouts.tiling, layouts.loop_tiles
+        return lambda f: schedule_tiled_conv(
+            f, conv=conv, stages=stages, source=pad_stage, rank=geometry.rank, reg=tiling.reg,
+            loop_tiles=loop_tiles, channel_tile=(tiling.rc_split or tiling.it) if loop_tiles is None else 1,
+            cores=context.target.num_cores, parallel_channels=tiling.parallel_channels,
+            two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
+            window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block)
 
     def implement(self, anchor, context) -> Any:
-        from . import alt_conv_cuda
-
-        if alt_conv_cuda.wants_cuda(context):  # same TE and layouts, GPU loop schedule
-            return alt_conv_cuda.implement_cuda_conv(self, anchor, context)
         call = anchor.value
-        rank, transposed = _CONV_OPS[str(call.op.name)]
-        attrs = attrs_dict(call.attrs)
-        strides = tuple(attrs.get("strides", [1] * rank))
-        dilation = tuple(attrs.get("dilation", [1] * rank))
-        pads = list(attrs.get("padding", [0] * (2 * rank)))
+        geometry = ConvGeometry.of(anchor, context.partition.prologue)
+        rank = geometry.rank
         prologue = context.partition.prologue
-        if prologue and str(prologue[0].value.op.name) == "relax.permute_dims":
+        if geometry.transposed_input:
             # Read the transpose's input through the inverse permutation: no transpose kernel.
             axes = [int(a) for a in prologue[0].value.attrs.axes]
-            view = Layout(static_shape(call.args[0])).reorder([axes.index(d) for d in range(len(axes))])
-            data = context.te_view(prologue[0].value.args[0], shape=static_shape(call.args[0]), layout=view,
-                                   name="data")
-        elif prologue and not transposed:
-            # An explicit pad op before the conv joins the conv's own padding (one pad stage).
-            widths = [int(w) for w in prologue[0].value.attrs.pad_width]
-            before, after = widths[4::2], widths[5::2]
-            pads = [p + b for p, b in zip(pads[:rank], before)] + [p + a for p, a in zip(pads[rank:], after)]
+            view = Layout(geometry.data_shape).reorder([axes.index(d) for d in range(len(axes))])
+            data = context.te_view(prologue[0].value.args[0], shape=geometry.data_shape, layout=view, name="data")
+        elif prologue and not geometry.transposed:
             data = context.te_input(prologue[0].value.args[0], "data")
         else:
             data = context.te_input(call.args[0], "data")
         weight = context.te_input(call.args[1], "weight")
-        groups = int(attrs.get("groups", 1))
-        if transposed:
-            conv = ops.conv_transpose(data, weight, stride=strides, padding=tuple(pads[:rank]),
+        pads = geometry.pads
+        if geometry.transposed:
+            attrs = attrs_dict(call.attrs)
+            conv = ops.conv_transpose(data, weight, stride=geometry.strides, padding=tuple(pads[:rank]),
                                       output_padding=tuple(attrs.get("output_padding", [0] * rank)),
-                                      dilation=dilation, groups=groups)
-            out_per_group = int(weight.shape[1])
+                                      dilation=geometry.dilation, groups=geometry.groups)
         else:
             padded = ops.pad(data, [0, 0, *pads[:rank]], [0, 0, *pads[rank:]])
-            conv = ops.conv(padded, weight, strides=strides, dilation=dilation, groups=groups)
-            out_per_group = int(weight.shape[0]) // groups
+            conv = ops.conv(padded, weight, strides=geometry.strides, dilation=geometry.dilation,
+                            groups=geometry.groups)
         stages = context.epilogue_te(conv)
         final = stages[-1] if stages else conv
-        out_shape = tuple(int(s) for s in conv.shape)
-        in_per_group = int(data.shape[1]) // groups
-        machine = context.target
-        if context.params is not None:
-            tiling = DefaultConvTiling.from_json(context.params)
-        else:
-            tiling = default_conv_tiling(out_shape, in_per_group, out_per_group, in_channels=int(data.shape[1]),
-                                         lanes=machine.vector_lanes("float32"),
-                                         registers=machine.vector_registers or 16, l1_bytes=machine.l1d_bytes)
         source = conv.op.input_tensors[0]
-        kernel = [int(s) for s in weight.shape[2:]]
-        conv_strides = [1] * rank if transposed else list(strides)
-        loop_tiles = None
-        if context.variant == "alt-ol":
-            # Loop-only: channels-last storage (whole-extent layout tiles), tiling by loops.
-            loop_tiles, tiling = tiling, DefaultConvTiling(tuple(out_shape[2:]), out_shape[1],
-                                                           int(data.shape[1]), tiling.reg,
-                                                           parallel_channels=tiling.parallel_channels)
-            # Whole-extent tiles: N.1.1.1.H.W.O stores exactly like NHWO, and keeps the loop
-            # structure the schedule expects.
-            out_layout = conv_output_tiled(out_shape, spatial_tiles=out_shape[2:], channel_tile=out_shape[1])
-            source_shape = [int(s) for s in source.shape]
-            in_layout = conv_input_unfolded(source_shape, spatial_tiles=out_shape[2:], channel_tile=source_shape[1],
-                                            kernel=kernel, strides=conv_strides, dilation=list(dilation))
-        else:
-            out_layout = conv_output_tiled(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot) \
-                if not tiling.two_level else \
-                conv_output_two_level(out_shape, spatial_tiles=tiling.spatial, channel_tile=tiling.ot,
-                                      outer_spatial_tiles=tiling.outer_spatial, outer_channel_tile=tiling.outer_ot)
-            in_layout = conv_input_unfolded([int(s) for s in source.shape], spatial_tiles=tiling.spatial,
-                                            channel_tile=tiling.it, kernel=kernel, strides=conv_strides,
-                                            dilation=list(dilation))
-        layouts = TensorMap((t, out_layout) for t in [conv, *stages])
-        weight_shape = [int(s) for s in weight.shape]
-        if loop_tiles is None:
-            layouts[weight] = _weight_layout(weight_shape, tiling, transposed)
-        elif not transposed:
-            layouts[weight] = weight_channels_last(weight_shape)  # HWIO, as NHWO kernels use
+        chosen = self.layouts(geometry, context)
+        if tuple(int(s) for s in source.shape) != tuple(chosen.source.orig_shape):
+            raise ValueError(f"conv input stage has shape {[int(s) for s in source.shape]}, the layout was "
+                             f"derived for {list(chosen.source.orig_shape)}")
+        layouts = TensorMap((t, chosen.output) for t in [conv, *stages])
+        if chosen.weight is not None:
+            layouts[weight] = chosen.weight
         if source.same_as(data):
-            context.require_layout(data, in_layout)  # no pad stage to convert for free
+            context.require_layout(data, chosen.source)  # no pad stage to convert for free
             pad_stage = None
         else:
-            layouts[source] = in_layout  # the pad stage writes the conv's input layout
+            layouts[source] = chosen.source  # the pad stage writes the conv's input layout
             pad_stage = source
-        return context.finish(
-            output=final, layouts=layouts, strategy=self.name,
-            schedule=lambda f: schedule_tiled_conv(f, conv=conv, stages=stages, source=pad_stage, rank=rank,
-                                                   reg=tiling.reg, loop_tiles=loop_tiles,
-                                                   channel_tile=(tiling.rc_split or tiling.it)
-                                                   if loop_tiles is None else 1,
-                                                   cores=machine.num_cores,
-                                                   parallel_channels=tiling.parallel_channels,
-                                                   two_level=tiling.two_level and loop_tiles is None,
-                                                   unroll_window=tiling.unroll_window,
-                                                   window_outer=tiling.window_outer,
-                                                   epilogue_in_block=tiling.epilogue_in_block))
+        return context.finish(output=final, layouts=layouts, strategy=self.name,
+                              schedule=self.schedule(conv=conv, stages=stages, pad_stage=pad_stage,
+                                                     geometry=geometry, layouts=chosen, context=context))
 
 
 def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:

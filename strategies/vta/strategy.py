@@ -1,8 +1,8 @@
-"""The ``vta_gemm`` strategy: int8 conv2d / dense of a model run on the VTA model (issue 7 item 5).
+"""The ``vta_gemm`` strategy: int8 conv2d / dense of a model run on the VTA model.
 
 For the ``vta`` board (:data:`alt_tvm.target.BOARDS`), ``relax.nn.conv2d`` and ``relax.matmul``
 calls with int8 inputs, int32 results and a constant weight are mapped at build time with the CP
-embedding of :mod:`alt_tvm.vta_mapping` (the same choice as :func:`alt_tvm.strategies.vta_gemm.vta_conv2d`)
+embedding of :mod:`alt_tvm.vta_mapping` (the same choice as :func:`alt_tvm.strategies.vta.gemm.vta_conv2d`)
 and lowered once to a VTA program. The partition becomes a ``relax.call_dps_packed`` of a Python
 function registered in TVM's global function table (name ``alt_tvm.vta_gemm.<op>_<n>``, unique per
 partition in the process); on every call it packs the input on the host as the embedding says,
@@ -29,19 +29,27 @@ from typing import Any
 
 import numpy as np
 import tvm_ffi
-from alt_tvm.strategies.vta_gemm import DEFAULT_CONSTRAINTS, _choose
-from alt_tvm.strategies.vta_gemm import applicable as vta_applicable
+from tvm import relax
+
+from alt_tvm.layout import Layout
+from alt_tvm.strategies.base import (
+    LoweredPartition,
+    OpInfo,
+    Strategy,
+    attrs_dict,
+    const_value,
+    dtype_of,
+    op_name,
+    static_shape,
+)
+from alt_tvm.strategies.registry import register_strategy
+from alt_tvm.strategies.vta.gemm import DEFAULT_CONSTRAINTS, _choose
+from alt_tvm.strategies.vta.gemm import applicable as vta_applicable
 from alt_tvm.vta_mapping.csp import Constraints
 from alt_tvm.vta_mapping.embedding import Embedding
 from alt_tvm.vta_mapping.polyhedral import TensorOp, conv2d_op, dense_op
 from alt_tvm.vta_mapping.rewrite import Plan, lower, plan
 from alt_tvm.vta_mapping.sim import Simulator, Stats, VTAConfig
-from tvm import relax
-
-from alt_tvm.graph.lower import LoweredPartition, attrs_dict, const_value
-from alt_tvm.graph.partition import dtype_of, op_name, static_shape
-from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
-from alt_tvm.layout import Layout
 
 __all__ = ["EPILOGUE_OPS", "VTAGemmOptions", "VTAGemmStrategy", "VTAKernel", "VTAStats", "kernel",
            "model_stats", "PACKED_PREFIX"]

@@ -2,7 +2,7 @@
 
 Layout knobs are the split factors of the same §5.1 templates as :class:`ConvSpace` /
 :class:`GemmSpace` (so tuned layouts propagate the same way); the loop knobs are those
-of :mod:`alt_tvm.strategies.alt_conv_cuda`: threads (channel tiles per block / threads
+of :mod:`alt_tvm.strategies.alt.cuda_tiling`: threads (channel tiles per block / threads
 along M and N), the per-thread register tile, the reduction stage size, shared-memory
 staging on/off and the unroll step. :meth:`check` computes a point's threads, shared
 memory and accumulators per block and rejects it before anything is built when they
@@ -15,7 +15,9 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
-from alt_tvm.strategies.alt_conv_cuda import (
+from alt_tvm.strategies.space import Knob, Space, divisors
+
+from .cuda_tiling import (
     UNROLL_STEPS,
     CudaConvTiling,
     CudaGemmTiling,
@@ -23,8 +25,6 @@ from alt_tvm.strategies.alt_conv_cuda import (
     conv_tiling_problem,
     gemm_tiling_problem,
 )
-
-from .space import Knob, Space, divisors
 
 __all__ = ["CudaConvSpace", "CudaGemmSpace"]
 
@@ -73,7 +73,7 @@ class CudaConvSpace(_GpuSpace):
     kernel, strides, dilation
         Per spatial dim, of the conv as computed (a transposed conv: stride 1).
     default
-        :class:`~alt_tvm.strategies.alt_conv_cuda.CudaConvTiling` JSON, the untuned choice.
+        :class:`~alt_tvm.strategies.alt.conv_cuda.CudaConvTiling` JSON, the untuned choice.
     limits
         The device's per-block limits that :meth:`check` enforces.
     """
@@ -149,7 +149,7 @@ class CudaGemmSpace(_GpuSpace):
     m, n, k
         Rows of the activations, columns of the weight, reduction length.
     default
-        :class:`~alt_tvm.strategies.alt_conv_cuda.CudaGemmTiling` JSON, the untuned choice.
+        :class:`~alt_tvm.strategies.alt.conv_cuda.CudaGemmTiling` JSON, the untuned choice.
     limits
         The device's per-block limits that :meth:`check` enforces.
     """

@@ -12,6 +12,13 @@ from tvm import relax, te, tirx
 
 from alt_tvm import ops
 
+#: Element-wise Relax ops an epilogue may contain (binary ones broadcast their other operand).
+UNARY_EPILOGUE = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
+                  "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.exp",
+                  "relax.sqrt", "relax.negative", "relax.abs")
+BINARY_EPILOGUE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+                   "relax.minimum")
+
 _BINARY = {
     "relax.add": ops.add,
     "relax.subtract": ops.subtract,

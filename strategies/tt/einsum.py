@@ -886,7 +886,7 @@ def build_chain(*, in_factors: Sequence[int], out_factors: Sequence[int], ranks:
     Parameters
     ----------
     in_factors, out_factors, ranks : sequence of int
-        As in :class:`~alt_tvm.strategies.tt_dse.TTSolution`.
+        As in :class:`~alt_tvm.strategies.tt.dse.TTSolution`.
     batch : int
         Rows of the layer: the product of the activation's leading dimensions.
     optimized : bool

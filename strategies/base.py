@@ -1,14 +1,20 @@
-"""Lowering one partition to a scheduled PrimFunc, and the layout bookkeeping around it.
+"""The strategy contract: what a strategy sees of one operator, what it is handed to lower a
+partition, and what it returns.
 
-A strategy describes a partition as TE (anchor + epilogue), picks layouts for its
-tensors and a loop schedule; :class:`PartitionContext` does the common rest: TE
-placeholders for the Relax arguments, the layouts the arguments are already stored in
-(so reads go through them, and a pad stage converts for free), weight packing at
-compile time, the rewrite pass and ``te.create_prim_func``.
+A *partition* is an anchor call (a convolution, a matmul) with the element-wise epilogue
+fused after it and optionally a producer it absorbs (a zero pad, a transpose). A strategy
+checks an :class:`OpInfo` (:meth:`Strategy.applicable`), then describes the partition as
+TE (anchor + epilogue), picks layouts for its tensors and a loop schedule
+(:meth:`Strategy.implement`); :class:`PartitionContext` does the common rest: TE
+placeholders for the Relax arguments, the layouts the arguments are already stored in (so
+reads go through them, and a pad stage converts for free), weight packing at compile time,
+the layout rewrite pass and ``te.create_prim_func``. Strategies import this module, never
+the model layer (``alt_tvm.graph``).
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +27,132 @@ from alt_tvm.layout import Layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.target import HardwareTarget
 
-from .partition import Partition, dtype_of, static_shape
+
+def op_name(expr: relax.Expr) -> str | None:
+    if isinstance(expr, relax.Call) and hasattr(expr.op, "name"):
+        return str(expr.op.name)
+    return None
+
+
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    ty = expr.ty if hasattr(expr, "ty") else None
+    shape = getattr(ty, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def dtype_of(expr: relax.Expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    dtype = getattr(ty, "dtype", None)
+    return None if dtype is None else str(dtype)
+
+
+@dataclass
+class Partition:
+    """An anchor binding and the epilogue bindings fused after it, in program order."""
+
+    anchor: relax.VarBinding
+    epilogue: list[relax.VarBinding] = field(default_factory=list)
+    #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
+    prologue: list[relax.VarBinding] = field(default_factory=list)
+
+    @property
+    def bindings(self) -> list[relax.VarBinding]:
+        return [*self.prologue, self.anchor, *self.epilogue]
+
+    @property
+    def output(self) -> relax.Var:
+        return self.bindings[-1].var
+
+    @property
+    def ops(self) -> list[str]:
+        """Anchor op first, then the epilogue ops (an absorbed pad is not listed)."""
+        return [op_name(b.value) for b in (self.anchor, *self.epilogue)]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What a strategy sees of one Relax operator call.
+
+    Attributes
+    ----------
+    op
+        Relax operator name, e.g. ``"relax.nn.conv2d"``.
+    attrs
+        The call's attributes as plain Python values.
+    input_shapes, input_dtypes
+        Static shapes and dtypes of the call's tensor arguments.
+    constants
+        The constant arguments' data by argument position (weights), else absent.
+    output_shape, output_dtype
+        The call's result.
+    target_kind
+        ``"llvm"``, ``"cuda"``, ...
+    target_name, options
+        The hardware description's name, and the per-strategy options of the build.
+    """
+
+    op: str
+    attrs: dict[str, Any]
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_shape: tuple[int, ...]
+    output_dtype: str
+    target_kind: str
+    constants: dict[int, np.ndarray] = field(default_factory=dict, compare=False, hash=False)
+    #: ``alt_tvm.target.HardwareTarget.name`` ("host", "kirin990", "vta", ...)
+    target_name: str = "host"
+    #: per-strategy options given to the build (``strategy_options={name: ...}``)
+    options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class Strategy(abc.ABC):
+    """One way of implementing some Relax operators (subclasses are registered singletons)."""
+
+    #: Name users pass in ``strategies=[...]``.
+    name: str = ""
+    #: Relax operator names this strategy can implement.
+    ops: tuple[str, ...] = ()
+    #: Target kinds (``tvm.target.Target.kind.name``) it generates code for.
+    target_kinds: tuple[str, ...] = ("llvm",)
+    #: Higher wins when several strategies apply.
+    priority: int = 0
+    #: Opt-in strategies are only considered when the build names them in ``strategies``
+    #: or gives them ``strategy_options`` (they stay silent in fallback reports otherwise).
+    opt_in: bool = False
+    #: The strategy lowers a zero-padding producer of its anchor as part of the partition
+    #: (``context.partition.prologue``); others get the pad computed separately.
+    absorbs_pad: bool = False
+
+    @abc.abstractmethod
+    def applicable(self, info: OpInfo) -> str | None:
+        """``None`` if this strategy can implement ``info``, else the reason it cannot."""
+
+    @abc.abstractmethod
+    def implement(self, anchor: relax.VarBinding, context: PartitionContext) -> LoweredPartition:
+        """Lower the partition ``context.partition`` anchored at ``anchor`` to one kernel.
+
+        ``context.params`` holds tuned parameters for the partition's workload, or None
+        for the strategy's analytic defaults.
+        """
+
+    def space(self, anchor: relax.VarBinding, context: PartitionContext) -> Any:
+        """The tuning space (an ``alt_tvm.strategies.space.Space``) of a partition, or None if not tunable."""
+        return None
+
+    def preferred_input_layout(self, anchor: relax.VarBinding, context: PartitionContext) -> Layout | None:
+        """The layout in which :meth:`implement` wants the anchor's data input, without lowering.
+
+        The build propagates it backwards onto element-wise producers (ALT paper §4.2),
+        which then compute in that layout instead of a conversion op being inserted.
+        None: the canonical layout, or a layout the partition converts to itself (a pad
+        stage it absorbs writes any layout for free).
+        """
+        return None
 
 
 def const_value(expr: relax.Expr) -> np.ndarray | None:

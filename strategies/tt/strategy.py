@@ -31,14 +31,22 @@ from typing import Any
 import numpy as np
 from tvm import relax
 
-from alt_tvm.graph.lower import LoweredPartition, PartitionContext, const_value, equivalent
-from alt_tvm.graph.partition import op_name, static_shape
-from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout
+from alt_tvm.strategies.base import (
+    LoweredPartition,
+    OpInfo,
+    PartitionContext,
+    Strategy,
+    const_value,
+    equivalent,
+    op_name,
+    static_shape,
+)
+from alt_tvm.strategies.registry import register_strategy
 
-from .tt_decompose import TTDecomposition, decompose, tt_svd
-from .tt_dse import DEFAULT_CONFIG, DSEConfig, TTSolution, einsum_flops, solutions, tt_flops, tt_params
-from .tt_einsum import build_chain
+from .decompose import TTDecomposition, decompose, tt_svd
+from .dse import DEFAULT_CONFIG, DSEConfig, TTSolution, einsum_flops, solutions, tt_flops, tt_params
+from .einsum import build_chain
 
 __all__ = ["TTBudgetError", "TTEinsumStrategy", "TTLayerRequest", "TTOptions", "plan_layer"]
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from alt_tvm.vta_mapping.csp import Constraints, enumerate_embeddings
 from alt_tvm.vta_mapping.embedding import Embedding, static_embedding
 from alt_tvm.vta_mapping.polyhedral import TensorOp, conv2d_op, dense_op

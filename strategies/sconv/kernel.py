@@ -1,6 +1,8 @@
-"""SConv direct convolution (seed 001): CSO macro-kernel, packing on demand, micro-kernel.
+"""SConv direct convolution: CSO macro-kernel, packing on demand, micro-kernel.
 
-The analysis (CSA) is in :mod:`alt_tvm.strategies.sconv_csa`. This module generates the
+From "SConv: a direct convolution for CPUs" (seed paper on SConv, §4-§6). The analysis
+(CSA) is in :mod:`alt_tvm.strategies.sconv.csa`, the build strategy in
+:mod:`alt_tvm.strategies.sconv.strategy`. This module generates the
 convolution as TE plus an ``s_tir`` schedule:
 
 * **Phase image** ``X[n, c, a, b, f]`` — the padded input, split into ``stride_h x
@@ -50,23 +52,21 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
-from alt_tvm.graph.lower import attrs_dict
-from alt_tvm.graph.registry import OpInfo, Strategy, register_strategy
 from alt_tvm.layout import Layout, create_prim_func
 from alt_tvm.layout.expr import rebuild
 from alt_tvm.target import HardwareTarget, host
 
-from .sconv_csa import ConvShape, CSAParams, MicroKernel, TilingPlan, analyze, fit_filters, micro_kernel_for_conv
+from .csa import ConvShape, CSAParams, MicroKernel, TilingPlan, analyze, fit_filters, micro_kernel_for_conv
 
 __all__ = [
     "PackingFunctions",
     "SConvKernel",
     "SConvOptions",
-    "SConvStrategy",
     "SConvGeometry",
     "build_sconv",
     "build_sconv_packing",
     "lower_sconv",
+    "micro_kernel",
     "sconv_geometry",
     "sconv_pack_te",
     "sconv_te",
@@ -96,11 +96,11 @@ class SConvOptions:
         CSA parameters (alpha, beta, gamma, level costs).
     fit_filters
         Narrow the micro-kernel's ``N_f`` so that the output channels split into whole
-        tiles with the least zero padding (:func:`~alt_tvm.strategies.sconv_csa.fit_filters`).
+        tiles with the least zero padding (:func:`~alt_tvm.strategies.sconv.csa.fit_filters`).
     micro
         Use this micro-kernel (e.g. the paper's
-        :data:`~alt_tvm.strategies.sconv_csa.PAPER_AVX512`) instead of
-        :func:`~alt_tvm.strategies.sconv_csa.micro_kernel_for`'s choice; ``fit_filters``
+        :data:`~alt_tvm.strategies.sconv.csa.PAPER_AVX512`) instead of
+        :func:`~alt_tvm.strategies.sconv.csa.micro_kernel_for`'s choice; ``fit_filters``
         still applies.
     """
 
@@ -618,7 +618,7 @@ def _realizes(stmt: Any) -> list:
 
 
 # ------------------------------------------------------------------------ standalone use
-def _micro(shape: ConvShape, target: HardwareTarget, options: SConvOptions) -> MicroKernel:
+def micro_kernel(shape: ConvShape, target: HardwareTarget, options: SConvOptions) -> MicroKernel:
     if options.micro is None:
         return micro_kernel_for_conv(shape, target, dtype_bytes=options.params.dtype_bytes, fit=options.fit_filters)
     return fit_filters(options.micro, shape.k) if options.fit_filters else options.micro
@@ -685,7 +685,7 @@ def lower_sconv(shape: ConvShape, *, target: HardwareTarget | None = None,
     target = target or host()
     options = options or SConvOptions()
     plan = analyze(shape, target, params=options.params, schedule=options.schedule,
-                   micro=_micro(shape, target, options))
+                   micro=micro_kernel(shape, target, options))
     geometry = sconv_geometry(plan)
     data = te.placeholder((shape.n, shape.c, shape.h, shape.w), name="data")
     w = te.placeholder((shape.k, shape.c, shape.r, shape.s), name="weight")
@@ -693,66 +693,6 @@ def lower_sconv(shape: ConvShape, *, target: HardwareTarget | None = None,
     func = create_prim_func([data, w, out], layouts={w: sconv_weight_layout(geometry)})
     opts = dataclasses.replace(options, threads=options.threads or target.num_cores)
     return schedule_sconv(func, geometry, options=opts, lanes=target.vector_lanes("float32")), geometry
-
-
-# -------------------------------------------------------------------- the build strategy
-class SConvStrategy(Strategy):
-    """SConv for ``relax.nn.conv2d`` (NCHW/OIHW, float32, constant weight, groups 1, no dilation).
-
-    Priority 5, below ``alt`` (10): a build uses it only when selected, e.g.
-    ``AltLayoutPass(strategies=["sconv"])``. No tuning: CSA decides the tiling. The output
-    is NCHW, so neighbouring SConv partitions need no layout conversions.
-    """
-
-    name = "sconv"
-    ops = ("relax.nn.conv2d",)
-    priority = 5
-    opt_in = True
-
-    def applicable(self, info: OpInfo) -> str | None:
-        attrs = info.attrs
-        if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW":
-            return f"layouts {attrs.get('data_layout')}/{attrs.get('kernel_layout')} (needs NCHW/OIHW)"
-        if attrs.get("out_layout", "NCHW") not in ("NCHW", "", None):
-            return f"out_layout {attrs.get('out_layout')} (needs NCHW)"
-        if info.input_dtypes[0] != "float32" or info.output_dtype != "float32":
-            return f"dtype {info.input_dtypes[0]} -> {info.output_dtype} (needs float32)"
-        if int(attrs.get("groups", 1)) != 1:
-            return f"groups={attrs.get('groups')} (needs 1)"
-        if list(attrs.get("dilation", [1, 1])) != [1, 1]:
-            return f"dilation {attrs.get('dilation')} (needs 1)"
-        if 1 not in info.constants:
-            return "weight is not a constant"
-        return None
-
-    def implement(self, anchor: Any, context: Any) -> Any:
-        call = anchor.value
-        attrs = attrs_dict(call.attrs)
-        data = context.te_input(call.args[0], "data")
-        weight = context.te_input(call.args[1], "weight")
-        strides = [int(x) for x in attrs.get("strides", [1, 1])]
-        pads = [int(x) for x in attrs.get("padding", [0, 0, 0, 0])]
-        if len(pads) == 2:
-            pads = pads * 2
-        n, c, h, w = (int(x) for x in data.shape)
-        k, _, r, s = (int(x) for x in weight.shape)
-        shape = ConvShape(n, c, h, w, k, r, s, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3])
-        machine = context.target
-        plan = analyze(shape, machine, micro=_micro(shape, machine, SConvOptions()))
-        geometry = sconv_geometry(plan)
-        out = sconv_te(data, weight, geometry)
-        stages = context.epilogue_te(out)
-        final = stages[-1] if stages else out
-        context.require_layout(data, Layout((n, c, h, w)))  # read NCHW directly
-        options = SConvOptions(threads=machine.num_cores)
-        return context.finish(
-            output=final, layouts={weight: sconv_weight_layout(geometry)}, strategy=self.name,
-            schedule=lambda f: schedule_sconv(f, geometry, final=final.op.name,
-                                              inline=tuple(st.op.name for st in stages[:-1]), options=options,
-                                              lanes=machine.vector_lanes("float32")))
-
-
-register_strategy(SConvStrategy())
 
 
 @dataclass(frozen=True)
@@ -785,7 +725,7 @@ def build_sconv_packing(shape: ConvShape, *, target: HardwareTarget | None = Non
     target = target or host()
     options = options or SConvOptions()
     plan = analyze(shape, target, params=options.params, schedule=options.schedule,
-                   micro=_micro(shape, target, options))
+                   micro=micro_kernel(shape, target, options))
     g = sconv_geometry(plan)
     threads = options.threads or target.num_cores
     lanes = target.vector_lanes("float32")

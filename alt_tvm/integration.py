@@ -1,0 +1,104 @@
+"""Tuning a whole model: the integration of the tuner with the model build.
+
+The build (:mod:`alt_tvm.graph`) and the tuner (:mod:`alt_tvm.tuning`) know nothing of
+each other; this module depends on both and nothing in them depends on it (the role
+MetaSchedule's ``relax_integration`` plays in TVM). :func:`extract_tasks` partitions a
+model with :func:`alt_tvm.graph.partition.plan_partitions`, the rule ``alt_tvm.build``
+applies, so every task is keyed and lowered exactly as the build will key and lower its
+partition; :func:`tune` tunes those tasks into a log that ``alt_tvm.build(records=...)``
+applies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from alt_tvm.graph.build import VARIANTS, prepare
+from alt_tvm.graph.frontend import load_model
+from alt_tvm.graph.partition import plan_partitions
+from alt_tvm.strategies.base import PartitionContext
+from alt_tvm.strategies.registry import check_names
+from alt_tvm.target import HardwareTarget, host
+from alt_tvm.tuning.driver import TaskSummary, tune_tasks
+from alt_tvm.tuning.task import Task
+
+__all__ = ["extract_tasks", "tune"]
+
+
+def _space_options(options: Any, layout_levels: int) -> Any:
+    """The build's options for a strategy, plus the layout-template depth its space is built for."""
+    if options is None or isinstance(options, Mapping):
+        return {**(options or {}), "layout_levels": layout_levels}
+    return options  # a strategy's own options object: its space has no layout levels
+
+
+def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_inputs: Sequence[Any] | None = None,
+                  input_shapes: Mapping[str, Sequence[int]] | None = None, strategies: Sequence[str] | None = None,
+                  variant: str = "alt", strategy_options: Mapping[str, Any] | None = None,
+                  layout_levels: int = 1) -> list[Task]:
+    """The tunable tasks of ``model``, in topological order.
+
+    Parameters
+    ----------
+    model, target, example_inputs, input_shapes, strategies, variant, strategy_options
+        As for :func:`alt_tvm.build`: the tasks are the partitions that build lowers with a
+        strategy that has a tuning space, with the same options.
+    layout_levels
+        1 or 2: the one- or two-level layout templates (ALT paper §5.1) for the strategies
+        that have both.
+
+    Returns
+    -------
+    list of Task
+        Identical workloads (e.g. repeated ResNet blocks) are one task with a ``weight``.
+    """
+    if layout_levels not in (1, 2):
+        raise ValueError(f"layout_levels must be 1 or 2, got {layout_levels!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
+    target = target or host()
+    options = dict(strategy_options or {})
+    imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
+    func = prepare(imported.mod)["main"]
+    plan = plan_partitions(func, target=target, variant=variant, allowed=check_names(strategies),
+                           strategy_options=options)
+    tasks: dict[str, Task] = {}
+    for partition in plan.partitions:
+        strategy = plan.strategy_of(partition)
+        build_options = options.get(strategy.name)
+        context = PartitionContext(partition, target, variant, {},
+                                   options=_space_options(build_options, layout_levels))
+        space = strategy.space(partition.anchor, context)
+        if space is None:
+            continue
+        key = context.workload_key
+        if key in tasks:
+            tasks[key].weight += 1
+        else:
+            tasks[key] = Task(key, strategy, partition, target, space, variant=variant, options=build_options)
+    return list(tasks.values())
+
+
+def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: HardwareTarget | None = None,
+         seed: int = 0, joint_fraction: float = 0.3, example_inputs: Sequence[Any] | None = None,
+         input_shapes: Mapping[str, Sequence[int]] | None = None, strategies: Sequence[str] | None = None,
+         variant: str = "alt", strategy_options: Mapping[str, Any] | None = None, resume: bool = True,
+         measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
+         progress: bool = True, plot: str | os.PathLike[str] | None = None, layout_levels: int = 1,
+         features: str = "tir", batch: int = 128, top_k: int = 8, revalidate: int = 3,
+         revalidate_rounds: int = 2) -> list[TaskSummary]:
+    """Tune every tunable partition of ``model`` and append the measurements to ``log``.
+
+    ``model`` and the build options (``target``, ``example_inputs``, ``input_shapes``,
+    ``strategies``, ``variant``, ``strategy_options``) are those of :func:`alt_tvm.build`;
+    ``layout_levels`` is :func:`extract_tasks`'s; the search options are those of
+    :func:`alt_tvm.tuning.driver.tune_tasks`. Returns one summary per task.
+    """
+    tasks = extract_tasks(model, target=target, example_inputs=example_inputs, input_shapes=input_shapes,
+                          strategies=strategies, variant=variant, strategy_options=strategy_options,
+                          layout_levels=layout_levels)
+    return tune_tasks(tasks, trials=trials, log=log, seed=seed, joint_fraction=joint_fraction, resume=resume,
+                      measure=measure, cost_model=cost_model, progress=progress, plot=plot, features=features,
+                      batch=batch, top_k=top_k, revalidate=revalidate, revalidate_rounds=revalidate_rounds)

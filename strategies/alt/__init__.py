@@ -1,0 +1,6 @@
+"""The ALT templates (ALT paper §5.1): tiled-layout conv and GEMM strategies, CPU and CUDA.
+
+Importing the package registers its strategies (all named ``alt``).
+"""
+
+from . import conv, conv_cuda, gemm  # noqa: F401  (registration)

@@ -1,0 +1,96 @@
+"""Which target a builder builds for and which gcc links its kernels (a cross gcc for a foreign board).
+
+Kept apart from the builder: it is the only part of measuring that depends on the
+machine's installed toolchains.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import tvm
+
+from alt_tvm.target import HardwareTarget, board
+
+__all__ = ["CrossCompilerNotFoundError"]
+
+
+class CrossCompilerNotFoundError(RuntimeError):
+    """The gcc needed to link kernels for a board is not installed (the message says how)."""
+
+
+# Debian packages providing a cross gcc and the C library it links shared objects against.
+_DEBIAN_LIBC = {"aarch64-linux-gnu": "libc6-dev-arm64-cross", "riscv64-linux-gnu": "libc6-dev-riscv64-cross",
+                "arm-linux-gnueabihf": "libc6-dev-armhf-cross"}
+
+
+def _debian_packages(compiler: str) -> str:
+    triple = compiler[: -len("-gcc")] if compiler.endswith("-gcc") else compiler
+    return " ".join(p for p in (f"gcc-{triple}", _DEBIAN_LIBC.get(triple)) if p)
+
+
+@cache
+def _cross_compiler_problem(compiler: str) -> str | None:
+    """Why ``compiler`` cannot link a shared object here (``None``: it can)."""
+    if shutil.which(compiler) is None:
+        return f"cross compiler {compiler!r} is not installed"
+    with tempfile.TemporaryDirectory(prefix="alt_tvm_cc_") as tmp:
+        probe = subprocess.run(
+            [compiler, "-x", "c", "-shared", "-fPIC", "-o", os.path.join(tmp, "probe.so"), "-"],
+            input=b"int alt_tvm_probe(void) { return 0; }\n", capture_output=True, timeout=60,
+        )
+    if probe.returncode != 0:
+        detail = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        return f"cross compiler {compiler!r} cannot link a shared object ({detail[0]})"
+    return None
+
+
+def _resolve_target(target: Any, cross_compiler: str | None) -> tuple[tvm.target.Target, str | None, str]:
+    """(Target, the gcc that links for it or None for the host's, a name for messages)."""
+    if isinstance(target, str):
+        target = board(target)
+    if isinstance(target, HardwareTarget):
+        name, board_cc, target = target.name, target.cross_compiler, target.to_tvm()
+    else:
+        if isinstance(target, Mapping):
+            target = tvm.target.Target(dict(target))
+        if not isinstance(target, tvm.target.Target):
+            raise TypeError(
+                "target must be a board name, an alt_tvm.target.HardwareTarget, a tvm.target.Target or a "
+                f"target dict, got {type(target).__name__}"
+            )
+        name, board_cc = target.kind.name, None
+    if cross_compiler is not None:
+        if not isinstance(cross_compiler, str) or not cross_compiler:
+            raise TypeError(f"cross_compiler must be a non-empty str, got {cross_compiler!r}")
+        return target, cross_compiler, name
+    arch = _foreign_arch(target)
+    if arch is None:
+        return target, None, name  # also a board of this machine's architecture: the native gcc links
+    return target, board_cc or _default_cross_compiler(arch), name
+
+
+def _foreign_arch(target: tvm.target.Target) -> str | None:
+    """The architecture of an LLVM target's triple if it is not this machine's, else ``None``."""
+    if target.kind.name != "llvm":
+        return None  # device targets export with the host compiler (their host is llvm)
+    arch = str(target.attrs.get("mtriple", "") or "").split("-")[0]
+    host_arch = platform.machine().lower()
+    if not arch or arch == host_arch or (arch, host_arch) in {("x86_64", "amd64"), ("arm64", "aarch64")}:
+        return None
+    return arch
+
+
+def _default_cross_compiler(arch: str) -> str:
+    if arch in ("aarch64", "arm64"):
+        return "aarch64-linux-gnu-gcc"
+    if arch.startswith("riscv64"):
+        return "riscv64-linux-gnu-gcc"
+    raise ValueError(f"targets for {arch!r} need a cross compiler: pass cross_compiler='<gcc driver>'")

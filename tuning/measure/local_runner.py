@@ -1,0 +1,136 @@
+"""The local runner: times built kernels on this machine, each in a worker process."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import tvm
+
+from .base import (
+    _DEVICES,
+    ArgSpec,
+    BuildResult,
+    ErrorCode,
+    MeasureInput,
+    MeasureResult,
+    Runner,
+    _check_timing,
+    _format_exception,
+    _time_module,
+    argument_specs,
+)
+from .pool import _Status, _WorkerPool
+
+__all__ = ["LocalRunner"]
+
+
+def _run_task(
+    artifact_path: str, func_name: str, specs: tuple[ArgSpec, ...], device: str, number: int, repeat: int,
+    min_repeat_ms: int, seed: int,
+) -> tuple:
+    """In a worker: load, warm up and time a kernel; ("ok", [ms, ...], s) or ("error", message, s)."""
+    started = time.perf_counter()
+    try:
+        module = tvm.runtime.load_module(artifact_path)
+    except Exception as err:  # noqa: BLE001 - reported as RUN_ERROR
+        return ("error", "cannot load the kernel: " + _format_exception(err), time.perf_counter() - started)
+    try:
+        latencies = _time_module(module, func_name, tvm.device(device, 0), specs, number, repeat, min_repeat_ms, seed)
+        return ("ok", latencies, time.perf_counter() - started)
+    except Exception as err:  # noqa: BLE001 - reported as RUN_ERROR
+        return ("error", _format_exception(err), time.perf_counter() - started)
+
+
+class LocalRunner(Runner):
+    """Times built kernels on this machine, each in a worker process.
+
+    Parameters
+    ----------
+    number : int
+        Calls per timed repeat (their mean is one latency).
+    repeat : int
+        Latencies per candidate.
+    min_repeat_ms : int
+        Minimum duration of one repeat; ``number`` grows until it is reached (0: off).
+    timeout_s : float
+        Limit per candidate (load + warm-up + timing), else ``RUN_TIMEOUT``.
+    n_parallel : int
+        Candidates timed at once (1 unless the machine has cores to spare: parallel runs
+        disturb each other's timings).
+    device : {"cpu", "cuda"}
+        Device the kernels run on.
+    seed : int
+        Seed of the random inputs (the same for every candidate).
+    """
+
+    def __init__(
+        self,
+        *,
+        number: int = 10,
+        repeat: int = 3,
+        min_repeat_ms: int = 0,
+        timeout_s: float = 30.0,
+        n_parallel: int = 1,
+        device: str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        _check_timing(number, repeat, min_repeat_ms, timeout_s, n_parallel)
+        if device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.number, self.repeat, self.min_repeat_ms = number, repeat, min_repeat_ms
+        self.timeout_s, self.n_parallel, self.device, self.seed = float(timeout_s), n_parallel, device, seed
+        self._pool: _WorkerPool | None = None
+        self._closed = False
+
+    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[MeasureResult]:
+        """Time every built input in a worker process (see :meth:`Runner.run`)."""
+        if self._closed:
+            raise ValueError("LocalRunner is closed")
+        self._check_batch(inputs, builds)
+        results: list[MeasureResult | None] = [None if b.ok else self._from_failed_build(b) for b in builds]
+        todo = [i for i, r in enumerate(results) if r is None]
+        tasks = []
+        for i in list(todo):
+            try:
+                specs = argument_specs(inputs[i].func)
+            except ValueError as err:
+                results[i] = MeasureResult(error_code=ErrorCode.RUN_ERROR, error_msg=str(err),
+                                           build_s=builds[i].build_s)
+                todo.remove(i)
+                continue
+            tasks.append((builds[i].artifact_path, inputs[i].func_name, specs, self.device, self.number,
+                          self.repeat, self.min_repeat_ms, self.seed))
+        if tasks:
+            if self._pool is None:
+                self._pool = _WorkerPool(self.n_parallel)
+            outcomes = self._pool.map(_run_task, tasks, timeout_s=self.timeout_s)
+            for i, (status, value, seconds) in zip(todo, outcomes):
+                results[i] = _run_result(status, value, seconds, builds[i].build_s, self.timeout_s)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        if not self._closed:
+            self._closed = True
+            if self._pool is not None:
+                self._pool.close()
+
+
+def _run_result(status: _Status, value: Any, seconds: float, build_s: float, timeout_s: float) -> MeasureResult:
+    if status is _Status.TIMEOUT:
+        return MeasureResult(error_code=ErrorCode.RUN_TIMEOUT, error_msg=f"run exceeded {timeout_s:g} s",
+                             build_s=build_s, run_s=seconds)
+    if status is _Status.CRASH:
+        return MeasureResult(error_code=ErrorCode.RUN_ERROR,
+                             error_msg="the runner process died (the kernel crashed, e.g. a segfault)",
+                             build_s=build_s, run_s=seconds)
+    if status is _Status.ERROR:
+        return MeasureResult(error_code=ErrorCode.RUN_ERROR, error_msg=_format_exception(value), build_s=build_s,
+                             run_s=seconds)
+    if value[0] != "ok":
+        return MeasureResult(error_code=ErrorCode.RUN_ERROR, error_msg=value[1], build_s=build_s, run_s=value[2])
+    return MeasureResult(latencies_ms=tuple(value[1]), build_s=build_s, run_s=value[2])

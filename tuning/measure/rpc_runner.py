@@ -1,0 +1,207 @@
+"""The RPC runner: times built kernels on remote boards reached through a ``tvm.rpc`` tracker."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import tvm
+
+from .base import (
+    _DEVICES,
+    BuildResult,
+    ErrorCode,
+    MeasureInput,
+    MeasureResult,
+    Runner,
+    _check_timing,
+    _format_exception,
+    _positive,
+    _time_module,
+    argument_specs,
+)
+
+__all__ = ["RPCRunner"]
+
+
+class RPCRunner(Runner):
+    """Times built kernels on remote devices reached through a ``tvm.rpc`` tracker.
+
+    Each candidate gets its own session (``tracker.request(key)``): the shared object is
+    uploaded, loaded and timed with ``time_evaluator`` on the remote device, with random
+    inputs allocated there. Build the kernels for the board (e.g.
+    ``LocalBuilder(target="kirin990")`` cross-compiles them).
+
+    The RPC calls run in daemon threads of this process (the kernel itself runs on the
+    server, so a crash there cannot kill the tuner): a call that exceeds ``timeout_s`` is
+    abandoned, and the server ends its session after ``session_timeout_s``.
+
+    Parameters
+    ----------
+    tracker_host : str
+    tracker_port : int
+    key : str
+        Device key the servers registered with (``rpc_server --key``).
+    number, repeat, min_repeat_ms : int
+        As for :class:`LocalRunner`.
+    timeout_s : float
+        Limit per candidate (getting a session, upload, load, warm-up, timing).
+    session_timeout_s : float, optional
+        Lifetime the server grants each session (default ``timeout_s + 10``): it frees the
+        board from a kernel that hangs.
+    connect_timeout_s : float
+        Limit for reaching the tracker; an unreachable tracker gives ``RPC_ERROR`` for the
+        whole batch at once.
+    n_parallel : int
+        Sessions at once (useful with several boards under one key).
+    device : {"cpu", "cuda"}
+        Remote device (``remote.cpu()`` or ``remote.cuda()``).
+    seed : int
+        Seed of the random inputs.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracker_host: str,
+        tracker_port: int,
+        key: str,
+        number: int = 10,
+        repeat: int = 3,
+        min_repeat_ms: int = 0,
+        timeout_s: float = 30.0,
+        session_timeout_s: float | None = None,
+        connect_timeout_s: float = 5.0,
+        n_parallel: int = 1,
+        device: str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(tracker_host, str) or not tracker_host:
+            raise ValueError(f"tracker_host must be a non-empty str, got {tracker_host!r}")
+        if isinstance(tracker_port, bool) or not isinstance(tracker_port, int) or not 0 < tracker_port < 65536:
+            raise ValueError(f"tracker_port must be an int in 1..65535, got {tracker_port!r}")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be a non-empty str, got {key!r}")
+        _check_timing(number, repeat, min_repeat_ms, timeout_s, n_parallel)
+        session_timeout_s = timeout_s + 10.0 if session_timeout_s is None else session_timeout_s
+        _positive("session_timeout_s", session_timeout_s)
+        _positive("connect_timeout_s", connect_timeout_s)
+        if device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.tracker_host, self.tracker_port, self.key = tracker_host, tracker_port, key
+        self.number, self.repeat, self.min_repeat_ms = number, repeat, min_repeat_ms
+        self.timeout_s, self.session_timeout_s = float(timeout_s), float(session_timeout_s)
+        self.connect_timeout_s, self.n_parallel, self.device, self.seed = (
+            float(connect_timeout_s), n_parallel, device, seed)
+
+    @property
+    def _address(self) -> str:
+        return f"{self.tracker_host}:{self.tracker_port}"
+
+    def check_tracker(self) -> str | None:
+        """Why the tracker cannot serve this runner's key now (``None``: it can).
+
+        Checks that the tracker accepts connections within ``connect_timeout_s`` (TVM's
+        own client would retry a refused connection for a minute) and that a server with
+        ``key`` has registered.
+        """
+        try:
+            socket.create_connection((self.tracker_host, self.tracker_port), timeout=self.connect_timeout_s).close()
+        except OSError as err:
+            return f"cannot reach tracker {self._address}: {err}"
+        outcome = _call_with_timeout(self._summary, self.connect_timeout_s)
+        if outcome[0] != "ok":
+            return f"tracker {self._address} did not answer a summary request: {outcome[1]}"
+        summary = outcome[1]
+        keys = set(summary.get("queue_info", {}))
+        keys |= {str(s.get("key", "")).split(":", 1)[-1] for s in summary.get("server_info", [])}
+        if self.key not in keys:
+            return (f"no RPC server with key {self.key!r} is registered at tracker {self._address} "
+                    f"(registered keys: {sorted(keys)})")
+        return None
+
+    def _summary(self) -> dict:
+        tracker = tvm.rpc.connect_tracker(self.tracker_host, self.tracker_port)
+        try:
+            return tracker.summary()
+        finally:
+            tracker.close()
+
+    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[MeasureResult]:
+        """Time every built input on a remote device (see :meth:`Runner.run`)."""
+        self._check_batch(inputs, builds)
+        results: list[MeasureResult | None] = [None if b.ok else self._from_failed_build(b) for b in builds]
+        todo = [i for i, r in enumerate(results) if r is None]
+        if not todo:
+            return results  # type: ignore[return-value]
+        problem = self.check_tracker()
+        if problem is not None:
+            for i in todo:
+                results[i] = MeasureResult(error_code=ErrorCode.RPC_ERROR, error_msg=problem,
+                                           build_s=builds[i].build_s)
+            return results  # type: ignore[return-value]
+        with ThreadPoolExecutor(max_workers=self.n_parallel) as pool:
+            for i, result in zip(todo, pool.map(lambda i: self._run_one(inputs[i], builds[i]), todo)):
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    def _run_one(self, item: MeasureInput, build: BuildResult) -> MeasureResult:
+        try:
+            specs = argument_specs(item.func)
+        except ValueError as err:
+            return MeasureResult(error_code=ErrorCode.RUN_ERROR, error_msg=str(err), build_s=build.build_s)
+        phase = ["requesting a session"]  # updated by the worker thread, read on timeout
+
+        def task() -> list[float]:
+            tracker = tvm.rpc.connect_tracker(self.tracker_host, self.tracker_port)
+            try:
+                remote = tracker.request(self.key, priority=1, session_timeout=self.session_timeout_s, max_retry=1)
+            finally:
+                tracker.close()
+            phase[0] = "uploading"
+            name = f"alt_tvm_{uuid.uuid4().hex}.so"
+            remote.upload(build.artifact_path, name)
+            phase[0] = "loading"
+            module = remote.load_module(name)
+            phase[0] = "running"
+            dev = remote.cuda(0) if self.device == "cuda" else remote.cpu(0)
+            return _time_module(module, item.func_name, dev, specs, self.number, self.repeat, self.min_repeat_ms,
+                                self.seed)
+
+        started = time.perf_counter()
+        outcome = _call_with_timeout(task, self.timeout_s)
+        seconds = time.perf_counter() - started
+        if outcome[0] == "ok":
+            return MeasureResult(latencies_ms=tuple(outcome[1]), build_s=build.build_s, run_s=seconds)
+        if outcome[0] == "timeout":
+            if phase[0] == "requesting a session":
+                code, msg = ErrorCode.RPC_ERROR, f"no free server with key {self.key!r} within {self.timeout_s:g} s"
+            else:
+                code, msg = ErrorCode.RUN_TIMEOUT, f"{phase[0]} exceeded the {self.timeout_s:g} s limit"
+            return MeasureResult(error_code=code, error_msg=msg, build_s=build.build_s, run_s=seconds)
+        code = ErrorCode.RPC_ERROR if phase[0] in ("requesting a session", "uploading") else ErrorCode.RUN_ERROR
+        return MeasureResult(error_code=code, error_msg=f"{phase[0]}: {outcome[1]}", build_s=build.build_s,
+                             run_s=seconds)
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any]:
+    """("ok", value), ("error", message) or ("timeout", None); a hung call is left in a daemon thread."""
+    box: list[tuple[str, Any]] = []
+
+    def target() -> None:
+        try:
+            box.append(("ok", fn()))
+        except Exception as err:  # noqa: BLE001 - reported to the caller
+            box.append(("error", _format_exception(err)))
+
+    thread = threading.Thread(target=target, name="alt_tvm_rpc", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return box[0] if box else ("timeout", None)
