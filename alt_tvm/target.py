@@ -327,7 +327,7 @@ _BOARD_LIST = (
         cache_line_bytes=128,
         cross_compiler=None,
     ),
-    # VTA (issue 7): the host CPU runs everything but int8 conv2d/dense, which the ``vta_gemm``
+    # VTA: the host CPU runs everything but int8 conv2d/dense, which the ``vta_gemm``
     # strategy runs on the VTA model in alt_tvm.vta_mapping.sim (simulated; no FPGA). Generic
     # llvm (no -mcpu) so the code runs on any x86-64/AArch64 host; the CPU figures are the
     # module's detection defaults, used only to size fallback kernels' parallel loops.

@@ -1,4 +1,4 @@
-"""Benchmark SConv against im2col + BLAS GEMM on every convolution of five CNNs (seed 001 §7).
+"""Benchmark SConv against im2col + BLAS GEMM on every convolution of five CNNs (Ferrari et al., §7).
 
 For each convolution (batch 1 unless a config says otherwise), in one process and run:
 

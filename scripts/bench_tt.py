@@ -1,4 +1,4 @@
-"""Benchmark TT-factorised FC layers and the Table 3 einsum kernels (seed 000, §6.3-6.4).
+"""Benchmark TT-factorised FC layers and the Table 3 einsum kernels (Anthimopoulos et al., §6.3-6.4).
 
 For each layer: the TT chain built by alt-tvm (packed, vectorised, register-blocked), the
 same chain in PyTorch (``torch.einsum`` + reshapes, Listing 1), the naive TE chain (no packing,

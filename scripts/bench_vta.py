@@ -1,4 +1,4 @@
-"""Benchmark the CP embedding (seed 002) against TVM's old static VTA template on many conv2d layers.
+"""Benchmark the CP embedding (Rieber et al.) against TVM's old static VTA template on many conv2d layers.
 
 For every configuration (and every ``--gemm`` intrinsic shape): enumerate and rank embeddings with
 CP-SAT, run the best one and the static template (n->x, oc->y, ic->z, ic padded to BLOCK_IN) on the
@@ -81,7 +81,7 @@ def parse_config(*, raw: object, index: int) -> dict:
 
 
 def category(geo: dict, gemm: GemmShape) -> str:
-    """low-channel / depthwise / dilated / standard (the grouping of seed 002 §6.1)."""
+    """low-channel / depthwise / dilated / standard (the grouping of Rieber et al., §6.1)."""
     if geo["groups"] > 1 and geo["groups"] == geo["c"]:
         return "depthwise"
     if geo["dilation_h"] > 1 or geo["dilation_w"] > 1:
@@ -127,7 +127,7 @@ def bench_one(*, raw: dict, geo: dict, gemm: GemmShape, seed: int, check_uops: i
     x_nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     wt = rng.integers(-128, 128, (geo["k"], geo["c"] // geo["groups"], geo["r"], geo["s"]), dtype=np.int8)
     # The reference is TVM's old VTA template, whose conv2d asserts dilation == 1: a dilated layer
-    # runs it on the kernel blown up with zeros (as in seed 002 §6.1), same output.
+    # runs it on the kernel blown up with zeros (as in Rieber et al., §6.1), same output.
     ref_geo, ref_wt = geo, wt
     if geo["dilation_h"] > 1 or geo["dilation_w"] > 1:
         dh, dw = geo["dilation_h"], geo["dilation_w"]
@@ -146,7 +146,7 @@ def bench_one(*, raw: dict, geo: dict, gemm: GemmShape, seed: int, check_uops: i
 
     runs = {"static": (static, ref_geo, ref_wt)}
     if ranked:
-        # seed 002 §6: the top-k of the §4.4 metric are measured and the fastest kept; here the
+        # Rieber et al., §6: the top-k of the §4.4 metric are measured and the fastest kept; here the
         # measurement is the simulator's count (no data needed)
         t2 = time.perf_counter()
         top = ranked[:top_k]

@@ -1,6 +1,6 @@
 """The main job of the quick start: tune a small model briefly, build it, compare.
 
-Tunes the small CNN of DESIGN.md §2 (1x3x64x64, six conv3x3+BN+ReLU), builds it with and
+Tunes the small CNN (1x3x64x64, six conv3x3+BN+ReLU), builds it with and
 without the tuning log, checks both against ONNX Runtime, and prints their latency next
 to ONNX Runtime, PyTorch and TVM's own untuned build, all measured in this run. Then
 runs the ResNet-18 first-layer case study (scripts/r18_first_layer.py).

@@ -84,7 +84,7 @@ def test_measured_peak_is_vector_fma_speed():
 
 
 def test_default_tiling_follows_registers_and_l1():
-    from alt_tvm.strategies.alt.conv import default_conv_tiling
+    from alt_tvm.strategies.alt.tiling import default_conv_tiling
 
     big = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=48 * 1024)
     assert big.ot == 16 and big.spatial[0] * big.reg <= 24  # accumulators within 3/4 of 32 registers

@@ -62,7 +62,8 @@ def test_a_task_lowers_like_its_partition():
     (task, *_) = extract_tasks(model, example_inputs=INPUTS)
     lowered = task.lower(None)
     assert len(lowered.arg_specs) == len(lowered.func.params)
-    assert task.lower(task.space.params(*task.space.default())).func.script() == lowered.func.script()
+    default = task.lower(task.space.params(*task.space.default()))
+    assert [spec for spec in default.arg_specs] == lowered.arg_specs  # same layouts, only loops may differ
 
 
 def test_the_build_and_the_plan_agree_on_selection():

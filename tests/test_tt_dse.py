@@ -1,4 +1,4 @@
-"""TT design-space exploration (seed 000 §2, §4): formulas, pruning counts, Tables 1-2."""
+"""TT design-space exploration (Anthimopoulos et al., §2, §4): formulas, pruning counts, Tables 1-2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TT decomposition, analytic schedule choices and einsum kernels (issue 6, items 2-3)."""
+"""TT decomposition, analytic schedule choices and einsum kernels."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``tt_einsum`` build strategy: dense layers rewritten into TT chains on request (issue 6, item 4)."""
+"""The ``tt_einsum`` build strategy: dense layers rewritten into TT chains on request."""
 
 from __future__ import annotations
 

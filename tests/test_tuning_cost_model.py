@@ -1,4 +1,4 @@
-"""Program features and the XGBoost cost model of the tuner (issue 4, item 3)."""
+"""Program features and the XGBoost cost model of the tuner."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def _target_key():
 
 
 def test_tiling_records_with_inconsistent_levels_are_refused():
-    from alt_tvm.strategies.alt.conv import DefaultConvTiling
+    from alt_tvm.strategies.alt.tiling import DefaultConvTiling
 
     base = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}
     with pytest.raises(ValueError, match=r"outer_spatial \[2\] needs one tile per spatial dim \(2"):

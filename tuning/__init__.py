@@ -1,1 +1,1 @@
-"""alt_tvm.tuning (see DESIGN.md §1)."""
+"""alt_tvm.tuning (see ARCHITECTURE.md)."""

@@ -1,1 +1,1 @@
-"""alt_tvm.vta_mapping (see DESIGN.md §1)."""
+"""alt_tvm.vta_mapping (see ARCHITECTURE.md)."""

@@ -1,4 +1,4 @@
-"""Embedding the intrinsic DFG into an operator as a CSP, solved with OR-Tools CP-SAT (seed 002 §4).
+"""Embedding the intrinsic DFG into an operator as a CSP, solved with OR-Tools CP-SAT (Rieber et al., §4).
 
 Variables (§4.1): one linearised-instance variable per intrinsic node (64-bit domain: the node's
 position in the operator's instance set, or in the tensor for data nodes), channelled to one

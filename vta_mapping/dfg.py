@@ -1,4 +1,4 @@
-"""The intrinsic as a small dataflow graph (seed 002 §3.1): VTA's GEMM ``C[x,y] += A[x,z]*B[y,z]``.
+"""The intrinsic as a small dataflow graph (Rieber et al., §3.1): VTA's GEMM ``C[x,y] += A[x,z]*B[y,z]``.
 
 Nodes are scalar: data nodes ``A[x,z]`` and ``B[y,z]`` (int8), one multiply per ``(x,y,z)`` and
 one accumulating add per ``(x,y)`` (the reduction is a sequential self-edge, so the add node

@@ -1,4 +1,4 @@
-"""Polyhedral operator representation (seed 002 §3.2): instance sets and access relations.
+"""Polyhedral operator representation (Rieber et al., §3.2): instance sets and access relations.
 
 An operator is a rectangular instance set ``S = {[e0, ..., en] : 0 <= e_j < E_j}`` over named
 iteration dimensions, one output access and two input accesses, each an affine map from ``S``

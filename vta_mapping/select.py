@@ -1,4 +1,4 @@
-"""Candidate selection (seed 002 §4.4): rank embeddings by weighted MAC and data-movement overhead.
+"""Candidate selection (Rieber et al., §4.4): rank embeddings by weighted MAC and data-movement overhead.
 
 ``o = [MAC_total - MAC_min, Data_total - Data_min]`` (data in tensor elements, as in the paper);
 the score is ``o · w`` for a user weight vector ``w`` (both terms are non-negative, so this is the

@@ -46,7 +46,7 @@ class SlabRun:
     weight_pack_seconds: float  # once per plan, at build time
     pack_seconds: float  # data packing + output unpacking over every slab
     mac_total: int
-    data_total: int  # elements of the packed A, B, C tensors of the whole layer (seed 002 §4.4)
+    data_total: int  # elements of the packed A, B, C tensors of the whole layer (Rieber et al., §4.4)
     footprint_bytes: int  # bytes of the packed A (int8), B (int8) and C (int32) tensors
     output: np.ndarray | None = field(default=None, repr=False)  # int32, in data_layout
 

@@ -1,4 +1,4 @@
-"""TT design-space exploration of one FC layer (seed 000 §4; see ``alt_tvm.strategies.tt.dse``).
+"""TT design-space exploration of one FC layer (Anthimopoulos et al., §4; see ``alt_tvm.strategies.tt.dse``).
 
 Prints one JSON object: the layer, the config, the counts after each pruning step and the
 surviving solutions (or their number with ``--count-only``)::

@@ -1,8 +1,8 @@
 """Reference models in plain PyTorch, with seeded weights, and their ONNX export.
 
-torchvision does not import beside torch 2.13 here, so the end-to-end models (DESIGN.md §4)
-are written out: ``resnet18``, ``resnet3d_18`` (torchvision ``r3d_18``), ``mobilenet_v2``,
-``bert_tiny`` and ``small_cnn`` (DESIGN §2). Every model is a pure function of its seed and
+torchvision does not import beside torch 2.13 here, so the end-to-end reference models are
+written out: ``resnet18``, ``resnet3d_18`` (torchvision ``r3d_18``), ``mobilenet_v2``,
+``bert_tiny`` and ``small_cnn``. Every model is a pure function of its seed and
 has no data-dependent control flow, so ``torch.export`` and ``torch.onnx.export`` both trace it.
 
 >>> from alt_tvm.models import get_model, export_onnx
@@ -64,11 +64,11 @@ MODELS: dict[str, ModelInfo] = {
                   "ResNet3D-18 (torchvision r3d_18), 1x3x16x112x112 -> 400 logits"),
         ModelInfo("mobilenet_v2", mobilenet_v2, ("input",), ("logits",), 1e-4, 1e-4,
                   "MobileNet-V2 width 1.0 (torchvision), 1x3x224x224 -> 1000 logits"),
-        # Softmax and LayerNorm over long reductions: looser, as DESIGN asks for BERT.
+        # Softmax and LayerNorm over long reductions: looser for BERT.
         ModelInfo("bert_tiny", bert_tiny, ("input_ids", "attention_mask"), ("last_hidden_state",), 1e-3, 1e-3,
                   "BERT-tiny (2 layers, hidden 128, 2 heads), int64 1x128 ids + mask -> 1x128x128"),
         ModelInfo("small_cnn", small_cnn, ("input",), ("logits",), 1e-4, 1e-4,
-                  "DESIGN §2 small CNN: six conv3x3+BN+ReLU, 1x3x64x64 -> 10 logits"),
+                  "small CNN: six conv3x3+BN+ReLU, 1x3x64x64 -> 10 logits"),
     )
 }
 

@@ -1,4 +1,4 @@
-"""The small CNN of DESIGN.md §2: a 1x3x64x64 input through six convolutions.
+"""The small CNN of the quick start: a 1x3x64x64 input through six convolutions.
 
 Architecture (VGG-like; every conv is 3x3 with padding 1, followed by BatchNorm and ReLU)::
 
@@ -11,7 +11,7 @@ Architecture (VGG-like; every conv is 3x3 with padding 1, followed by BatchNorm 
     global average pool, linear 128 -> 10
 
 About 35 M multiply-adds (70 MFLOP) per image. Small enough that per-operator call overhead
-and untuned kernels dominate, which is what DESIGN §2's ORT-vs-TVM numbers illustrate.
+and untuned kernels dominate, which is where ONNX Runtime and TVM differ most.
 BatchNorm is kept as a separate layer (eval mode, calibrated statistics) so that importing
 and building the model exercises BN folding.
 """

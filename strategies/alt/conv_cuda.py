@@ -29,7 +29,7 @@ from tvm import te
 
 from alt_tvm.strategies.registry import register_strategy
 
-from .conv import AltConvStrategy, ConvGeometry, DefaultConvTiling
+from .conv import AltConvStrategy, ConvGeometry
 from .cuda_tiling import (
     BlockUsage,
     CudaConvTiling,
@@ -41,6 +41,7 @@ from .cuda_tiling import (
     verify_gpu_kernels,
 )
 from .gemm import AltGemmStrategy, _gemm_extents
+from .tiling import DefaultConvTiling
 
 __all__ = [
     "AltConvCudaStrategy",

@@ -15,6 +15,8 @@ import numpy as np
 
 from alt_tvm.strategies.space import Knob, Space, divisors
 
+from .tiling import DefaultConvTiling
+
 
 class ConvSpace(Space):
     """The C2D family template (any spatial rank): ``ht, wt, ot, it, ot', it'`` and loop knobs.
@@ -26,7 +28,7 @@ class ConvSpace(Space):
     in_channels_per_group, out_channels_per_group
         Channel extents the channel tiles split (within a group).
     default
-        The strategy's analytic tiling, as the starting point.
+        The strategy's analytic tiling (:class:`DefaultConvTiling` JSON), as the starting point.
     registers
         Vector registers: register blocks above ~3/4 of them are not offered.
     lanes
@@ -95,14 +97,12 @@ class ConvSpace(Space):
         return None
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        d = self._default
-        layout = {f"s{k}": v for k, v in enumerate(d["spatial"])}
-        layout.update(ot=d["ot"], it=d["it"], weight_ot=d.get("weight_ot") or d["ot"],
-                      weight_it=d.get("weight_it") or d["it"])
-        loop = {"reg": d["reg"], "rc_split": d.get("rc_split") or d["it"],
-                "parallel_channels": bool(d.get("parallel_channels")),
-                "unroll_window": bool(d.get("unroll_window")), "window_outer": bool(d.get("window_outer")),
-                "epilogue_in_block": bool(d.get("epilogue_in_block"))}
+        d = DefaultConvTiling.from_json(self._default)
+        layout = {f"s{k}": v for k, v in enumerate(d.spatial)}
+        layout.update(ot=d.ot, it=d.it, weight_ot=d.weight_ot or d.ot, weight_it=d.weight_it or d.it)
+        loop = {"reg": d.reg, "rc_split": d.rc_split or d.it, "parallel_channels": bool(d.parallel_channels),
+                "unroll_window": d.unroll_window, "window_outer": d.window_outer,
+                "epilogue_in_block": d.epilogue_in_block}
         if self.levels == 2:
             layout.update({f"s{k}_outer": 1 for k in range(self.rank)}, ot_outer=1)
         # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
@@ -113,15 +113,14 @@ class ConvSpace(Space):
         return layout, loop
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-        params = {"spatial": [layout[f"s{d}"] for d in range(self.rank)], "ot": layout["ot"], "it": layout["it"],
-                "reg": loop["reg"], "weight_ot": layout["weight_ot"], "weight_it": layout["weight_it"],
-                "rc_split": loop["rc_split"], "parallel_channels": bool(loop["parallel_channels"]),
-                "unroll_window": bool(loop["unroll_window"]), "window_outer": bool(loop["window_outer"]),
-                "epilogue_in_block": bool(loop["epilogue_in_block"])}
-        if self.levels == 2:
-            params.update(outer_spatial=[layout[f"s{d}_outer"] for d in range(self.rank)],
-                          outer_ot=layout["ot_outer"])
-        return params
+        two_level = self.levels == 2
+        return DefaultConvTiling(
+            spatial=tuple(layout[f"s{d}"] for d in range(self.rank)), ot=layout["ot"], it=layout["it"],
+            reg=loop["reg"], weight_ot=layout["weight_ot"], weight_it=layout["weight_it"], rc_split=loop["rc_split"],
+            parallel_channels=bool(loop["parallel_channels"]), unroll_window=bool(loop["unroll_window"]),
+            window_outer=bool(loop["window_outer"]), epilogue_in_block=bool(loop["epilogue_in_block"]),
+            outer_spatial=tuple(layout[f"s{d}_outer"] for d in range(self.rank)) if two_level else (),
+            outer_ot=layout["ot_outer"] if two_level else 0).to_json()
 
 
 class GemmSpace(Space):

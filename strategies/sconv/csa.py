@@ -1,7 +1,7 @@
 """SConv's Convolution Slicing Analysis (CSA): tile sizes, cache distribution, IS vs WS.
 
 Pure Python, no TVM. Follows Ferrari et al., "Advancing Direct Convolution using
-Convolution Slicing Optimization and ISA Extensions" (seed 001), §4.1 and §5:
+Convolution Slicing Optimization and ISA Extensions" (Ferrari et al.), §4.1 and §5:
 
 * the micro-kernel fixes ``N_win`` (windows per input tile, along vector lanes) and ``N_f``
   (filters per filter tile, one accumulator vector each) from the target's vector registers

@@ -1,8 +1,8 @@
 """SConv direct convolution: CSO macro-kernel, packing on demand, micro-kernel.
 
-From "SConv: a direct convolution for CPUs" (seed paper on SConv, §4-§6). The analysis
-(CSA) is in :mod:`alt_tvm.strategies.sconv.csa`, the build strategy in
-:mod:`alt_tvm.strategies.sconv.strategy`. This module generates the
+From Ferrari et al., "Advancing Direct Convolution using Convolution Slicing Optimization
+and ISA Extensions", §4-§6. The analysis (CSA) is in :mod:`alt_tvm.strategies.sconv.csa`,
+the build strategy in :mod:`alt_tvm.strategies.sconv.strategy`. This module generates the
 convolution as TE plus an ``s_tir`` schedule:
 
 * **Phase image** ``X[n, c, a, b, f]`` — the padded input, split into ``stride_h x

@@ -1,4 +1,4 @@
-"""TT-SVD of a dense weight matrix into the cores of a TT layer (seed 000, §2).
+"""TT-SVD of a dense weight matrix into the cores of a TT layer (Anthimopoulos et al., §2).
 
 A dense layer ``y = x @ W.T + b`` with ``W`` of shape ``[M, N]`` (M outputs, N inputs) is
 approximated by cores ``G_t`` of shape ``(r_{t-1}, n_t, m_t, r_t)``, ``t = 1..d``, with

@@ -1,4 +1,4 @@
-"""Design-space exploration (DSE) of tensor-train (TT) factorised FC layers (seed 000, §2, §4).
+"""Design-space exploration (DSE) of tensor-train (TT) factorised FC layers (Anthimopoulos et al., §2, §4).
 
 An FC layer ``y = W x + b`` with ``N`` inputs and ``M`` outputs (the paper writes its shape as
 ``[N, M]``, e.g. LeNet300's ``[784, 300]``) is replaced by a chain of ``d`` einsums over TT cores
@@ -18,7 +18,7 @@ every choice of intermediate ranks; it is pruned in the paper's order:
 5. ``scalability`` (§4.2.3, second step): drop solutions with a long combination
    (``d > max_length``) *and* poor scalability (the heaviest einsum below ``8e6`` FLOPs).
 
-These conventions are those of DESIGN.md §3.5; they reproduce the first four columns of most rows
+These conventions reproduce the first four columns of most rows
 of Tables 1-2 to the printed two digits. The scalability text is ambiguous ("exceeding four
 (d>5)"); ``max_length=4`` (drop ``d > 4``) is the default because it reproduces the rows where
 the two readings differ (e.g. ``[784, 300]``: 5.6E+02, ``[512, 512]``: 3.2E+02, ``[4096, 2048]``:

@@ -1,4 +1,4 @@
-"""Optimised TT einsum kernels and the TT layer's einsum chain (seed 000, Listing 1, §4.3).
+"""Optimised TT einsum kernels and the TT layer's einsum chain (Anthimopoulos et al., Listing 1, §4.3).
 
 Every einsum of a TT layer is ``Y[m, b, r] = sum_{n, k} G[r, n, m, k] * X[b, n, k]``
 (Listing 2, ``"rnmk,bnk->mbr"``) with ``G`` a core ``(r_{t-1}, n_t, m_t, r_t)``, so ``r`` (the

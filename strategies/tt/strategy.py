@@ -1,4 +1,4 @@
-"""The ``tt_einsum`` build strategy: dense layers rewritten into the TT einsum chain (issue 6, item 4).
+"""The ``tt_einsum`` build strategy: dense layers rewritten into the TT einsum chain.
 
 A dense layer reaches the partitioner as ``relax.matmul(x[B, N], C[N, M])`` with a constant
 right-hand side (the transposed ``nn.Linear.weight`` ``W[M, N]``), usually followed by a bias

@@ -73,7 +73,7 @@ class VTAGemmOptions:
     constraints : Constraints
         CSP constraint set (``mapping="csp"`` only).
     weights : (float, float)
-        Candidate-selection weights (MAC, data) of seed 002 §4.4.
+        Candidate-selection weights (MAC, data) of Rieber et al., §4.4.
     """
 
     config: VTAConfig = field(default_factory=VTAConfig)

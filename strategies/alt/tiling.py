@@ -1,0 +1,139 @@
+"""The parameters of the ALT conv template (ALT paper §5.1): layout tiles and loop knobs.
+
+:class:`DefaultConvTiling` is what a tuning record of a conv stores (its JSON form) and
+what the conv strategy lowers; :func:`default_conv_tiling` is the analytic, untuned choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from alt_tvm.strategies.base import tiles_for
+
+__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling"]
+
+
+@dataclass(frozen=True)
+class DefaultConvTiling:
+    """The layout and loop parameters of the conv template (analytic defaults or tuned).
+
+    Layout: ``spatial`` output tiles and ``ot`` (output), ``it`` (input), ``weight_ot`` /
+    ``weight_it`` (weight, ``o_t'`` / ``i_t'`` in the paper; 0 = same as ``ot`` / ``it``).
+    Two-level layout (paper §5.1): ``outer_spatial`` / ``outer_ot`` group the tiles into
+    blocks stored contiguously (empty / 0 = one level).
+    Loops: ``reg`` register block along the last spatial dim, ``rc_split`` the inner
+    channel block of the reduction (0 = ``it``), ``parallel_channels`` also runs channel
+    tiles in parallel (None = when spatial tiles are few), ``unroll_window`` unrolls the
+    kernel-window loops, ``window_outer`` orders the window loops before the channel
+    blocks of the reduction, ``epilogue_in_block`` computes the fused epilogue right after
+    each register block instead of after the whole channel tile.
+    """
+
+    spatial: tuple[int, ...]
+    ot: int
+    it: int
+    reg: int
+    weight_ot: int = 0
+    weight_it: int = 0
+    rc_split: int = 0
+    parallel_channels: bool | None = None
+    outer_spatial: tuple[int, ...] = ()
+    outer_ot: int = 0
+    unroll_window: bool = False
+    window_outer: bool = False
+    epilogue_in_block: bool = False
+
+    def __post_init__(self) -> None:
+        if self.outer_spatial and len(self.outer_spatial) != len(self.spatial):
+            raise ValueError(f"outer_spatial {list(self.outer_spatial)} needs one tile per spatial dim "
+                             f"({len(self.spatial)}: {list(self.spatial)})")
+        if self.outer_spatial and self.outer_ot < 1:
+            raise ValueError(f"a two-level tiling needs outer_ot >= 1, got {self.outer_ot}")
+        if any(t < 1 for t in (*self.spatial, *self.outer_spatial, self.ot, self.it, self.reg)):
+            raise ValueError(f"tiles must be positive: spatial={list(self.spatial)} ot={self.ot} it={self.it} "
+                             f"reg={self.reg} outer_spatial={list(self.outer_spatial)}")
+
+    @property
+    def two_level(self) -> bool:
+        return bool(self.outer_spatial)
+
+    def to_json(self) -> dict[str, Any]:
+        record = {"spatial": list(self.spatial), "ot": self.ot, "it": self.it, "reg": self.reg,
+                  "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
+                  "parallel_channels": self.parallel_channels, "unroll_window": self.unroll_window,
+                  "window_outer": self.window_outer, "epilogue_in_block": self.epilogue_in_block}
+        if self.two_level:
+            record.update(outer_spatial=list(self.outer_spatial), outer_ot=self.outer_ot)
+        return record
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> DefaultConvTiling:
+        try:
+            return cls(spatial=tuple(int(s) for s in record["spatial"]), ot=int(record["ot"]), it=int(record["it"]),
+                       reg=int(record["reg"]), weight_ot=int(record.get("weight_ot", 0)),
+                       weight_it=int(record.get("weight_it", 0)), rc_split=int(record.get("rc_split", 0)),
+                       parallel_channels=record.get("parallel_channels"),
+                       outer_spatial=tuple(int(s) for s in record.get("outer_spatial", ())),
+                       outer_ot=int(record.get("outer_ot", 0)),
+                       unroll_window=bool(record.get("unroll_window", False)),
+                       window_outer=bool(record.get("window_outer", False)),
+                       epilogue_in_block=bool(record.get("epilogue_in_block", False)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a conv tiling record: {record!r} ({err})") from None
+
+
+def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
+                        lanes: int, registers: int, in_channels: int | None = None,
+                        l1_bytes: int = 0) -> DefaultConvTiling:
+    """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
+
+    ``ot`` is one vector of output channels (within a group, so grouped reads stay
+    contiguous); the innermost spatial tile is up to 32 wide, outer ones up to 4 (2-D)
+    or 1 (3-D); the register block keeps ``outer tiles x reg`` accumulators of ``ot``
+    lanes in about three quarters of the register file. An output tile of one channel
+    vector must fit a quarter of the L1 data cache (``l1_bytes``; 0: no limit), leaving
+    the rest to the input window and the weights it is reused with.
+    """
+
+    spatial = list(out_shape[2:])
+    # With one output channel per group (depthwise), input channel o reads channel o:
+    # a vector may span groups. Otherwise stay inside a group so reads stay contiguous.
+    ot = channel_tile(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes)
+    it = channel_tile(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes)
+    budget = max(1, registers * 3 // 4)  # accumulators that fit the register file
+    # The spatial tiles depend on the spatial extents only (not on the channel tile), so
+    # a producer and a 1x1 consumer of the same map agree and no conversion is needed.
+    # Leading spatial dims: tile rows of 1..4 (1 for 3-D, so the block stays 2-D).
+    lead_cap = 4 if len(spatial) == 2 else 1
+    best = None
+    for lead in _divisors_upto(spatial[0], lead_cap) if len(spatial) > 1 else [1]:
+        for wt in _divisors_upto(spatial[-1], 32):
+            if l1_bytes and lead * wt * lanes * 4 > l1_bytes // 4 and wt > 1:
+                continue
+            for reg in _divisors_upto(wt, budget // lead):
+                # Most accumulators first, then wider tiles (fewer tile switches).
+                score = (lead * reg, wt)
+                if best is None or score > best[0]:
+                    best = (score, lead, wt)
+    _, lead, wt = best
+    vectors = -(-ot // lanes)
+    reg = max(_divisors_upto(wt, max(1, budget // (lead * vectors))))
+    tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
+    return DefaultConvTiling(tuple(tiles), ot, it, reg)
+
+
+def channel_tile(channels: int, lanes: int) -> int:
+    """The channel tile for ``channels``: one vector, two for wide layers.
+
+    A function of the channel count alone, so a producer's output tile equals its
+    consumer's input tile and 1x1 convolutions read their input without conversion.
+    Two vectors per accumulator row keep the register block full on small maps.
+    """
+    if channels >= 256 and channels % (2 * lanes) == 0:
+        return 2 * lanes
+    return tiles_for(channels, lanes)
+
+
+def _divisors_upto(extent: int, cap: int) -> list[int]:
+    return [d for d in range(1, max(1, min(extent, cap)) + 1) if extent % d == 0]
