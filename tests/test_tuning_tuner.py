@@ -8,7 +8,7 @@ import torch
 
 from alt_tvm.strategies.alt.space import ConvSpace, GemmSpace
 from alt_tvm.strategies.space import Knob
-from alt_tvm.tuning.tuner import TuneConfig, Tuner, candidate_key
+from alt_tvm.tuning.tuner import TuneConfig, Tuner, point_key
 
 DEFAULT = {"spatial": [2, 8], "ot": 8, "it": 8, "reg": 2, "weight_ot": 8, "weight_it": 8, "rc_split": 8,
            "parallel_channels": False}
@@ -68,7 +68,7 @@ def test_failed_measurements_are_recorded_and_the_search_goes_on():
 
 def test_known_points_are_not_measured_again():
     result, seen = run(seed=5, trials=20)
-    known = {candidate_key(t.layout, t.loop): t.latency_ms for t in result.trials[:10]}
+    known = {point_key(t.layout, t.loop): t.latency_ms for t in result.trials[:10]}
     calls = []
     config = TuneConfig(trials=20, batch=16, top_k=4, seed=5)
     Tuner(conv_space(), measure=lambda p: (calls.append(p), landscape(p))[1], config=config, known=known).run()

@@ -7,7 +7,6 @@ loses nothing it finished, and ``resume=True`` skips what the log already holds.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -16,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from alt_tvm.records import RecordWriter, TuningRecord, iter_records, target_key
-from alt_tvm.records import candidate_key as params_key
+from alt_tvm.records import RecordWriter, TuningRecord, candidate_key, iter_records, target_key
 
 from .task import Task, measure_in_process
-from .tuner import Trial, TuneConfig, Tuner, TuneResult, candidate_key
+from .tuner import Trial, TuneConfig, Tuner, TuneResult, point_key
 
 
 @dataclass
@@ -65,7 +63,7 @@ def _revalidate(task: Task, trials: Sequence[Trial], *, count: int, rounds: int,
     finished = sorted((t for t in trials if math.isfinite(t.latency_ms)), key=lambda t: t.latency_ms)
     finalists, seen = [], set()
     for trial in finished:
-        key = params_key(trial.params)
+        key = candidate_key(trial.params)
         if key not in seen:
             seen.add(key)
             finalists.append(trial)
@@ -143,7 +141,7 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
     with RecordWriter(log) as writer:
         for index, (task, budget) in enumerate(zip(tasks, budgets)):
             logged = [r for r in previous if r.workload_key == task.key and r.target == target_json]
-            known = {candidate_key(r.candidate["layout"], r.candidate["loop"]): (r.median_ms if r.ok else math.inf)
+            known = {point_key(r.candidate["layout"], r.candidate["loop"]): (r.median_ms if r.ok else math.inf)
                      for r in logged  # the search's own draws, so a resumed search replays it
                      if "layout" in r.candidate and not r.candidate.get("revalidation")}
             bar = tqdm(total=budget, desc=f"task {index + 1}/{len(tasks)} {task.key.split('|')[0]}",
@@ -153,7 +151,7 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
 
             def record(trial: Trial, task: Task = task, bar: Any = bar, best_so_far: list = best_so_far,
                        known: dict = known, index: int = index) -> None:
-                key = candidate_key(trial.layout, trial.loop)
+                key = point_key(trial.layout, trial.loop)
                 if key not in known:  # already in the log
                     writer.write(_trial_record(task.key, target_json, trial, trial.latency_ms, trial.error or "",
                                                seed=seed + index))
@@ -202,7 +200,7 @@ def tir_featurizer(task: Task) -> Callable[[dict[str, Any]], np.ndarray]:
     width = len(feature_names())
 
     def featurize(params: dict[str, Any]) -> np.ndarray:
-        key = json.dumps(params, sort_keys=True)
+        key = candidate_key(params)
         if key not in cache:
             try:
                 cache[key] = extract_features(task.lower(params).func)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from alt_tvm.records import candidate_key
 from alt_tvm.strategies.space import Space
 
 from .ppo import DIRECTIONS, CrossExplorationAgents, PPOConfig
@@ -88,9 +89,9 @@ class TuneResult:
         return min(ok, key=lambda t: t.latency_ms) if ok else None
 
 
-def candidate_key(layout: dict[str, Any], loop: dict[str, Any]) -> str:
-    """Canonical identity of a point (the key records and resume use)."""
-    return json.dumps({"layout": layout, "loop": loop}, sort_keys=True)
+def point_key(layout: dict[str, Any], loop: dict[str, Any]) -> str:
+    """Canonical identity of a point: the records' :func:`~alt_tvm.records.candidate_key` of it."""
+    return candidate_key({"layout": layout, "loop": loop})
 
 
 class Tuner:
@@ -112,7 +113,7 @@ class Tuner:
     on_trial
         Called with every :class:`Trial` as soon as it is measured (write records here).
     known
-        Latencies already measured (``candidate_key -> ms``, from a log being resumed):
+        Latencies already measured (``point_key -> ms``, from a log being resumed):
         those points are not measured again but count toward the budget.
     """
 
@@ -160,7 +161,7 @@ class Tuner:
         return (self.upper - latency) / self.upper
 
     def _measure(self, layout: dict[str, Any], loop: dict[str, Any], stage: str) -> float:
-        key = candidate_key(layout, loop)
+        key = point_key(layout, loop)
         if key in self.measured:
             return self.measured[key]
         params = self.space.params(layout, loop)
@@ -196,7 +197,7 @@ class Tuner:
         candidates, seen = [], set()
         for pick, logp in zip(picks, logps):
             loop = {k.name: k.step(start[k.name], DIRECTIONS[int(d)]) for k, d in zip(knobs, pick)}
-            key = candidate_key(layout, loop)
+            key = point_key(layout, loop)
             if key in seen:
                 continue
             seen.add(key)
@@ -204,16 +205,16 @@ class Tuner:
         # A few random points keep the walk from getting stuck (the paper samples a batch first).
         for _ in range(max(1, self.config.batch // 8)):
             loop = self.space.random_loop(layout, self.rng)
-            key = candidate_key(layout, loop)
+            key = point_key(layout, loop)
             if key not in seen:
                 seen.add(key)
                 candidates.append((loop, None, None))
         fresh = [c for c in candidates
-                 if candidate_key(layout, c[0]) not in self.measured and self.space.check(layout, c[0]) is None]
+                 if point_key(layout, c[0]) not in self.measured and self.space.check(layout, c[0]) is None]
         order = self._rank([self.space.params(layout, c[0]) for c in fresh])
         chosen = [fresh[i] for i in order[: min(self.config.top_k, budget)]]
         states, actions, old, rewards = [], [], [], []
-        best_loop, best = start, self.measured.get(candidate_key(layout, start), math.inf)
+        best_loop, best = start, self.measured.get(point_key(layout, start), math.inf)
         for loop, pick, logp in chosen:
             latency = self._measure(layout, loop, stage)
             if latency < best:
