@@ -61,6 +61,11 @@ def registered_strategies() -> tuple[Strategy, ...]:
     return tuple(_REGISTRY)
 
 
+def strategy_ops() -> frozenset[str]:
+    """The Relax operators some registered strategy implements (the possible partition anchors)."""
+    return frozenset(op for s in registered_strategies() for op in s.ops)
+
+
 def strategy_names() -> tuple[str, ...]:
     """The names users may pass in ``strategies=[...]``."""
     return tuple(sorted({s.name for s in registered_strategies()}))

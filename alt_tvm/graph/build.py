@@ -67,10 +67,6 @@ class BuildReport:
         return "\n".join(lines)
 
 
-def _is_anchor_op(name: str | None) -> bool:
-    return name is not None and any(name in s.ops for s in registry.registered_strategies())
-
-
 class AltLayoutPass:
     """The Relax pass: lower registered operators through strategies, with layout propagation.
 
@@ -236,7 +232,7 @@ class _Mutator(relax.PyExprMutator):
             self._canonical_arg(used)
         name = op_name(binding.value)
         if name is not None and name not in self.owner.report.fallbacks:
-            self.owner.report.fallbacks[name] = [] if _is_anchor_op(name) else ["no alt-tvm strategy"]
+            self.owner.report.fallbacks[name] = [] if name in registry.strategy_ops() else ["no alt-tvm strategy"]
         super().visit_var_binding_(binding)
 
     def _emit_elementwise(self, binding: relax.VarBinding, layout: Layout) -> None:

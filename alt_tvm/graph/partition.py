@@ -27,7 +27,7 @@ from alt_tvm.strategies.base import (
     static_shape,
 )
 from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE
-from alt_tvm.strategies.registry import registered_strategies, select
+from alt_tvm.strategies.registry import select, strategy_ops
 from alt_tvm.target import HardwareTarget
 
 
@@ -184,7 +184,7 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
         Options per strategy name, handed to ``applicable`` through ``OpInfo.options``.
     """
     options = dict(strategy_options or {})
-    anchor_ops = {op for s in registered_strategies() for op in s.ops}
+    anchor_ops = strategy_ops()
     plan = PartitionPlan([])
 
     def is_anchor(binding: relax.VarBinding) -> bool:
