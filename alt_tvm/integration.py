@@ -19,9 +19,9 @@ from alt_tvm.graph.build import VARIANTS, prepare
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
 from alt_tvm.strategies.base import PartitionContext
-from alt_tvm.strategies.registry import check_names
-from alt_tvm.target import HardwareTarget, host
-from alt_tvm.tuning.driver import TaskSummary, tune_tasks
+from alt_tvm.strategies.registry import check_names, check_strategy_options
+from alt_tvm.target import HardwareTarget, resolve
+from alt_tvm.tuning.driver import TaskSummary, check_options, tune_tasks
 from alt_tvm.tuning.task import Task
 
 __all__ = ["extract_tasks", "tune"]
@@ -34,7 +34,8 @@ def _space_options(options: Any, layout_levels: int) -> Any:
     return options  # a strategy's own options object: its space has no layout levels
 
 
-def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_inputs: Sequence[Any] | None = None,
+def extract_tasks(model: Any, *, target: HardwareTarget | str | None = None,
+                  example_inputs: Sequence[Any] | None = None,
                   input_shapes: Mapping[str, Sequence[int]] | None = None, strategies: Sequence[str] | None = None,
                   variant: str = "alt", strategy_options: Mapping[str, Any] | None = None,
                   layout_levels: int = 1) -> list[Task]:
@@ -58,8 +59,8 @@ def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_i
         raise ValueError(f"layout_levels must be 1 or 2, got {layout_levels!r}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
-    target = target or host()
-    options = dict(strategy_options or {})
+    target = resolve(target)
+    options = check_strategy_options(strategy_options)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
     func = prepare(imported.mod)["main"]
     plan = plan_partitions(func, target=target, variant=variant, allowed=check_names(strategies),
@@ -81,7 +82,7 @@ def extract_tasks(model: Any, *, target: HardwareTarget | None = None, example_i
     return list(tasks.values())
 
 
-def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: HardwareTarget | None = None,
+def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: HardwareTarget | str | None = None,
          seed: int = 0, joint_fraction: float = 0.3, example_inputs: Sequence[Any] | None = None,
          input_shapes: Mapping[str, Sequence[int]] | None = None, strategies: Sequence[str] | None = None,
          variant: str = "alt", strategy_options: Mapping[str, Any] | None = None, resume: bool = True,
@@ -96,6 +97,9 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
     ``layout_levels`` is :func:`extract_tasks`'s; the search options are those of
     :func:`alt_tvm.tuning.driver.tune_tasks`. Returns one summary per task.
     """
+    check_options(trials=trials, seed=seed, joint_fraction=joint_fraction, batch=batch, top_k=top_k,
+                  revalidate=revalidate, revalidate_rounds=revalidate_rounds, features=features, log=log,
+                  measure=measure)
     tasks = extract_tasks(model, target=target, example_inputs=example_inputs, input_shapes=input_shapes,
                           strategies=strategies, variant=variant, strategy_options=strategy_options,
                           layout_levels=layout_levels)

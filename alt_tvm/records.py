@@ -7,9 +7,9 @@ cut short. Readers (:func:`load_records`, :func:`load_best`, :func:`best_params`
 skip such a line, and any other corrupt line or record of an unknown schema version, with
 a :class:`RecordWarning` that names the file and the line number.
 
-Line schema (version 1)::
+Line schema (version 2)::
 
-    {"schema_version": 1, "tvm_version": "0.27.0.post1",
+    {"schema_version": 2, "tvm_version": "0.27.0.post1",
      "target": "<the tvm.target.Target as its JSON string>",
      "workload_key": "<str>",
      "candidate": {"layout": {...}, "loop": {...}},   # opaque to this module
@@ -17,6 +17,10 @@ Line schema (version 1)::
      "error": null | {"code": "BUILD_ERROR", "message": "..."},
      "build_s": 0.8, "run_s": 0.3, "timestamp": 1763760000.0,
      "trial": 17, "seed": 0}
+
+Version 2 changed only the workload keys (canonical attribute spelling, see
+:func:`alt_tvm.strategies.base.workload_key`): version-1 keys would not match any partition,
+so version-1 lines are skipped like any other schema.
 
 This module imports neither TVM nor NumPy at load time (a child process that only writes
 records starts fast).
@@ -32,7 +36,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,11 +53,13 @@ __all__ = [
     "iter_records",
     "load_best",
     "load_records",
+    "read_log",
     "target_key",
+    "TunedLog",
 ]
 
 #: Version of the line schema written by this module; readers skip other versions.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Beyond this many warnings per file, the rest are summarised in one warning.
 _MAX_WARNINGS_PER_FILE = 20
@@ -168,6 +174,8 @@ class TuningRecord:
         TVM version that built the kernel (default: the installed one).
     schema_version : int
         Line schema version (default :data:`SCHEMA_VERSION`).
+    source : str
+        ``"<log path>:<line>"`` for a record read from a log ("" otherwise); not written.
 
     Raises
     ------
@@ -189,6 +197,7 @@ class TuningRecord:
     seed: int | None = None
     tvm_version: str = field(default_factory=_tvm_version)
     schema_version: int = SCHEMA_VERSION
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         for name in ("workload_key", "target", "tvm_version", "error_msg"):
@@ -258,8 +267,8 @@ class TuningRecord:
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> TuningRecord:
-        """Inverse of :meth:`to_dict`.
+    def from_dict(cls, obj: Mapping[str, Any], *, source: str = "") -> TuningRecord:
+        """Inverse of :meth:`to_dict` (``source``: where the line was read, for messages).
 
         Raises
         ------
@@ -295,6 +304,7 @@ class TuningRecord:
             seed=obj["seed"],
             tvm_version=obj["tvm_version"],
             schema_version=version,
+            source=source,
         )
 
     @classmethod
@@ -445,8 +455,31 @@ def iter_records(path: str | os.PathLike[str], *, workload_key: str | None = Non
     FileNotFoundError
         If ``path`` does not exist.
     """
+    for record in _valid(path, {}):
+        if workload_key is None or record.workload_key == workload_key:
+            yield record
+
+
+def _valid(path: str | os.PathLike[str], skipped: dict[str, int]) -> Iterator[TuningRecord]:
+    """The valid records of ``path``; each bad line warned about and counted in ``skipped`` by kind."""
+    count = 0
+    for lineno, record, reason in _scan(path):
+        if reason is None:
+            yield record
+            continue
+        kind = "schema" if reason.startswith("schema version") else "corrupt"
+        skipped[kind] = skipped.get(kind, 0) + 1
+        count += 1
+        if count <= _MAX_WARNINGS_PER_FILE:
+            warnings.warn(f"{path}:{lineno}: skipped {reason}", RecordWarning, stacklevel=3)
+    if count > _MAX_WARNINGS_PER_FILE:
+        warnings.warn(f"{path}: {count - _MAX_WARNINGS_PER_FILE} more bad lines skipped ({count} in all)",
+                      RecordWarning, stacklevel=3)
+
+
+def _scan(path: str | os.PathLike[str]) -> Iterator[tuple[int, TuningRecord | None, str | None]]:
+    """``(line number, record, None)`` for each valid line, ``(line number, None, reason)`` for a bad one."""
     path = _open_log(path)
-    skipped = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -457,25 +490,13 @@ def iter_records(path: str | os.PathLike[str], *, workload_key: str | None = Non
                     raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
                 version = obj.get("schema_version")
                 if version != SCHEMA_VERSION:
-                    reason = f"schema version {version!r} (this alt-tvm reads version {SCHEMA_VERSION})"
-                else:
-                    record = TuningRecord.from_dict(obj)
-                    reason = None
+                    yield lineno, None, f"schema version {version!r} (this alt-tvm reads version {SCHEMA_VERSION})"
+                    continue
+                record = TuningRecord.from_dict(obj, source=f"{path}:{lineno}")
             except (UnicodeDecodeError, ValueError, TypeError) as err:
-                reason = f"corrupt or truncated record ({type(err).__name__}: {str(err)[:200]})"
-            if reason is not None:
-                skipped += 1
-                if skipped <= _MAX_WARNINGS_PER_FILE:
-                    warnings.warn(f"{path}:{lineno}: skipped {reason}", RecordWarning, stacklevel=2)
+                yield lineno, None, f"corrupt or truncated record ({type(err).__name__}: {str(err)[:200]})"
                 continue
-            if workload_key is None or record.workload_key == workload_key:
-                yield record
-    if skipped > _MAX_WARNINGS_PER_FILE:
-        warnings.warn(
-            f"{path}: {skipped - _MAX_WARNINGS_PER_FILE} more bad lines skipped ({skipped} in all)",
-            RecordWarning,
-            stacklevel=2,
-        )
+            yield lineno, record, None
 
 
 def load_records(path: str | os.PathLike[str], *, workload_key: str | None = None) -> list[TuningRecord]:
@@ -560,27 +581,127 @@ def load_best(
 def best_params(path: str | os.PathLike[str], *, target: Any | None = None) -> dict[str, dict[str, Any]]:
     """The tuned strategy parameters per workload key in a log, as a build applies them.
 
-    Only records measured on ``target`` (default: this host) that carry decoded
-    ``params`` count; the best of each workload is chosen by :func:`choose_best`.
+    Only records measured on ``target`` (default: this host) with this TVM version that
+    carry decoded ``params`` count; the best of each workload is chosen by
+    :func:`choose_best`. See :func:`read_log` for why a workload has none.
+    """
+    return read_log(path, target=target).params
+
+
+@dataclass(frozen=True)
+class TunedLog:
+    """What a tuning log offers a build on one target (made by :func:`read_log`).
+
+    Attributes
+    ----------
+    path : str
+        The log.
+    target : str
+        The target's JSON string (:func:`target_key`).
+    best : dict of str to TuningRecord
+        The best applicable record of each workload (this target, this TVM version,
+        decoded ``params``); ``best[key].source`` is its ``path:line``.
+    elsewhere : dict of str to str
+        For workloads that have records but none applicable: why (measured on another
+        target or with another TVM version, or every measurement failed).
+    skipped : dict of str to int
+        Lines skipped, by kind (``"schema"``: another schema version; ``"corrupt"``).
+    """
+
+    path: str
+    target: str
+    best: Mapping[str, TuningRecord]
+    elsewhere: Mapping[str, str]
+    skipped: Mapping[str, int]
+
+    @property
+    def params(self) -> dict[str, dict[str, Any]]:
+        """The tuned strategy parameters by workload key."""
+        return {key: record.candidate["params"] for key, record in self.best.items()}
+
+    def why_not(self, workload_key: str) -> str:
+        """Why the log tunes no parameters for ``workload_key`` ("" if it does)."""
+        if workload_key in self.best:
+            return ""
+        if workload_key in self.elsewhere:
+            return self.elsewhere[workload_key]
+        reason = "no record of this workload in the log (tuned for another model, input shape or dtype)"
+        if self.skipped.get("schema"):
+            reason += f"; {self.skipped['schema']} lines of another schema version were skipped (re-tune)"
+        return reason
+
+
+def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> TunedLog:
+    """Read a tuning log for building on ``target`` (default: this host).
+
+    A record applies when it was measured on ``target`` with the installed TVM version
+    (timings of another version's code do not rank candidates for this one) and carries
+    decoded ``params``; the best per workload is chosen by :func:`choose_best`. Bad lines
+    are skipped with a :class:`RecordWarning` naming ``path:line``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
     """
     if target is None:
         from alt_tvm.target import host
 
         target = host()
-    wanted = target_key(target)
-    records = (r for r in iter_records(path) if r.target == wanted and "params" in r.candidate)
-    return {workload: record.candidate["params"] for workload, record in choose_best(records).items()}
+    wanted, version = target_key(target), _tvm_version()
+    applicable: list[TuningRecord] = []
+    seen: dict[str, dict[str, set[str]]] = {}  # workload -> {"targets": ..., "versions": ..., "ok": ...}
+    skipped: dict[str, int] = {}
+    for record in _valid(path, skipped):
+        facts = seen.setdefault(record.workload_key, {"targets": set(), "versions": set(), "ok": set()})
+        facts["targets"].add(record.target)
+        facts["versions"].add(record.tvm_version)
+        if record.ok:
+            facts["ok"].add("yes")
+        if record.target == wanted and record.tvm_version == version and "params" in record.candidate:
+            applicable.append(record)
+    best = choose_best(applicable)
+    elsewhere = {}
+    for key, facts in seen.items():
+        if key in best:
+            continue
+        if wanted not in facts["targets"]:
+            others = ", ".join(sorted(_short_target(t) for t in facts["targets"]))
+            elsewhere[key] = f"measured only on other targets ({others}), not {_short_target(wanted)}"
+        elif version not in facts["versions"]:
+            elsewhere[key] = (f"measured only with TVM {', '.join(sorted(facts['versions']))} "
+                              f"(this is TVM {version}); re-tune")
+        elif not facts["ok"]:
+            elsewhere[key] = "every measurement of this workload in the log failed"
+        else:
+            elsewhere[key] = "its records carry no decoded strategy parameters"
+    return TunedLog(str(path), wanted, best, elsewhere, skipped)
 
 
-def finished_candidates(path: str | os.PathLike[str], workload_key: str) -> set[str]:
+def _short_target(target: str) -> str:
+    """A target's name for messages (kind and ``mcpu``/``arch``), from its JSON string."""
+    try:
+        spec = json.loads(target)
+    except ValueError:
+        return target[:60]
+    if not isinstance(spec, dict):
+        return target[:60]
+    detail = spec.get("mcpu") or spec.get("arch") or spec.get("mtriple")
+    return " ".join(str(part) for part in (spec.get("kind"), detail) if part) or target[:60]
+
+
+def finished_candidates(path: str | os.PathLike[str], workload_key: str, *,
+                        retry: Callable[[TuningRecord], bool] | None = None) -> set[str]:
     """Keys (:func:`candidate_key`) of every candidate of ``workload_key`` already measured.
 
     Failed measurements count as finished (re-measuring a kernel that does not build would
-    fail again). A missing log means nothing is finished yet: the result is empty, so a
-    ``--resume`` of a run that never started works.
+    fail again), except those for which ``retry(record)`` is true (e.g. a lost connection:
+    :func:`alt_tvm.tuning.measure.is_transient` of its error). A missing log means nothing is
+    finished yet: the result is empty, so a ``--resume`` of a run that never started works.
     """
     if not isinstance(workload_key, str):
         raise TypeError(f"workload_key must be a str, got {type(workload_key).__name__}")
     if not Path(path).exists():
         return set()
-    return {record.candidate_key for record in iter_records(path, workload_key=workload_key)}
+    return {record.candidate_key for record in iter_records(path, workload_key=workload_key)
+            if record.ok or retry is None or not retry(record)}

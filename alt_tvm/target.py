@@ -29,6 +29,7 @@ __all__ = [
     "host",
     "known_boards",
     "parse_cache_size",
+    "resolve",
 ]
 
 KIB = 1024
@@ -369,3 +370,29 @@ def board(name: str) -> HardwareTarget:
         return BOARDS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown board {name!r}; known boards: {', '.join(known_boards())} (or 'host')") from None
+
+
+def resolve(target: HardwareTarget | str | None) -> HardwareTarget:
+    """The :class:`HardwareTarget` a user's ``target`` argument names.
+
+    Parameters
+    ----------
+    target : HardwareTarget, str or None
+        A description, a board name (see :func:`known_boards`, or ``"host"``), or None
+        for this host.
+
+    Raises
+    ------
+    TypeError
+        For anything else (the message names the type given).
+    ValueError
+        For an unknown board name.
+    """
+    if target is None:
+        return host()
+    if isinstance(target, HardwareTarget):
+        return target
+    if isinstance(target, str):
+        return board(target)
+    raise TypeError(f"target must be an alt_tvm.target.HardwareTarget, a board name "
+                    f"({', '.join(known_boards())}, 'host') or None, got {type(target).__name__} {target!r}")

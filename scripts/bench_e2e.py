@@ -10,8 +10,14 @@ trials, each variant built from that log) and TVM MetaSchedule (``tune_relax`` o
 fused kernels of TVM's own pipeline, the same N measured trials); both tuned builds are
 checked against ONNX Runtime and timed here, with their tuning wall-clock times.
 
+With ``--fast-math-compare`` only the cost of IEEE NaN semantics is measured: each model is
+built with ``fast_math=False`` (the default: NaN propagates through ReLU, clip, max-pool ...)
+and ``fast_math=True``, both checked against ONNX Runtime, then timed in ``--rounds``
+interleaved rounds (``--repeat`` calls each); the medians and their ratio are printed.
+
     python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
                                 [--threads 2] [--variants alt alt-wp alt-ol] [--sconv] [--trials N] [--json out.json]
+    python scripts/bench_e2e.py --fast-math-compare [--models ...] [--rounds 11] [--repeat 20]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 DEFAULT_MODELS = ["small_cnn", "resnet18", "mobilenet_v2", "bert_tiny", "resnet3d_18"]
 
@@ -42,7 +49,61 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--log-dir", default="logs", help="with --trials: where alt-tvm's tuning logs go")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--fast-math-compare", action="store_true",
+                        help="only compare fast_math=False (IEEE NaN semantics) with fast_math=True builds")
+    parser.add_argument("--rounds", type=int, default=11,
+                        help="with --fast-math-compare: interleaved timing rounds (median reported)")
     return parser.parse_args(argv)
+
+
+def fast_math_compare(args: argparse.Namespace) -> int:
+    """Latency of ``fast_math=False`` vs ``fast_math=True`` builds, interleaved; 1 on a wrong result."""
+    import statistics
+
+    import numpy as np
+
+    from alt_tvm.graph.baselines import onnxruntime_session, time_callable
+    from alt_tvm.graph.build import build
+    from alt_tvm.models import MODELS, export_onnx, get_model
+
+    results = []
+    workdir = tempfile.mkdtemp(prefix="alt_fastmath_")
+    variant = args.variants[0]
+    print(f"fast_math=False (IEEE: NaN propagates) vs fast_math=True, variant {variant}, batch 1, "
+          f"{args.threads} thread(s), {args.rounds} interleaved rounds of {args.repeat} calls")
+    print(f"  {'model':14s} {'ieee ms':>9s} {'fast ms':>9s} {'ieee / fast':>12s} {'build s ieee/fast':>18s}")
+    for name in args.models:
+        info = MODELS[name]
+        _, inputs = get_model(name)
+        arrays = [x.numpy() for x in inputs]
+        path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
+        reference = onnxruntime_session(str(path), threads=args.threads)(*arrays)
+        builds, build_s = {}, {}
+        for fast in (False, True):
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the fallback report, printed once per build
+                builds[fast] = build(str(path), variant=variant, fast_math=fast)
+            build_s[fast] = time.perf_counter() - t0
+            for g, r in zip(builds[fast](*arrays), reference):
+                if not np.allclose(g, r, rtol=info.rtol, atol=info.atol):
+                    print(f"{name} fast_math={fast}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
+                          file=sys.stderr)
+                    return 1
+        medians: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.rounds):
+            for fast in (False, True):  # interleaved: machine load drifts affect both alike
+                medians[fast].append(time_callable(builds[fast], arrays, repeat=args.repeat)[1])
+        ieee, fast = statistics.median(medians[False]), statistics.median(medians[True])
+        print(f"  {name:14s} {ieee:9.3f} {fast:9.3f} {ieee / fast:11.3f}x {build_s[False]:8.1f}/{build_s[True]:<8.1f}")
+        results.append({"model": name, "variant": variant, "ieee_median_ms": ieee, "fast_math_median_ms": fast,
+                        "ratio_ieee_to_fast": ieee / fast, "round_medians_ieee_ms": medians[False],
+                        "round_medians_fast_ms": medians[True], "threads": args.threads, "rounds": args.rounds,
+                        "repeat": args.repeat})
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -51,7 +112,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"--trials must be >= 0, got {args.trials}")
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    if args.fast_math_compare:
+        from alt_tvm.models import MODEL_NAMES
+
+        unknown = [m for m in args.models if m not in MODEL_NAMES]
+        if unknown:
+            raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)}")
+        return fast_math_compare(args)
 
     import numpy as np
 

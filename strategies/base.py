@@ -15,6 +15,7 @@ the model layer (``alt_tvm.graph``).
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,6 +206,8 @@ class PartitionContext:
     params: dict | None = None
     #: the build's options for the strategy lowering this partition (``strategy_options[name]``)
     options: Any = None
+    #: allow max/min/clip forms that drop NaN in the epilogue (``alt_tvm.build(fast_math=...)``)
+    fast_math: bool = False
     #: filled while lowering
     placeholders: list = field(default_factory=list)  # (relax expr, te placeholder)
     conversions: dict = field(default_factory=dict)  # relax Var -> Layout it must be converted to first
@@ -258,7 +261,7 @@ class PartitionContext:
                     operands.append(self.te_input(arg, f"ep{k}_{j}"))
                 else:
                     operands.append(None)
-            stage = epilogue_te(binding.value, operands, index=k)
+            stage = epilogue_te(binding.value, operands, index=k, fast_math=self.fast_math)
             values[binding.var] = stage
             stages.append(stage)
         return stages
@@ -357,6 +360,8 @@ def attrs_dict(attrs: Any) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
+    if type(value).__name__ == "dtype":  # tvm_ffi's dtype (and NumPy's): its name, e.g. "float32"
+        return str(value)
     if hasattr(value, "value") and isinstance(value.value, (int, float, str)):
         return value.value
     try:
@@ -366,11 +371,23 @@ def _plain(value: Any) -> Any:
 
 
 def workload_key(partition: Partition) -> str:
-    """A stable string for a partition's computation (what tuning records are keyed by)."""
+    """A stable string for a partition's computation (what tuning records are keyed by).
+
+    Canonical whatever the frontend: attributes are plain JSON values with sorted keys,
+    dtypes are their names, and an ``out_dtype`` left unset (ONNX imports ``None``) is the
+    output dtype it defaults to, so the same convolution from a torch module and from its
+    ONNX export gets the same key. Format::
+
+        <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
+    """
     anchor = partition.anchor
     call = anchor.value
+    out_dtype = dtype_of(anchor.var)
     args = [f"{static_shape(a)}:{dtype_of(a)}" for a in call.args if static_shape(a) is not None]
     attrs = attrs_dict(call.attrs)
+    if "out_dtype" in attrs and attrs["out_dtype"] in (None, ""):
+        attrs["out_dtype"] = out_dtype
     ops = [str(b.value.op.name).removeprefix("relax.") for b in partition.epilogue]
     return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
-            f"{sorted(attrs.items())}|out={static_shape(anchor.var)}|epilogue={'+'.join(ops)}")
+            f"{json.dumps(attrs, sort_keys=True, separators=(',', ':'), default=str)}|"
+            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from tvm import relax, te, tirx
 
 from alt_tvm import ops
@@ -44,20 +45,49 @@ def _scalar(value: Any) -> float:
     return float(inner)
 
 
-def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], *, index: int) -> te.Tensor:
-    """TE of one epilogue op given the TE tensors of its tensor arguments (None for scalars)."""
+def _nan_free(arg: relax.Expr) -> bool:
+    """True for a constant argument without NaN (a max/min with it needs no NaN test)."""
+    value = getattr(arg, "value", None)
+    return hasattr(value, "numpy") and not np.isnan(value.numpy()).any()
+
+
+def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], *, index: int,
+                fast_math: bool = False) -> te.Tensor:
+    """TE of one epilogue op given the TE tensors of its tensor arguments (None for scalars).
+
+    Parameters
+    ----------
+    call : relax.Call
+        The epilogue op.
+    operands : sequence of te.Tensor or None
+        The TE tensor of each argument.
+    index : int
+        Position in the epilogue, for unique stage names.
+    fast_math : bool, optional
+        Allow max/min/clip forms that drop NaN; by default NaN propagates as in ONNX Runtime
+        and PyTorch (:mod:`alt_tvm.ops.ieee`).
+
+    Returns
+    -------
+    te.Tensor
+    """
     name = str(call.op.name)
     chain = operands[0]
     stage = f"{name.split('.')[-1]}_{index}"
+    if name in ("relax.maximum", "relax.minimum"):
+        lhs, rhs = operands
+        nan_free = tuple(_nan_free(arg) for arg in call.args)
+        return _BINARY[name](lhs, rhs, name=stage, fast_math=fast_math, nan_free=nan_free)
     if name in _BINARY:
         lhs, rhs = operands
         return _BINARY[name](lhs, rhs, name=stage)
     if name == "relax.nn.relu":
-        return ops.relu(chain, name=stage)
+        return ops.relu(chain, name=stage, fast_math=fast_math)
     if name == "relax.nn.relu6":
-        return ops.clip(chain, a_min=0.0, a_max=6.0, name=stage)
+        return ops.clip(chain, a_min=0.0, a_max=6.0, name=stage, fast_math=fast_math)
     if name == "relax.clip":
-        return ops.clip(chain, a_min=_scalar(call.args[1]), a_max=_scalar(call.args[2]), name=stage)
+        return ops.clip(chain, a_min=_scalar(call.args[1]), a_max=_scalar(call.args[2]), name=stage,
+                        fast_math=fast_math)
     if name == "relax.sigmoid":
         return ops.sigmoid(chain, name=stage)
     if name == "relax.tanh":

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .base import OpInfo, Strategy
 
@@ -72,15 +73,52 @@ def strategy_names() -> tuple[str, ...]:
 
 
 def check_names(names: Iterable[str] | None) -> tuple[str, ...] | None:
-    """Validate user-given strategy names against the registry."""
+    """Validate user-given strategy names against the registry.
+
+    Raises
+    ------
+    TypeError
+        If ``names`` is a single string (``"sconv"`` would read as ``s, c, o, n, v``) or
+        not an iterable of strings.
+    ValueError
+        If a name is not registered.
+    """
     if names is None:
         return None
-    names = tuple(names)
+    if isinstance(names, str):
+        raise TypeError(f"strategies must be a list of strategy names, e.g. [{names!r}], not the string {names!r}")
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"strategies must be a list of strategy names, got {type(names).__name__}") from None
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"strategies must be strategy names (str), got {bad!r}")
     known = strategy_names()
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown strategies {unknown}; registered: {list(known)}")
     return names
+
+
+def check_strategy_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate user-given ``strategy_options`` (strategy name -> that strategy's options).
+
+    Raises
+    ------
+    TypeError
+        If ``options`` is not a mapping.
+    ValueError
+        If it names a strategy that is not registered.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"strategy_options must be a dict of strategy name -> options, got {type(options).__name__}")
+    unknown = sorted(str(name) for name in set(options) - set(strategy_names()))
+    if unknown:
+        raise ValueError(f"strategy_options for unknown strategies {unknown}; registered: {list(strategy_names())}")
+    return dict(options)
 
 
 def select(info: OpInfo, *, allowed: Sequence[str] | None = None) -> tuple[Strategy | None, list[str]]:

@@ -33,8 +33,13 @@ def _check(name, options, variant, onnx_dir):
     return compiled
 
 
-@pytest.mark.parametrize("variant", ["alt", "alt-wp", "alt-ol"])
-@pytest.mark.parametrize("name", sorted(FAST))
+#: The ablation variants of the models that build slowest run with the slow tests (CI time).
+_SLOW_ABLATIONS = {"mobilenet_v2", "resnet3d_18"}
+
+
+@pytest.mark.parametrize("name, variant", [
+    pytest.param(name, variant, marks=[pytest.mark.slow] if variant != "alt" and name in _SLOW_ABLATIONS else [])
+    for name in sorted(FAST) for variant in ("alt", "alt-wp", "alt-ol")])
 def test_reference_model_matches_onnxruntime(name, variant, onnx_dir):
     compiled = _check(name, FAST[name], variant, onnx_dir)
     anchors = {op for _, op, _ in compiled.report.partitions}

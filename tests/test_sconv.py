@@ -1,5 +1,7 @@
 """SConv: CSA against hand-computed equations, the TIR kernel against PyTorch, the build strategy."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -250,16 +252,21 @@ def test_vector_based_packing_emits_register_shifts():
         assert any(op in asm for op in ("valignd", "vpermt2ps", "vpermi2ps", "vpalignr")), "no shift/permute"
 
 
+#: An AVX-512 host (16 float lanes, 32 vector registers): the geometry below is worked out for it,
+#: whatever machine runs the tests.
+AVX512 = dataclasses.replace(host(), vector_bits=512, vector_registers=32)
+
+
 def test_geometry_pads_tiles_to_whole_sets_and_the_weight_shape_is_checked():
-    plan = analyze(R18_3X3, host())
+    plan = analyze(R18_3X3, AVX512)
     geo = sconv_geometry(plan)
     # 64 channels x 3x3 = 576 MACs per output: accumulate tile-major; 1x1 and the 3-channel
     # first layer keep filter-major rows (their crop would have to gather).
     assert geo.tile_major
     assert not sconv_geometry(analyze(ConvShape.symmetric(n=1, c=3, h=32, w=32, k=16, r=7, s=7, stride=2, pad=3),
-                                      host())).tile_major
+                                      AVX512)).tile_major
     assert not geo.direct and sconv_geometry(analyze(ConvShape.symmetric(n=1, c=8, h=9, w=9, k=8, r=1, s=1),
-                                                     host())).direct
+                                                     AVX512)).direct
     assert geo.wq == 58 and geo.q >= 55 * 58 + 56 and geo.q % 16 == 0
     in_set = geo.k3 if plan.schedule == "IS" else geo.k2
     assert geo.tiles % in_set == 0 and geo.kp % 24 == 0 and geo.kp >= 64

@@ -71,7 +71,7 @@ def test_corrupt_log_lines_are_skipped_with_a_warning(tmp_path):
     tune(MODEL, trials=6, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
          progress=False)
     lines = log.read_text().splitlines()
-    lines.insert(2, '{"schema_version": 1, "workload_key": "x", truncated')
+    lines.insert(2, '{"schema_version": 2, "workload_key": "x", truncated')
     log.write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match=r"tune.jsonl:3: skipped corrupt"):
         best = best_params(log)

@@ -72,9 +72,9 @@ def test_corrupt_line_in_the_middle_is_skipped_with_its_line_number(tmp_path):
     with RecordWriter(log) as writer:
         writer.write(_record(0))
     with open(log, "a") as f:
-        f.write('{"schema_version": 1, "workload_key": "conv2d_1x3x32x32", "cand\n')  # cut short
+        f.write('{"schema_version": 2, "workload_key": "conv2d_1x3x32x32", "cand\n')  # cut short
         f.write("\n")  # blank lines are ignored silently
-        f.write('{"schema_version": 1, "trial": 3}\n')  # valid JSON, missing fields
+        f.write('{"schema_version": 2, "trial": 3}\n')  # valid JSON, missing fields
     with RecordWriter(log) as writer:
         writer.write(_record(1))
     with pytest.warns(RecordWarning) as caught:
@@ -90,7 +90,8 @@ def test_unknown_schema_version_is_skipped_with_a_warning(tmp_path):
     log = tmp_path / "log.jsonl"
     future = _record(5).to_dict() | {"schema_version": 99}
     log.write_text(json.dumps(future) + "\n" + _record(6).to_json() + "\n")
-    with pytest.warns(RecordWarning, match=rf"{log}:1: skipped schema version 99 \(this alt-tvm reads version 1\)"):
+    expected = rf"{log}:1: skipped schema version 99 \(this alt-tvm reads version {SCHEMA_VERSION}\)"
+    with pytest.warns(RecordWarning, match=expected):
         records = load_records(log)
     assert [r.trial for r in records] == [6]
 
@@ -180,7 +181,7 @@ def test_killed_writer_loses_no_finished_record_and_resume_appends_cleanly(tmp_p
             TuningRecord.from_json(tail.decode(errors="replace"))
     # Simulate the worst case explicitly too: a partial last line, then a resumed writer.
     with open(log, "ab") as f:
-        f.write(b'{"schema_version": 1, "workload_key": "conv')
+        f.write(b'{"schema_version": 2, "workload_key": "conv')
     with RecordWriter(log) as writer:
         writer.write(_record(len(complete)))
     with warnings.catch_warnings(record=True) as caught:

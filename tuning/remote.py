@@ -25,7 +25,12 @@ MeasureFn = Callable[[Task, dict[str, Any]], float]
 
 def _measure_with(builder: Builder, runner: Runner) -> MeasureFn:
     def run(task: Task, params: dict[str, Any]) -> float:
-        lowered = task.lower(params)
+        try:
+            lowered = task.lower(params)
+        except OSError:
+            raise  # the machine's fault, not the candidate's
+        except Exception as err:  # noqa: BLE001 - the candidate's own failure
+            raise RuntimeError(f"BUILD_ERROR: lowering failed: {type(err).__name__}: {err}") from err
         mod = tvm.IRModule({"main": lowered.func})
         (result,) = measure([MeasureInput(task.key, {"params": params}, mod)], builder=builder, runner=runner)
         if not result.ok:

@@ -69,9 +69,20 @@ def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int
     The simplest measure function for :class:`~alt_tvm.tuning.tuner.Tuner`: no process
     isolation, so use it for trusted templates (the process-pool and RPC runners in
     ``alt_tvm.tuning.measure`` isolate crashes and time remote boards).
+
+    Raises
+    ------
+    RuntimeError
+        ``"BUILD_ERROR: ..."`` if the candidate does not lower or compile (see
+        :func:`~alt_tvm.tuning.measure.classify_exception`); errors of the run propagate.
     """
-    lowered = task.lower(params)
-    executable = tvm.compile(lowered.func, target=task.target.to_tvm()).jit()
+    try:
+        lowered = task.lower(params)
+        executable = tvm.compile(lowered.func, target=task.target.to_tvm()).jit()
+    except OSError:
+        raise  # the machine's fault, not the candidate's (e.g. no space for the object file)
+    except Exception as err:  # noqa: BLE001 - the candidate's own failure
+        raise RuntimeError(f"BUILD_ERROR: {type(err).__name__}: {err}") from err
     rng = np.random.default_rng(seed)
     dev = tvm.cpu()
     args = []

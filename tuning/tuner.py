@@ -8,7 +8,8 @@ stage: the best layout is fixed and loop rounds continue until the budget is spe
 
 Measurement is injected (``measure(params) -> latency in ms``), so the bookkeeping is
 testable without timing; a failed measurement returns ``inf`` (or raises) and is
-recorded with its error, never retried.
+recorded with its error code and message, never retried here (the driver measures
+transient failures again).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from alt_tvm.records import candidate_key
 from alt_tvm.strategies.space import Space
 
+from .measure.base import ErrorCode, classify_exception
 from .ppo import DIRECTIONS, CrossExplorationAgents, PPOConfig
 
 MeasureFn = Callable[[dict[str, Any]], float]
@@ -70,6 +72,25 @@ class TuneConfig:
 
 @dataclass
 class Trial:
+    """One point the search visited.
+
+    Attributes
+    ----------
+    index
+        Position in the search (0: the default point).
+    layout, loop, params
+        The point and the strategy parameters it decodes to.
+    latency_ms
+        Measured latency; ``inf`` for a failure.
+    error
+        The failure's message (None on success).
+    stage
+        ``"joint"`` or ``"loop"``.
+    error_code
+        The failure's :class:`~alt_tvm.tuning.measure.ErrorCode` name (None on success);
+        see :func:`~alt_tvm.tuning.measure.classify_exception`.
+    """
+
     index: int
     layout: dict[str, Any]
     loop: dict[str, Any]
@@ -77,6 +98,7 @@ class Trial:
     latency_ms: float
     error: str | None = None
     stage: str = "joint"
+    error_code: str | None = None
 
 
 @dataclass
@@ -165,18 +187,23 @@ class Tuner:
         if key in self.measured:
             return self.measured[key]
         params = self.space.params(layout, loop)
-        error = None
+        error = code = None
         if key in self.known:
             latency = self.known[key]
+            if not math.isfinite(latency):
+                code, error = ErrorCode.RUN_ERROR.name, "failed when measured before (see the log)"
         else:
             try:
                 latency = float(self.measure_fn(params))
+                if not math.isfinite(latency):
+                    code, error = ErrorCode.RUN_ERROR.name, f"the measure function returned {latency}"
             except Exception as err:  # a failing candidate is data, not a crash of the tuner
-                latency, error = math.inf, f"{type(err).__name__}: {err}"
-        if not math.isfinite(latency) and error is None:
-            error = "measurement failed"
+                failure, error = classify_exception(err)
+                code = failure.name
+        if error is not None:
+            latency = math.inf  # NaN too: failures sort last
         self.measured[key] = latency
-        trial = Trial(self.used, dict(layout), dict(loop), params, latency, error, stage)
+        trial = Trial(self.used, dict(layout), dict(loop), params, latency, error, stage, code)
         self.result.trials.append(trial)
         if self.upper is None and math.isfinite(latency):
             self.upper = 2.0 * latency

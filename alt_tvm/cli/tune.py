@@ -7,26 +7,39 @@
 (``python scripts/tune.py ...`` is the same command.)
 
 Then build with the log: ``alt_tvm.build("model.onnx", records="logs/model.jsonl")``.
+
+Exit status: 0 when every task has a successful measurement, 1 when some task has none
+(each is named on stderr with its last error), 2 for a bad argument, 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+from typing import NoReturn
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="alt-tvm tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr: ``alt-tvm tune: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="alt-tvm tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="ONNX file, or a reference model name (alt_tvm.models.MODEL_NAMES)")
-    parser.add_argument("--trials", type=int, required=True, help="measured candidates in total")
+    parser.add_argument("--trials", type=int, required=True,
+                        help="measured candidates in total (at least 2 per tunable task)")
     parser.add_argument("--log", default=None, help="tuning log (default logs/<model>.jsonl)")
     parser.add_argument("--plot", default=None, help="PNG of the tuning curves (default next to the log)")
-    parser.add_argument("--joint-fraction", type=float, default=0.3, help="budget share of the joint stage")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resume", action="store_true", help="reuse the log's measurements")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--joint-fraction", type=float, default=0.3, help="budget share of the joint stage, in [0, 1]")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search (>= 0)")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the log's measurements (transient failures are measured again)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="TVM threads (>= 1)")
     parser.add_argument("--tracker", default=None, help="RPC tracker host:port (measure on a remote board)")
     parser.add_argument("--key", default=None, help="RPC device key registered with the tracker")
     parser.add_argument("--target", default=None, help="board name from alt_tvm.target (default: this host)")
@@ -37,48 +50,144 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--revalidate", type=int, default=3,
                         help="re-measure this many of each task's fastest candidates (within --trials; 0: off)")
     parser.add_argument("--no-progress", action="store_true")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The parsed arguments; exits with status 2 and one line on stderr for a bad one."""
+    return _parse(_parser(), argv)
+
+
+def _parse(parser: _Parser, argv) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is not None:
+        parser.error(problem)
+    return args
+
+
+def _unwritable(path: str) -> str | None:
+    """Why a file cannot be created or appended to at ``path`` (None: it can); creates nothing."""
+    if not os.path.basename(path):
+        return f"{path!r} names a directory, not a file"
+    if os.path.isdir(path):
+        return f"{path!r} is a directory, not a file"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else f"{path!r} is not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    ancestor = parent
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return f"cannot create directory {parent!r}: {ancestor!r} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create {path!r}: directory {ancestor!r} is not writable"
+    return None
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments that needs neither TVM nor the model (None: nothing)."""
+    if args.trials < 2:
+        return f"--trials must be an int >= 2 (at least 2 per tunable task), got {args.trials}"
+    if args.threads < 1:
+        return f"--threads must be >= 1, got {args.threads}"
+    if args.seed < 0:
+        return f"--seed must be >= 0, got {args.seed}"
+    if not 0.0 <= args.joint_fraction <= 1.0:
+        return f"--joint-fraction must be in [0, 1], got {args.joint_fraction}"
+    if args.revalidate < 0:
+        return f"--revalidate must be >= 0, got {args.revalidate}"
+    if (args.tracker is None) != (args.key is None):
+        return "--tracker and --key go together"
+    if args.tracker is not None:
+        host_name, _, port = args.tracker.rpartition(":")
+        if not host_name or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"--tracker must be host:port with a port in 1..65535, got {args.tracker!r}"
+    return None
+
+
+def _target_problem(name: str | None) -> str | None:
+    if name is None or name == "host":
+        return None
+    from alt_tvm.target import known_boards  # imports TVM
+
+    if name not in known_boards():
+        return f"--target: unknown board {name!r}; choose from {', '.join(known_boards())} or 'host'"
+    return None
+
+
+def _number(value: float, width: int, digits: int = 3, *, suffix: str = "", missing: str = "failed") -> str:
+    text = f"{value:.{digits}f}{suffix}" if math.isfinite(value) else missing
+    return f"{text:>{width}s}"
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    """Run ``alt-tvm tune``; returns the exit status (see the module docstring)."""
+    parser = _parser()
+    args = _parse(parser, argv)
+    name = os.path.splitext(os.path.basename(args.model))[0]
+    log = args.log or os.path.join("logs", f"{name}.jsonl")
+    plot = args.plot or os.path.splitext(log)[0] + ".png"
+    for option, path in (("--log", log), ("--plot", plot)):
+        why = _unwritable(path)
+        if why is not None:
+            parser.error(f"{option}: {why}")
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    problem = _target_problem(args.target)
+    if problem is not None:
+        parser.error(problem)
+    if not os.path.isfile(args.model):
+        from alt_tvm.models import MODEL_NAMES
+
+        if args.model not in MODEL_NAMES:
+            parser.error(f"{args.model!r} is neither a file nor a reference model ({', '.join(MODEL_NAMES)})")
+
     from alt_tvm.integration import tune
     from alt_tvm.models import MODEL_NAMES, get_model
     from alt_tvm.target import board, host
+    from alt_tvm.tuning.driver import BudgetError
 
-    if (args.tracker is None) != (args.key is None):
-        raise SystemExit("--tracker and --key go together")
-    if args.model in MODEL_NAMES:
-        model, inputs = get_model(args.model)
-        name = args.model
-    elif os.path.isfile(args.model):
-        model, inputs = args.model, None
-        name = os.path.splitext(os.path.basename(args.model))[0]
-    else:
-        raise SystemExit(f"{args.model!r} is neither a file nor a reference model ({', '.join(MODEL_NAMES)})")
-    log = args.log or os.path.join("logs", f"{name}.jsonl")
-    plot = args.plot or os.path.splitext(log)[0] + ".png"
-    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+    model, inputs = get_model(args.model) if args.model in MODEL_NAMES else (args.model, None)
+    for path in (log, plot):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     target = board(args.target) if args.target else host()
     measure = None
     if args.tracker:
         from alt_tvm.tuning.remote import rpc_measure
 
         host_name, _, port = args.tracker.rpartition(":")
-        if not host_name or not port.isdigit():
-            raise SystemExit(f"--tracker must be host:port, got {args.tracker!r}")
-        measure = rpc_measure(tracker_host=host_name, tracker_port=int(port), key=args.key, target=target)
-    summaries = tune(model, trials=args.trials, log=log, target=target, seed=args.seed,
-                     joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
-                     measure=measure, progress=not args.no_progress, plot=plot,
-                     layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate)
+        try:
+            measure = rpc_measure(tracker_host=host_name, tracker_port=int(port), key=args.key, target=target)
+        except ConnectionError as err:
+            parser.error(f"--tracker: {err}")
+    try:
+        summaries = tune(model, trials=args.trials, log=log, target=target, seed=args.seed,
+                         joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
+                         measure=measure, progress=not args.no_progress, plot=plot,
+                         layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate)
+    except BudgetError as err:
+        parser.error(f"--trials: {err}")
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted; {log} keeps every finished measurement: run again with --resume",
+              file=sys.stderr)
+        return 130
     print(f"{'task':60s} {'x':>3s} {'trials':>6s} {'default ms':>10s} {'best ms':>9s} {'speedup':>8s}")
     for s in summaries:
-        print(f"{s.key[:60]:60s} {s.weight:3d} {s.trials:6d} {s.default_ms:10.3f} {s.best_ms:9.3f} "
-              f"{s.default_ms / s.best_ms:7.2f}x")
+        speedup = s.default_ms / s.best_ms if s.ok and math.isfinite(s.default_ms) else math.nan
+        print(f"{s.key[:60]:60s} {s.weight:3d} {s.trials:6d} {_number(s.default_ms, 10)} {_number(s.best_ms, 9)} "
+              f"{_number(speedup, 8, 2, suffix='x', missing='-')}")
     print(f"log: {log}\nplot: {plot}")
-    return 0
+    failed = 0
+    for i, s in enumerate(summaries, start=1):
+        op = s.key.split("|")[0]
+        if not s.ok:
+            failed += 1
+            print(f"{parser.prog}: task {i} ({op}): no candidate measured successfully; last error: {s.error}",
+                  file=sys.stderr)
+        if s.pending:
+            print(f"{parser.prog}: task {i} ({op}): {s.pending} measurement(s) failed transiently "
+                  f"(RPC, connection, remote timeout); run again with --resume to make them", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from tvm import relax, te
 
 from alt_tvm.layout import Layout, convert_layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.records import RecordWarning, TunedLog, read_log
 from alt_tvm.strategies import registry
 from alt_tvm.strategies.base import (
     Partition,
@@ -38,9 +39,11 @@ from alt_tvm.strategies.base import (
     workload_key,
 )
 from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE, epilogue_te
-from alt_tvm.target import HardwareTarget, host
+from alt_tvm.target import HardwareTarget, resolve
 
 from .baselines import flatten_outputs
+from .canonical import canonicalize
+from .ieee import legalize_overrides
 from .partition import consumers, plan_partitions
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
@@ -58,10 +61,26 @@ class BuildReport:
     tuned: int = 0  # partitions built with tuned parameters
     #: workload key of every partition a strategy lowered, in program order (what tuning records key)
     workloads: list[str] = field(default_factory=list)
+    #: the tuning log applied (None: built with the strategies' analytic defaults)
+    log: str | None = None
+    #: (workload key, why the log tuned it not) for each tunable partition built untuned
+    untuned: list[tuple[str, str]] = field(default_factory=list)
 
+    def tuning_summary(self) -> str:
+        """How much of the model the log tuned, and why the rest was not ("" without a log)."""
+        if self.log is None:
+            return ""
+        total = self.tuned + len(self.untuned)
+        line = f"{self.tuned} of {total} tunable partitions tuned from {self.log}"
+        reasons: dict[str, int] = {}
+        for _, reason in self.untuned:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        return "\n".join([line] + [f"  {n} untuned: {reason}" for reason, n in reasons.items()])
 
     def summary(self) -> str:
         lines = [f"{len(self.partitions)} partitions ({self.tuned} tuned), {self.conversions} layout conversions"]
+        if self.log is not None:
+            lines.append(self.tuning_summary())
         for op, reasons in sorted(self.fallbacks.items()):
             lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
         return "\n".join(lines)
@@ -73,22 +92,22 @@ class AltLayoutPass:
     Usable in a user's own pipeline: ``mod = AltLayoutPass(target=...)(mod)`` before ``tvm.compile``.
     """
 
-    def __init__(self, *, target: HardwareTarget | None = None, variant: str = "alt",
-                 strategies: Sequence[str] | None = None, params: dict[str, dict] | None = None,
-                 strategy_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, *, target: HardwareTarget | str | None = None, variant: str = "alt",
+                 strategies: Sequence[str] | None = None, records: TunedLog | str | os.PathLike | None = None,
+                 strategy_options: dict[str, Any] | None = None, fast_math: bool = False) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
-        self.target = target or host()
+        self.target = resolve(target)
         self.variant = variant
         self.allowed = registry.check_names(strategies)
-        #: tuned strategy parameters by workload key (from a tuning log's best records)
-        self.params = dict(params or {})
-        self.strategy_options = dict(strategy_options or {})
-        unknown = sorted(set(self.strategy_options) - set(registry.strategy_names()))
-        if unknown:
-            raise ValueError(f"strategy_options for unknown strategies {unknown}; "
-                             f"registered: {list(registry.strategy_names())}")
-        self.report = BuildReport()
+        if records is not None and not isinstance(records, TunedLog):
+            records = read_log(records, target=self.target)
+        #: the tuning log's best records for this target (None: analytic defaults)
+        self.records = records
+        self.strategy_options = registry.check_strategy_options(strategy_options)
+        #: epilogues may use max/min/clip forms that drop NaN (``alt_tvm.ops.ieee``)
+        self.fast_math = bool(fast_math)
+        self.report = BuildReport(log=None if records is None else records.path)
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -108,12 +127,47 @@ class AltLayoutPass:
         return new_mod
 
 
-    def context_for(self, partition: Partition, strategy: Strategy, input_layouts: dict) -> PartitionContext:
+    def context_for(self, partition: Partition, strategy: Strategy, input_layouts: dict, *,
+                    tuned: bool = True) -> PartitionContext:
         """The context ``partition`` is lowered in: its tuned parameters (none for ALT-OL, the
-        loop-only ablation keeps the analytic tiles) and the build's options for ``strategy``."""
-        tuned = self.params.get(workload_key(partition)) if self.variant != "alt-ol" else None
-        return PartitionContext(partition, self.target, self.variant, input_layouts, params=tuned,
-                                options=self.strategy_options.get(strategy.name))
+        loop-only ablation keeps the analytic tiles, or when ``tuned`` is False) and the
+        build's options for ``strategy``."""
+        record = None
+        if tuned and self.records is not None and self.variant != "alt-ol":
+            record = self.records.best.get(workload_key(partition))
+        return PartitionContext(partition, self.target, self.variant, input_layouts,
+                                params=None if record is None else record.candidate["params"],
+                                options=self.strategy_options.get(strategy.name), fast_math=self.fast_math)
+
+    def lower(self, partition: Partition, strategy: Strategy, input_layouts: dict) -> tuple[PartitionContext, Any]:
+        """Lower ``partition`` with ``strategy`` (tuned where the log has its workload) and
+        note in the report whether it was tuned and, if not, why.
+
+        Tuned parameters the strategy rejects (a record of another alt-tvm version, a
+        hand-edited log) are skipped with a :class:`~alt_tvm.records.RecordWarning` naming
+        the record's ``path:line``, and the partition is lowered with the defaults.
+        """
+        context = self.context_for(partition, strategy, input_layouts)
+        key = context.workload_key
+        self.report.workloads.append(key)
+        why = ""
+        if context.params is not None:
+            try:
+                lowered = strategy.implement(partition.anchor, context)
+            except Exception as err:  # noqa: BLE001 - any failure of bad parameters falls back
+                source = self.records.best[key].source
+                why = f"the tuned parameters at {source} were rejected ({type(err).__name__}: {err})"
+                warnings.warn(f"{source}: skipped tuned parameters for {key.split('|')[0]}: "
+                              f"{type(err).__name__}: {err}", RecordWarning, stacklevel=2)
+            else:
+                self.report.tuned += 1
+                return context, lowered
+        context = self.context_for(partition, strategy, input_layouts, tuned=False)
+        lowered = strategy.implement(partition.anchor, context)
+        tunable = strategy.space(partition.anchor, context) is not None
+        if self.records is not None and self.variant != "alt-ol" and tunable:
+            self.report.untuned.append((key, why or self.records.why_not(key)))
+        return context, lowered
 
     def _backward_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
         """Layouts to propagate backwards onto element-wise producers (paper §4.2, §6).
@@ -159,15 +213,17 @@ def _standalone_elementwise(binding: relax.VarBinding, users: dict) -> bool:
 
 
 def alt_layout_pass(*, target: HardwareTarget | None = None, variant: str = "alt",
-                    strategies: Sequence[str] | None = None) -> tvm.ir.transform.Pass:
+                    strategies: Sequence[str] | None = None, fast_math: bool = False) -> tvm.ir.transform.Pass:
     """:class:`AltLayoutPass` as a ``tvm.ir.transform`` module pass, for custom pipelines::
 
         seq = tvm.ir.transform.Sequential([alt_layout_pass(), relax.get_pipeline("zero")])
         executable = tvm.compile(seq(mod), target=host().to_tvm())
 
-    Run :func:`prepare` first (or equivalent passes) so weights are constants.
+    Run :func:`prepare` first (or equivalent passes) so weights are constants. TVM's own
+    legalization of the remaining ops drops NaN in ReLU/clip/max-pool; :func:`lower_fallbacks`
+    (or ``LegalizeOps(customize_legalize_map=alt_tvm.graph.ieee.legalize_overrides())``) does not.
     """
-    lowering = AltLayoutPass(target=target, variant=variant, strategies=strategies)
+    lowering = AltLayoutPass(target=target, variant=variant, strategies=strategies, fast_math=fast_math)
 
     def transform(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return lowering(mod)
@@ -251,7 +307,7 @@ class _Mutator(relax.PyExprMutator):
                 layouts[tensor] = self.layouts[arg][1]
             else:
                 args.append(self.visit_expr(arg))
-        out = epilogue_te(call, operands, index=0)
+        out = epilogue_te(call, operands, index=0, fast_math=self.owner.fast_math)
         layouts[out] = layout
         result = rewrite([out], layouts=layouts)
         inputs = [result[t] for t in operands if t is not None]
@@ -269,11 +325,7 @@ class _Mutator(relax.PyExprMutator):
             for used in relax.analysis.free_vars(binding.value):
                 if used in self.layouts:
                     input_layouts[used] = self.layouts[used][1]
-        context = self.owner.context_for(partition, strategy, input_layouts)
-        self.owner.report.workloads.append(context.workload_key)
-        if context.params is not None:
-            self.owner.report.tuned += 1
-        lowered = strategy.implement(partition.anchor, context)
+        context, lowered = self.owner.lower(partition, strategy, input_layouts)
         args = []
         for arg in lowered.args:
             if isinstance(arg, relax.Var):
@@ -355,6 +407,8 @@ class CompiledModel:
             raise ValueError(f"model takes {len(self.input_shapes)} inputs {self.input_names}, got {len(arrays)}")
         out = []
         for name, array, shape, dtype in zip(self.input_names, arrays, self.input_shapes, self.input_dtypes):
+            if array is None:
+                raise TypeError(f"input {name!r} is None; the model expects an array of shape {shape}, {dtype}")
             array = np.asarray(array)
             if tuple(array.shape) != shape:
                 raise ValueError(f"input {name!r} has shape {tuple(array.shape)}, the model expects {shape}")
@@ -397,16 +451,18 @@ class _LiftTECalls(relax.PyExprMutator):
         return call
 
 
-def lower_fallbacks(mod: tvm.IRModule, *, cores: int) -> tvm.IRModule:
+def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -> tvm.IRModule:
     """TVM's legalization for everything no strategy took, fused, with a minimal schedule.
 
     ``tvm.compile``'s default CPU pipeline neither fuses nor schedules legalized ops, so
     a max-pool or a softmax would run single-threaded, one kernel per op. Here they are
     fused (FuseOps/FuseTIR; alt-tvm kernels are marked opaque and stay alone) and every
-    unscheduled kernel gets its outermost spatial loops run in parallel.
+    unscheduled kernel gets its outermost spatial loops run in parallel. Unless
+    ``fast_math``, ReLU, clip, maximum/minimum, max pooling and max/min reductions are
+    legalized by :func:`alt_tvm.graph.ieee.legalize_overrides`, which propagate NaN.
     """
     seq = tvm.ir.transform.Sequential([
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(customize_legalize_map=legalize_overrides(fast_math=fast_math)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -455,12 +511,13 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),  # e.g. batch norm's unused statistics tuple
     ])
-    return seq(mod)
+    return canonicalize(seq(mod))
 
 
 def build(model: Any, target: Any = None, *, records: Any = None, variant: str = "alt",
           strategies: Sequence[str] | None = None, example_inputs: Sequence[Any] | None = None,
-          input_shapes: dict | None = None, strategy_options: dict[str, Any] | None = None) -> CompiledModel:
+          input_shapes: dict | None = None, strategy_options: dict[str, Any] | None = None,
+          fast_math: bool = False) -> CompiledModel:
     """Build ``model`` to a callable module with alt-tvm's strategies.
 
     Parameters
@@ -471,8 +528,11 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     target
         An :class:`alt_tvm.target.HardwareTarget`, a board name, or None for this host.
     records
-        A tuning log (``alt_tvm.tune``): the best record of each workload measured on
-        this target replaces the strategy's analytic defaults.
+        A tuning log (``alt_tvm.tune``), as a path or :func:`alt_tvm.records.read_log`'s
+        result: the best record of each workload measured on this target with this TVM
+        version replaces the strategy's analytic defaults. ``.report`` says how many
+        tunable partitions it tuned and why the others were not; a warning says so too
+        when the log does not tune them all.
     variant
         ``"alt"`` (layouts propagated), ``"alt-wp"`` (layouts, conversions at every
         boundary) or ``"alt-ol"`` (loop-only, channels-last).
@@ -481,6 +541,11 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     strategy_options
         Options per strategy name (e.g. which layers ``tt_einsum`` factorises), handed to
         the strategy's ``applicable`` (``OpInfo.options``) and ``implement`` (``context.options``).
+    fast_math
+        False (default): NaN propagates through ReLU, ReLU6, clip, maximum/minimum, max
+        pooling and max/min reductions, and overflow gives ``inf``, as in ONNX Runtime and
+        PyTorch. True: those ops may use forms that turn NaN into a finite value
+        (``alt_tvm.ops.ieee``).
 
     Returns
     -------
@@ -489,27 +554,26 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     """
     from .frontend import load_model
 
-    if isinstance(target, str):
-        from alt_tvm.target import board
-
-        target = board(target)
-    machine = target or host()
-    params = None
-    if records is not None:
-        from alt_tvm.records import best_params
-
+    machine = resolve(target)
+    if records is not None and not isinstance(records, TunedLog):
+        if not isinstance(records, (str, os.PathLike)):
+            raise TypeError(f"records must be the path of a tuning log (or read_log's result), "
+                            f"got {type(records).__name__} {records!r}")
         if not os.path.exists(records):
-            raise FileNotFoundError(f"tuning log {records!r} does not exist (write one with alt_tvm.tune)")
-        params = best_params(records, target=machine)
+            raise FileNotFoundError(f"tuning log {os.fspath(records)!r} does not exist (write one with alt_tvm.tune)")
+        records = read_log(records, target=machine)
     use_runtime_threads(machine.num_cores)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
-    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, params=params,
-                             strategy_options=strategy_options)
+    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, records=records,
+                             strategy_options=strategy_options, fast_math=fast_math)
     mod = alt_pass(prepare(imported.mod))
-    if alt_pass.report.fallbacks:
-        warnings.warn("alt-tvm: " + alt_pass.report.summary(), stacklevel=2)
+    report = alt_pass.report
+    if report.fallbacks:
+        warnings.warn("alt-tvm: " + report.summary(), stacklevel=2)
+    elif report.untuned:
+        warnings.warn("alt-tvm: " + report.tuning_summary(), stacklevel=2)
     with machine.to_tvm():
-        mod = lower_fallbacks(mod, cores=machine.num_cores)
+        mod = lower_fallbacks(mod, cores=machine.num_cores, fast_math=fast_math)
         executable = tvm.compile(mod, target=machine.to_tvm())
     return CompiledModel(executable, mod, alt_pass.report, imported.input_shapes, imported.input_dtypes,
                          imported.input_names)

@@ -7,7 +7,8 @@ weights are bound into the module as constants (``relax.const`` nodes, printed a
 re-layout weights without the caller feeding parameters.
 
 * ONNX: ``tvm.relax.frontend.onnx.from_onnx(model, shape_dict, dtype_dict,
-  keep_params_in_input=False)``; dynamic input dims are fixed from ``input_shapes`` or to 1.
+  keep_params_in_input=False)``; dynamic input dims are fixed from ``input_shapes`` (a
+  dynamic batch, dim 0, defaults to 1; no other dim is guessed).
 * PyTorch: ``torch.export.export(module, example_inputs)`` then
   ``tvm.relax.frontend.torch.from_exported_program(ep, keep_params_as_input=False)``.
 * Relax: passed through; the signature is read from ``main`` (symbolic dims may be fixed with
@@ -76,8 +77,9 @@ def load_model(model: Any, *, example_inputs: Sequence[Any] | Any | None = None,
     example_inputs : tuple of torch.Tensor or torch.Tensor, optional
         Inputs to trace a PyTorch module with (``torch.export``); their shapes are the model's.
     input_shapes : mapping of str to sequence of int, optional
-        Shapes of named inputs. For ONNX they replace dynamic dims (a dynamic dim not given
-        here becomes 1: the batch is fixed at import) and must agree with the static ones;
+        Shapes of named inputs. For ONNX they replace dynamic dims and must agree with the
+        static ones; a dynamic batch (dim 0) not given here becomes 1, any other dynamic dim
+        (height, width, sequence length) must be given;
         for a Relax module they fix symbolic dims; for PyTorch they must match
         ``example_inputs``.
 
@@ -94,6 +96,8 @@ def load_model(model: Any, *, example_inputs: Sequence[Any] | Any | None = None,
     """
     shapes = _check_input_shapes(input_shapes)
     if isinstance(model, (str, os.PathLike)):
+        if not os.fspath(model):
+            raise ModelImportError("the model path is empty; give the path of an ONNX file")
         return _import_onnx(_read_onnx_file(Path(model)), shapes)
     if isinstance(model, tvm.IRModule):
         return _import_relax(model, shapes)
@@ -215,6 +219,7 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
         if not inp.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
             raise ModelImportError(f"ONNX input {inp.name!r} is not a tensor of known rank")
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim]
+        names_of = [d.dim_param or "?" for d in tensor_type.shape.dim]
         given = shapes.get(inp.name)
         if given is not None:
             if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
@@ -223,6 +228,16 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
                     f"input_shapes[{inp.name!r}] = {given} does not fit the ONNX input's shape {shown}"
                 )
             dims = list(given)
+        for axis, d in enumerate(dims):
+            if d is None and axis > 0:  # only the batch may be guessed: any other size changes the model
+                shown = tuple(v if v is not None else names_of[i] for i, v in enumerate(dims))
+                example = ", ".join(str(v) if v is not None else "1" if i == 0 else f"<{names_of[i]}>"
+                                    for i, v in enumerate(dims))
+                raise ModelImportError(
+                    f"ONNX input {inp.name!r} has a dynamic dim {axis} ({names_of[axis]!r}) in shape {shown}; "
+                    f"only a dynamic batch (dim 0) is fixed to 1 by default. Give the shape: "
+                    f"input_shapes={{{inp.name!r}: ({example})}}"
+                )
         shape_dict[inp.name] = [1 if d is None else d for d in dims]
         dtype_dict[inp.name] = str(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
     try:

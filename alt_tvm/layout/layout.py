@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .index import Index
+from .index import Index, product
 from .primitives import (
     DecoupleAt,
     Fold,
@@ -21,11 +21,15 @@ from .primitives import (
     StoreAt,
     Unfold,
     Unpad,
+    _int_tuple,
+    _is_int_imm,
     _pad_amount,
     primitive_from_json,
 )
 
 SCHEMA_VERSION = 1
+#: Largest element count (and extent) of any shape in a layout: TVM indexes buffers with int64.
+MAX_ELEMENTS = 2**63 - 1
 
 
 class Layout:
@@ -37,20 +41,31 @@ class Layout:
         Layout((1, 64, 112, 112)).pad(2, 0).split(1, [4, 16]).reorder([0, 1, 3, 4, 2])
 
     Dimensions are 0-based and refer to the shape *at that point in the chain*.
-    Invalid parameters raise ``ValueError`` immediately, naming the bad value.
+    Invalid parameters raise immediately, naming the bad value: ``TypeError`` for a
+    value of the wrong type (sizes, dims and factors must be ints: Python or NumPy
+    integers, never floats or bools), ``ValueError`` for a value out of range.
     """
 
     __slots__ = ("_orig", "_steps", "_shapes")
 
     def __init__(self, shape: Sequence[int], primitives: Sequence[Primitive] = ()) -> None:
-        orig = tuple(int(s) for s in shape)
+        orig = _int_tuple(shape, "Layout: shape", "(1, 64, 56, 56)")
         if any(s < 1 for s in orig):
             raise ValueError(f"Layout: every extent must be positive, got shape {orig}")
+        if isinstance(primitives, Primitive) or not isinstance(primitives, Iterable):
+            raise TypeError(f"Layout: primitives must be a sequence of Primitive objects, "
+                            f"e.g. [Split(1, (4, 16))], got {primitives!r}")
+        primitives = tuple(primitives)
+        _check_size(orig)
         shapes = [orig]
-        for prim in primitives:
+        for k, prim in enumerate(primitives):
+            if not isinstance(prim, Primitive):
+                raise TypeError(f"Layout: primitives[{k}] must be a layout Primitive (Split, Fuse, ...), "
+                                f"got {prim!r} of type {type(prim).__name__}")
             shapes.append(tuple(prim.out_shape(shapes[-1])))
+            _check_size(shapes[-1])
         self._orig = orig
-        self._steps = tuple(primitives)
+        self._steps = primitives
         self._shapes = tuple(shapes)
 
     # ----------------------------------------------------------------- queries
@@ -95,16 +110,29 @@ class Layout:
         return Layout(self._orig, self._steps + (prim,))
 
     def split(self, dim: int, factors: Sequence[int]) -> Layout:
-        """Split ``dim`` into ``factors`` (outer to inner); their product must equal the extent."""
-        return self._then(Split(dim, tuple(factors)))
+        """Split ``dim`` into ``factors`` (outer to inner); their product must equal the extent.
+
+        ``factors`` is always a sequence: a bare int is refused rather than guessed at
+        (TVM's ``split(factor=4)`` means an inner tile of 4; here write ``[extent // 4, 4]``).
+        """
+        if isinstance(factors, (int, np.integer, float, np.floating)) or _is_int_imm(factors):
+            hint = ""
+            if isinstance(dim, int) and 0 <= dim < len(self.shape) and isinstance(factors, (int, np.integer)):
+                extent = self.shape[dim]
+                if factors >= 1 and extent % factors == 0:
+                    hint = (f"; for tiles of {factors} on dimension {dim} (extent {extent}) "
+                            f"use [{extent // factors}, {factors}]")
+            raise TypeError(f"split: factors must be a sequence of ints, e.g. [4] or [2, 4] (outer to inner, "
+                            f"product = the dimension's extent), got the {type(factors).__name__} {factors!r}{hint}")
+        return self._then(Split(dim, factors))
 
     def reorder(self, perm: Sequence[int]) -> Layout:
         """Permute dimensions: new dimension ``k`` is the current dimension ``perm[k]``."""
-        return self._then(Reorder(tuple(perm)))
+        return self._then(Reorder(perm))
 
     def fuse(self, dims: Sequence[int]) -> Layout:
         """Fuse consecutive dimensions ``dims`` into one."""
-        return self._then(Fuse(tuple(dims)))
+        return self._then(Fuse(dims))
 
     def unfold(self, dim: int, tile_size: int, stride: int) -> Layout:
         """Overlapped tiling of ``dim`` into (tiles, ``tile_size``), tiles ``stride`` apart."""
@@ -120,7 +148,11 @@ class Layout:
         return self._then(Pad(dim, before, after))
 
     def unpad(self, dim: int, amount: int | tuple[int, int]) -> Layout:
-        """Remove padding from ``dim`` (the inverse of :meth:`pad`)."""
+        """Remove ``amount`` elements from ``dim``: an int from the end, ``(before, after)`` both ends.
+
+        The removed elements are gone: :meth:`inverse` and :meth:`inverse_apply` of a
+        layout containing ``unpad`` raise unless called with ``lossy=True``.
+        """
         before, after = _pad_amount(amount, "unpad")
         return self._then(Unpad(dim, before, after))
 
@@ -132,18 +164,47 @@ class Layout:
         this tensor's buffer.
         """
         if hasattr(guest, "op") and hasattr(guest, "shape"):
-            shape, key = tuple(int(s) for s in guest.shape), guest
+            shape, key = _int_tuple(guest.shape, "store_at: guest tensor shape", "(64,)"), guest
+        elif isinstance(guest, (str, bytes)) or not isinstance(guest, Iterable):
+            raise TypeError(f"store_at: guest must be a te.Tensor or a shape (a sequence of ints, e.g. (64,)), "
+                            f"got {guest!r} of type {type(guest).__name__}")
         else:
-            shape, key = tuple(int(s) for s in guest), None
+            shape, key = _int_tuple(guest, "store_at: guest shape", "(64,)"), None
         return self._then(StoreAt(dim, shape, key))
 
     def decouple_at(self, dim: int) -> Layout:
-        """Detach the tensor last attached at ``dim`` (the inverse of :meth:`store_at`)."""
-        return self._then(DecoupleAt(dim))
+        """Detach the tensor last attached at ``dim`` (the inverse of :meth:`store_at`).
+
+        A ``store_at`` earlier in this layout must have attached a tensor whose slot is
+        still the last element of ``dim``; otherwise ``ValueError``. To detach a slot a
+        tensor arrived with (attached by another layout), build the layout explicitly:
+        ``Layout(shape, [DecoupleAt(dim)])``.
+        """
+        prim = DecoupleAt(dim)
+        prim.out_shape(self.shape)  # type and range of dim first
+        attached = self._attached()
+        if not attached[prim.dim]:
+            where = [d for d, n in enumerate(attached) if n]
+            raise ValueError(f"decouple_at: nothing is attached at dim {prim.dim} of shape {self.shape}: "
+                             f"no earlier store_at left a tensor at the end of that dim "
+                             f"(dims with an attached tensor: {where})")
+        return self._then(prim)
+
+    def _attached(self) -> list[int]:
+        """Per dim of :attr:`shape`, how many store_at slots end it (LIFO for decouple_at)."""
+        att = [0] * len(self._orig)
+        for prim in self._steps:
+            att = _track_attached(prim, att)
+        return att
 
     def dim_names(self, names: Sequence[str]) -> list[str]:
         """Names for this layout's dimensions, derived from the original ones (for readable TIR)."""
+        if isinstance(names, str) or not isinstance(names, Iterable):
+            raise TypeError(f"dim_names: names must be a sequence of str, e.g. ['n', 'c', 'h', 'w'], got {names!r}")
         names = list(names)
+        bad = [n for n in names if not isinstance(n, str)]
+        if bad:
+            raise TypeError(f"dim_names: names must be str, got {bad[0]!r} in {names!r}")
         if len(names) != len(self._orig):
             raise ValueError(f"dim_names: got {len(names)} names for a {len(self._orig)}-d shape")
         for prim in self._steps:
@@ -152,13 +213,18 @@ class Layout:
 
     # -------------------------------------------------------------- index maps
     def forward(self, index: Sequence[Index], context: Any = None) -> list[Index]:
-        """Map an index of the original shape to its index in this layout."""
-        index = list(index)
-        if len(index) != len(self._orig):
-            raise ValueError(f"Layout.forward: index has {len(index)} entries, shape {self._orig} "
-                             f"has {len(self._orig)} dims")
+        """Map an index of the original shape to its index in this layout.
+
+        Entries are ints, integer NumPy arrays or integer TIR expressions. Concrete
+        entries (ints, arrays, ``IntImm``) outside ``0 <= i < extent`` raise ``IndexError``,
+        as do concrete elements this layout does not store (dropped by ``unpad`` or
+        ``decouple_at``); symbolic expressions are not range-checked.
+        """
+        orig = _checked_index(index, self._orig, "Layout.forward", "shape")
+        index = orig
         for prim, shape in zip(self._steps, self._shapes):
             index = prim.forward(index, shape, context)
+        _check_stored(index, self.shape, orig, "Layout.forward")
         return index
 
     def backward(self, index: Sequence[Index], *, checks: list | None = None) -> list[Index]:
@@ -168,10 +234,7 @@ class Layout:
         ``checks`` is a list, every ``(index, extent)`` pair that must satisfy
         ``0 <= index < extent`` for the position to hold a real element is appended to it.
         """
-        index = list(index)
-        if len(index) != len(self.shape):
-            raise ValueError(f"Layout.backward: index has {len(index)} entries, layout shape "
-                             f"{self.shape} has {len(self.shape)} dims")
+        index = _checked_index(index, self.shape, "Layout.backward", "layout shape")
         for prim, shape in zip(reversed(self._steps), reversed(self._shapes[:-1])):
             index = prim.backward(index, shape)
             if checks is not None:
@@ -183,13 +246,17 @@ class Layout:
         slots = [i for i, p in enumerate(self._steps) if isinstance(p, StoreAt)]
         pos = self._guest_position(guest, slots)
         step = slots[pos]
-        index = self._steps[step].guest_forward(list(index), self._shapes[step])
+        guest_index = _checked_index(index, self._steps[step].guest_shape, "Layout.guest_forward", "guest shape")
+        index = self._steps[step].guest_forward(guest_index, self._shapes[step])
         for prim, shape in zip(self._steps[step + 1:], self._shapes[step + 1:-1]):
             index = prim.forward(index, shape, context)
+        _check_stored(index, self.shape, guest_index, "Layout.guest_forward")
         return index
 
     def _guest_position(self, guest: int | Any, slots: list[int]) -> int:
-        if isinstance(guest, int):
+        if isinstance(guest, (bool, np.bool_)):
+            raise TypeError(f"guest must be a position (int) or an attached te.Tensor, got {guest!r}")
+        if isinstance(guest, (int, np.integer)):
             if not 0 <= guest < len(slots):
                 raise ValueError(f"guest {guest} out of range: this layout has {len(slots)} guests")
             return guest
@@ -206,6 +273,9 @@ class Layout:
         if tuple(array.shape) != self._orig:
             raise ValueError(f"Layout.apply: array has shape {array.shape}, layout expects {self._orig}")
         n_guests = len(self.guests)
+        if isinstance(guests, (str, bytes, np.ndarray)) or not isinstance(guests, Sequence):
+            raise TypeError(f"Layout.apply: guests must be a list of arrays (one per store_at), got {guests!r}")
+        guests = [np.asarray(g) for g in guests]
         if len(guests) != n_guests:
             raise ValueError(f"Layout.apply: layout has {n_guests} store_at guests, got {len(guests)} arrays")
         it = iter(guests)
@@ -213,14 +283,31 @@ class Layout:
             array = prim.apply(array, next(it)) if isinstance(prim, StoreAt) else prim.apply(array)
         return array
 
-    def inverse_apply(self, array: np.ndarray) -> np.ndarray:
-        """Move ``array`` in this layout back to the original shape (guests are dropped)."""
+    def inverse_apply(self, array: np.ndarray, *, lossy: bool = False) -> np.ndarray:
+        """Move ``array`` in this layout back to the original shape (guests are dropped).
+
+        Parameters
+        ----------
+        array
+            Data in this layout (shape :attr:`shape`).
+        lossy
+            Allow ``unpad`` steps, whose removed elements come back as zeros.
+
+        Raises
+        ------
+        ValueError
+            ``array`` has the wrong shape, or a step dropped data (``unpad`` without
+            ``lossy``, ``decouple_at``, an ``unfold`` with gaps).
+        """
         array = np.asarray(array)
         if tuple(array.shape) != self.shape:
             raise ValueError(f"Layout.inverse_apply: array has shape {array.shape}, "
                              f"layout shape is {self.shape}")
         for prim, shape in zip(reversed(self._steps), reversed(self._shapes[:-1])):
-            array = prim.inverse_apply(array, shape)
+            if isinstance(prim, Unpad):
+                array = prim.inverse_apply(array, shape, lossy=lossy)
+            else:
+                array = prim.inverse_apply(array, shape)
         return array
 
     def extract_guest(self, array: np.ndarray, guest: int = 0) -> np.ndarray:
@@ -228,14 +315,41 @@ class Layout:
         slots = [i for i, p in enumerate(self._steps) if isinstance(p, StoreAt)]
         step = slots[self._guest_position(guest, slots)]
         array = np.asarray(array)
+        if tuple(array.shape) != self.shape:
+            raise ValueError(f"Layout.extract_guest: array has shape {array.shape}, "
+                             f"layout shape is {self.shape}")
         for prim, shape in zip(reversed(self._steps[step + 1:]), reversed(self._shapes[step + 1:-1])):
             array = prim.inverse_apply(array, shape)
         return self._steps[step].extract_guest(array)
 
     # -------------------------------------------------------------- inversion
-    def inverse(self) -> Layout:
-        """The layout on :attr:`shape` whose primitives undo this one's."""
-        prims = [p.inverse(s) for p, s in zip(reversed(self._steps), reversed(self._shapes[:-1]))]
+    def inverse(self, *, lossy: bool = False) -> Layout:
+        """The layout on :attr:`shape` whose primitives undo this one's.
+
+        Parameters
+        ----------
+        lossy
+            Invert ``unpad`` steps too. ``unpad`` discards elements, so the only layout
+            "undoing" it is a ``pad`` that fills them with zeros: exact when they were
+            padding (e.g. ``layout.inverse().inverse()`` for a padded ``layout``), wrong
+            otherwise. Without ``lossy`` such a layout raises, like TVM's
+            ``IndexMap.inverse`` for a map that is not bijective.
+
+        Returns
+        -------
+        Layout
+            Maps a tensor of shape :attr:`shape` to :attr:`orig_shape`. ``pad`` steps
+            become ``unpad``, ``store_at`` becomes ``decouple_at`` (the guest is dropped) and
+            ``decouple_at`` becomes a ``store_at`` whose guest must be passed to ``apply``.
+
+        Raises
+        ------
+        ValueError
+            An ``unpad`` step without ``lossy``, or an ``unfold`` with gaps between tiles.
+        """
+        prims = []
+        for p, s in zip(reversed(self._steps), reversed(self._shapes[:-1])):
+            prims.append(p.inverse(s, lossy=lossy) if isinstance(p, Unpad) else p.inverse(s))
         return Layout(self.shape, prims)
 
     # ---------------------------------------------------------- serialisation
@@ -244,13 +358,42 @@ class Layout:
                 "primitives": [p.to_json() for p in self._steps]}
 
     @classmethod
-    def from_json(cls, record: dict[str, Any] | str) -> Layout:
-        if isinstance(record, str):
-            record = json.loads(record)
+    def from_json(cls, record: Mapping[str, Any] | str | bytes) -> Layout:
+        """Rebuild a layout from :meth:`to_json` output (a dict, or that dict as JSON text).
+
+        Raises
+        ------
+        TypeError
+            ``record`` is neither a str/bytes nor a dict, or a field has the wrong type.
+        ValueError
+            Malformed JSON, a wrong schema, missing keys or invalid primitives.
+        """
+        expected = "a dict {'schema': 1, 'shape': [...], 'primitives': [...]} or that dict as JSON text"
+        if isinstance(record, (str, bytes, bytearray)):
+            try:
+                record = json.loads(record)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"Layout.from_json: not valid JSON ({err}); expected {expected}") from None
+        if not isinstance(record, Mapping):
+            raise TypeError(f"Layout.from_json: expected {expected}, got {type(record).__name__} {record!r}")
         if record.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"layout record has schema {record.get('schema')!r}, "
                              f"this alt_tvm reads schema {SCHEMA_VERSION}")
-        return cls(record["shape"], [primitive_from_json(p) for p in record["primitives"]])
+        missing = [k for k in ("shape", "primitives") if k not in record]
+        if missing:
+            raise ValueError(f"Layout.from_json: record lacks {missing}; expected {expected}")
+        prims = record["primitives"]
+        if not isinstance(prims, (list, tuple)):
+            raise TypeError(f"Layout.from_json: 'primitives' must be a list of primitive records, got {prims!r}")
+        steps = []
+        for k, prim in enumerate(prims):
+            try:
+                steps.append(primitive_from_json(prim))
+            except (TypeError, ValueError) as err:
+                if type(err) not in (TypeError, ValueError):
+                    raise
+                raise type(err)(f"Layout.from_json: primitives[{k}]: {err}") from None
+        return cls(record["shape"], steps)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and self._orig == other._orig and self._steps == other._steps
@@ -284,3 +427,83 @@ def _rename(prim: Primitive, names: list[str]) -> list[str]:
 def _describe(prim: Primitive) -> str:
     fields = ", ".join(f"{k}={v!r}" for k, v in prim.to_json().items() if k != "kind")
     return f"{prim.kind}({fields})"
+
+
+def _check_size(shape: Shape) -> None:
+    if product(shape) > MAX_ELEMENTS:
+        raise ValueError(f"Layout: shape {shape} has {product(shape)} elements, more than int64 indexing "
+                         f"allows ({MAX_ELEMENTS})")
+
+
+def _track_attached(prim: Primitive, att: list[int]) -> list[int]:
+    """``att`` (store_at slots ending each dim) after ``prim``; slots moved off a dim's end are lost."""
+    att = list(att)
+    if isinstance(prim, StoreAt):
+        att[prim.dim] += 1
+    elif isinstance(prim, DecoupleAt):
+        att[prim.dim] = max(att[prim.dim] - 1, 0)
+    elif isinstance(prim, Split):
+        keep = att[prim.dim] if len(prim.factors) == 1 else 0
+        att[prim.dim: prim.dim + 1] = [0] * (len(prim.factors) - 1) + [keep]
+    elif isinstance(prim, Fuse):
+        lo, hi = prim.dims[0], prim.dims[-1] + 1
+        att[lo:hi] = [att[lo] if hi - lo == 1 else 0]
+    elif isinstance(prim, Reorder):
+        att = [att[p] for p in prim.perm]
+    elif isinstance(prim, Unfold):
+        att[prim.dim: prim.dim + 1] = [0, 0]
+    elif isinstance(prim, Fold):
+        att[prim.dim: prim.dim + 2] = [0]
+    elif isinstance(prim, (Pad, Unpad)) and prim.after:
+        att[prim.dim] = 0
+    return att
+
+
+def _checked_index(index: Any, shape: Shape, where: str, shape_name: str) -> list[Index]:
+    """``index`` as a list, after checking its length, entry types and concrete entries' range."""
+    allowed = "ints, integer NumPy arrays or integer TIR expressions"
+    if isinstance(index, (str, bytes)) or not isinstance(index, Iterable):
+        raise TypeError(f"{where}: index must be a sequence of {len(shape)} entries ({allowed}), got {index!r}")
+    index = list(index)
+    if len(index) != len(shape):
+        raise ValueError(f"{where}: index has {len(index)} entries, {shape_name} {shape} "
+                         f"has {len(shape)} dims")
+    for dim, (i, extent) in enumerate(zip(index, shape)):
+        value = None
+        if isinstance(i, (bool, np.bool_)):
+            raise TypeError(f"{where}: index entry {dim} is the bool {i!r}; entries must be {allowed}")
+        if isinstance(i, (int, np.integer)):
+            value = int(i)
+        elif isinstance(i, np.ndarray):
+            if i.dtype.kind not in "iu":
+                raise TypeError(f"{where}: index entry {dim} is an array of dtype {i.dtype}; entries must be {allowed}")
+            bad = i[(i < 0) | (i >= extent)]
+            if bad.size:
+                value = int(bad.flat[0])
+        elif _is_int_imm(i):
+            value = int(i.value)
+        elif not str(getattr(i, "ty", "")).startswith(("int", "uint")):
+            raise TypeError(f"{where}: index entry {dim} is {i!r} of type {type(i).__name__}; "
+                            f"entries must be {allowed}")
+        if value is not None and not 0 <= value < extent:
+            raise IndexError(f"{where}: index {value} is out of range for dimension {dim} of "
+                             f"{shape_name} {shape}; allowed 0..{extent - 1}")
+    return index
+
+
+def _check_stored(index: list[Index], shape: Shape, orig: list[Index], where: str) -> None:
+    """Raise ``IndexError`` if a concrete entry of a mapped ``index`` lies outside ``shape``."""
+    for dim, (i, extent) in enumerate(zip(index, shape)):
+        if isinstance(i, np.ndarray):
+            bad = i[(i < 0) | (i >= extent)]
+            value = int(bad.flat[0]) if bad.size else None
+        elif isinstance(i, (int, np.integer)) or _is_int_imm(i):
+            value = int(i.value) if _is_int_imm(i) else int(i)
+            value = None if 0 <= value < extent else value
+        else:
+            value = None
+        if value is not None:
+            shown = orig if not any(isinstance(o, np.ndarray) for o in orig) else "(array index)"
+            raise IndexError(f"{where}: element {shown} is not stored in this layout (an unpad or "
+                             f"decouple_at step dropped it): it maps to index {value} outside dimension "
+                             f"{dim} of layout shape {shape}")

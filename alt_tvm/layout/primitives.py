@@ -14,6 +14,8 @@ definition serves constant packing, tests and the TE rewrite pass.
 from __future__ import annotations
 
 import abc
+import dataclasses
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,18 +26,69 @@ from .index import Index, index_min, product
 Shape = tuple[int, ...]
 
 
+def _is_int_imm(value: Any) -> bool:
+    """True for a TVM integer constant (``IntImm`` of an int/uint dtype)."""
+    if type(value).__name__ != "IntImm" or not hasattr(value, "value"):
+        return False
+    return str(getattr(value, "ty", "")).startswith(("int", "uint"))
+
+
+def _as_int(value: Any, what: str) -> int:
+    """``value`` as a Python int; ``TypeError`` unless it is an integer.
+
+    Python and NumPy integers (also 0-d integer arrays) and TVM ``IntImm`` constants
+    are accepted. Bools, floats (even integral ones such as ``2.0``), strings and
+    symbolic expressions are refused rather than truncated.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be an int, got the bool {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        return int(value)
+    if _is_int_imm(value):
+        return int(value.value)
+    raise TypeError(f"{what} must be an int, got {value!r} of type {type(value).__name__}")
+
+
+def _int_tuple(values: Any, what: str, example: str) -> tuple[int, ...]:
+    """``values`` (a sequence of integers) as a tuple of Python ints, else ``TypeError``."""
+    ordered = not isinstance(values, (str, bytes, Mapping, Set)) and isinstance(values, Iterable)
+    if not ordered or (isinstance(values, np.ndarray) and values.ndim != 1):
+        raise TypeError(f"{what} must be a sequence of ints, e.g. {example}, "
+                        f"got {values!r} of type {type(values).__name__}")
+    values = tuple(values)
+    return tuple(_as_int(v, f"{what}[{k}]") for k, v in enumerate(values))
+
+
 def _check_dim(dim: int, shape: Shape, what: str) -> None:
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise ValueError(f"{what}: dim must be an int, got {dim!r}")
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"{what}: dim must be an int, got {dim!r} of type {type(dim).__name__}")
     if not 0 <= dim < len(shape):
         raise ValueError(f"{what}: dim={dim} is out of range for a {len(shape)}-d shape {shape}; "
                          f"allowed 0..{len(shape) - 1}")
 
 
 def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    value = _as_int(value, what)
+    if value < 1:
         raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return int(value)
+    return value
+
+
+def _non_negative_int(value: Any, what: str) -> int:
+    value = _as_int(value, what)
+    if value < 0:
+        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _set(prim: Any, name: str, value: Any) -> None:
+    object.__setattr__(prim, name, value)
+
+
+def _init_dim(prim: Any) -> None:
+    _set(prim, "dim", _as_int(prim.dim, f"{prim.kind}: dim"))
 
 
 class Primitive(abc.ABC):
@@ -88,11 +141,13 @@ class Split(Primitive):
     basic: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "factors", tuple(int(f) for f in self.factors))
-        if len(self.factors) < 1:
-            raise ValueError("split: factors must not be empty")
-        for f in self.factors:
-            _positive_int(f, f"split: factor {f!r} in factors={list(self.factors)}")
+        _init_dim(self)
+        factors = _int_tuple(self.factors, "split: factors", "[4] or [2, 4] (outer to inner)")
+        _set(self, "factors", factors)
+        if len(factors) < 1:
+            raise ValueError("split: factors must not be empty; give at least one factor, e.g. [2, 4]")
+        for f in factors:
+            _positive_int(f, f"split: factor {f!r} in factors={list(factors)}")
 
     def out_shape(self, shape: Shape) -> Shape:
         _check_dim(self.dim, shape, "split")
@@ -141,7 +196,7 @@ class Fuse(Primitive):
     basic: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+        _set(self, "dims", _int_tuple(self.dims, "fuse: dims", "[1, 2]"))
         d = self.dims
         if len(d) < 1 or any(b != a + 1 for a, b in zip(d, d[1:])):
             raise ValueError(f"fuse: dims must be consecutive and ascending, got {list(d)}")
@@ -183,7 +238,10 @@ class Reorder(Primitive):
     basic: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "perm", tuple(int(p) for p in self.perm))
+        _set(self, "perm", _int_tuple(self.perm, "reorder: perm", "[0, 2, 1]"))
+        if sorted(self.perm) != list(range(len(self.perm))):
+            raise ValueError(f"reorder: perm={list(self.perm)} is not a permutation of "
+                             f"0..{len(self.perm) - 1} (each dim exactly once)")
 
     def out_shape(self, shape: Shape) -> Shape:
         if sorted(self.perm) != list(range(len(shape))):
@@ -227,8 +285,9 @@ class Unfold(Primitive):
     kind: ClassVar[str] = "unfold"
 
     def __post_init__(self) -> None:
-        _positive_int(self.tile_size, "unfold: tile_size")
-        _positive_int(self.stride, "unfold: stride")
+        _init_dim(self)
+        _set(self, "tile_size", _positive_int(self.tile_size, "unfold: tile_size"))
+        _set(self, "stride", _positive_int(self.stride, "unfold: stride"))
 
     def num_tiles(self, extent: int) -> int:
         return -(-(extent - self.tile_size) // self.stride) + 1
@@ -283,6 +342,10 @@ class Unfold(Primitive):
         return np.ascontiguousarray(array[(slice(None),) * self.dim + (tile, x - tile * self.stride)])
 
     def inverse(self, shape):
+        if not self.covers:
+            raise ValueError(f"unfold(dim={self.dim}, tile_size={self.tile_size}, stride={self.stride}) "
+                             f"has no inverse: tile_size < stride leaves gaps whose elements are not "
+                             f"stored anywhere")
         return Fold(self.dim, self.stride, shape[self.dim], self.tile_size)
 
 
@@ -296,12 +359,19 @@ class Fold(Primitive):
     tile_size: int | None = None
     kind: ClassVar[str] = "fold"
 
+    def __post_init__(self) -> None:
+        _init_dim(self)
+        _set(self, "stride", _positive_int(self.stride, "fold: stride"))
+        _set(self, "length", _positive_int(self.length, "fold: length"))
+        if self.tile_size is not None:
+            _set(self, "tile_size", _positive_int(self.tile_size, "fold: tile_size"))
+
     def _unfold(self, shape: Shape) -> Unfold:
+        _check_dim(self.dim, shape, "fold")
         if self.dim + 1 >= len(shape):
             raise ValueError(f"fold: dim={self.dim} needs a tile dimension after it in shape {shape}")
         tile = self.tile_size if self.tile_size is not None else shape[self.dim + 1]
         unfold = Unfold(self.dim, tile, self.stride)
-        _positive_int(self.length, "fold: length")
         expect = unfold.out_shape(shape[: self.dim] + (self.length,) + shape[self.dim + 2:])
         if expect != tuple(shape):
             raise ValueError(f"fold(dim={self.dim}, stride={self.stride}, length={self.length}) "
@@ -332,15 +402,26 @@ class Fold(Primitive):
 
 
 def _pad_amount(amount: int | tuple[int, int], what: str) -> tuple[int, int]:
-    if isinstance(amount, (int, np.integer)) and not isinstance(amount, bool):
-        before, after = 0, int(amount)
-    elif isinstance(amount, (tuple, list)) and len(amount) == 2:
-        before, after = (int(a) for a in amount)
+    """``(before, after)`` from an int (appended) or a pair; refuses floats and negatives."""
+    allowed = "an int (appended at the end) or a pair (before, after) of ints"
+    if isinstance(amount, (int, np.integer)) and not isinstance(amount, (bool, np.bool_)):
+        pair = (0, amount)
+    elif isinstance(amount, (tuple, list, np.ndarray)) and np.ndim(amount) == 1:
+        if len(amount) != 2:
+            raise ValueError(f"{what}: amount must be {allowed}, got {amount!r} with {len(amount)} entries")
+        pair = tuple(amount)
     else:
-        raise ValueError(f"{what}: amount must be an int (appended) or (before, after), got {amount!r}")
+        raise TypeError(f"{what}: amount must be {allowed}, got {amount!r} of type {type(amount).__name__}")
+    before, after = (_as_int(a, f"{what}: amount {amount!r}: {name}") for a, name in zip(pair, ("before", "after")))
     if before < 0 or after < 0:
         raise ValueError(f"{what}: amount must be non-negative, got {amount!r}")
     return before, after
+
+
+def _init_pad(prim: Any) -> None:
+    _init_dim(prim)
+    _set(prim, "before", _non_negative_int(prim.before, f"{prim.kind}: before"))
+    _set(prim, "after", _non_negative_int(prim.after, f"{prim.kind}: after"))
 
 
 @dataclass(frozen=True)
@@ -351,6 +432,9 @@ class Pad(Primitive):
     before: int
     after: int
     kind: ClassVar[str] = "pad"
+
+    def __post_init__(self) -> None:
+        _init_pad(self)
 
     def out_shape(self, shape: Shape) -> Shape:
         _check_dim(self.dim, shape, "pad")
@@ -385,12 +469,20 @@ class Pad(Primitive):
 
 @dataclass(frozen=True)
 class Unpad(Primitive):
-    """Inverse of :class:`Pad`: drop ``before`` and ``after`` elements of dimension ``dim``."""
+    """Inverse of :class:`Pad`: drop ``before`` and ``after`` elements of dimension ``dim``.
+
+    Unpad discards data, so it has no exact inverse. :meth:`inverse` and
+    :meth:`inverse_apply` raise ``ValueError`` unless called with ``lossy=True``, which
+    gives the zero-filling :class:`Pad` (exact only when the dropped elements were padding).
+    """
 
     dim: int
     before: int
     after: int
     kind: ClassVar[str] = "unpad"
+
+    def __post_init__(self) -> None:
+        _init_pad(self)
 
     def out_shape(self, shape: Shape) -> Shape:
         _check_dim(self.dim, shape, "unpad")
@@ -412,10 +504,21 @@ class Unpad(Primitive):
     def apply(self, array):
         return self._pad().inverse_apply(array, self.out_shape(array.shape))
 
-    def inverse_apply(self, array, shape):
+    def _lossy_error(self, shape: Shape, what: str) -> ValueError:
+        return ValueError(
+            f"unpad(dim={self.dim}, before={self.before}, after={self.after}) discards "
+            f"{self.before + self.after} elements of dimension {self.dim} (extent {shape[self.dim]}), "
+            f"so {what} cannot restore them; pass lossy=True to zero-fill them with "
+            f"pad({self.dim}, ({self.before}, {self.after})) (exact only if they were padding)")
+
+    def inverse_apply(self, array, shape, *, lossy: bool = False):
+        if not lossy and (self.before or self.after):
+            raise self._lossy_error(shape, "inverse_apply")
         return self._pad().apply(array)
 
-    def inverse(self, shape):
+    def inverse(self, shape, *, lossy: bool = False):
+        if not lossy and (self.before or self.after):
+            raise self._lossy_error(shape, "inverse")
         return self._pad()
 
     def expands_data(self, shape: Shape) -> bool:
@@ -438,7 +541,8 @@ class StoreAt(Primitive):
     kind: ClassVar[str] = "store_at"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "guest_shape", tuple(int(s) for s in self.guest_shape))
+        _init_dim(self)
+        _set(self, "guest_shape", _int_tuple(self.guest_shape, "store_at: guest_shape", "(64,)"))
 
     def out_shape(self, shape: Shape) -> Shape:
         _check_dim(self.dim, shape, "store_at")
@@ -488,6 +592,9 @@ class DecoupleAt(Primitive):
     dim: int
     kind: ClassVar[str] = "decouple_at"
 
+    def __post_init__(self) -> None:
+        _init_dim(self)
+
     def out_shape(self, shape: Shape) -> Shape:
         _check_dim(self.dim, shape, "decouple_at")
         if shape[self.dim] < 2:
@@ -522,11 +629,31 @@ PRIMITIVES: dict[str, type[Primitive]] = {
 }
 
 
-def primitive_from_json(record: dict[str, Any]) -> Primitive:
-    """Rebuild a primitive from :meth:`Primitive.to_json` output."""
+def primitive_from_json(record: Mapping[str, Any]) -> Primitive:
+    """Rebuild a primitive from :meth:`Primitive.to_json` output.
+
+    Raises
+    ------
+    TypeError
+        ``record`` is not a mapping, or a field has the wrong type.
+    ValueError
+        Unknown ``kind``, unknown or missing fields, or invalid values.
+    """
+    if not isinstance(record, Mapping):
+        raise TypeError(f"a layout primitive record must be a dict such as "
+                        f"{{'kind': 'split', 'dim': 1, 'factors': [2, 4]}}, got {record!r}")
     record = dict(record)
     kind = record.pop("kind", None)
-    if kind not in PRIMITIVES:
+    if not isinstance(kind, str) or kind not in PRIMITIVES:
         raise ValueError(f"unknown layout primitive {kind!r}; known: {sorted(PRIMITIVES)}")
+    cls = PRIMITIVES[kind]
+    names = [f.name for f in dataclasses.fields(cls)]
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    unknown = sorted(set(record) - set(names))
+    missing = [n for n in required if n not in record]
+    if unknown or missing:
+        raise ValueError(f"layout primitive {kind!r} takes fields {names}; "
+                         f"unknown: {unknown}, missing: {missing} in {record!r}")
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
-    return PRIMITIVES[kind](**fields)
+    return cls(**fields)

@@ -16,18 +16,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .layout import Layout
+from .primitives import _int_tuple, _positive_int
 
 
 def _ceil_to(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _shape(shape: Sequence[int], min_rank: int, what: str, layout: str) -> tuple[int, ...]:
+    """``shape`` as ints, checked to have at least ``min_rank`` dims (``layout`` names them)."""
+    shape = _int_tuple(shape, f"{what}: shape", "(1, 64, 56, 56)")
+    if len(shape) < min_rank:
+        raise ValueError(f"{what}: needs a rank >= {min_rank} shape ({layout}), got {shape}")
+    return shape
+
+
+def _positive_ints(values: Sequence[int], what: str) -> tuple[int, ...]:
+    """``values`` as a tuple of positive ints (``what`` names the argument)."""
+    values = _int_tuple(values, what, "[2, 2]")
+    for v in values:
+        _positive_int(v, f"{what}: entry {v!r} in {list(values)}")
+    return values
+
+
 def _tile(layout: Layout, dim: int, tile: int) -> tuple[Layout, int]:
     """Pad ``dim`` to a multiple of ``tile`` and split it in two; return the tile actually used."""
     extent = layout.shape[dim]
-    if tile < 1:
+    if isinstance(tile, (int, np.integer)) and not isinstance(tile, bool) and tile < 1:
         raise ValueError(f"tile size must be positive, got {tile} for dimension {dim}")
+    tile = _positive_int(tile, f"tile size for dimension {dim}")
     tile = min(tile, extent)
     padded = _ceil_to(extent, tile)
     if padded != extent:
@@ -37,19 +57,23 @@ def _tile(layout: Layout, dim: int, tile: int) -> tuple[Layout, int]:
 
 def channels_last(shape: Sequence[int]) -> Layout:
     """``N C S...`` -> ``N S... C``."""
+    shape = _shape(shape, 2, "channels_last", "N C ...")
     rank = len(shape)
     return Layout(shape).reorder([0, *range(2, rank), 1])
 
 
 def weight_channels_last(shape: Sequence[int]) -> Layout:
     """``O I K...`` -> ``K... I O`` (e.g. HWIO)."""
+    shape = _shape(shape, 2, "weight_channels_last", "O I ...")
     rank = len(shape)
     return Layout(shape).reorder([*range(2, rank), 1, 0])
 
 
 def conv_output_tiled(shape: Sequence[int], *, spatial_tiles: Sequence[int], channel_tile: int) -> Layout:
     """Output ``N O S1..Sk`` -> ``N S1/t1..Sk/tk O/ot t1..tk ot``."""
+    shape = _shape(shape, 2, "conv_output_tiled", "N O S...")
     k = len(shape) - 2
+    spatial_tiles = _positive_ints(spatial_tiles, "conv_output_tiled: spatial_tiles")
     if len(spatial_tiles) != k:
         raise ValueError(f"conv_output_tiled: {k} spatial dims need {k} tiles, got {list(spatial_tiles)}")
     layout = Layout(shape)
@@ -71,7 +95,10 @@ def conv_output_two_level(shape: Sequence[int], *, spatial_tiles: Sequence[int],
     inner tiles ``t, ot`` are the register/vector level, the outer ``t', ot'`` group inner
     tiles into a cache-sized block stored contiguously.
     """
+    shape = _shape(shape, 2, "conv_output_two_level", "N O S...")
     k = len(shape) - 2
+    spatial_tiles = _positive_ints(spatial_tiles, "conv_output_two_level: spatial_tiles")
+    outer_spatial_tiles = _positive_ints(outer_spatial_tiles, "conv_output_two_level: outer_spatial_tiles")
     if len(spatial_tiles) != k or len(outer_spatial_tiles) != k:
         raise ValueError(f"conv_output_two_level: {k} spatial dims need {k} inner and {k} outer tiles, got "
                          f"{list(spatial_tiles)} and {list(outer_spatial_tiles)}")
@@ -105,9 +132,13 @@ def conv_input_unfolded(
     tile size ``B = (t-1)*V + (K-1)*D + 1`` and stride ``t*V``, which the rewrite pass
     matches to the convolution's ``V*i + D*r`` reads (paper eq. (1)).
     """
+    shape = _shape(shape, 2, "conv_input_unfolded", "N I S...")
     k = len(shape) - 2
-    strides = list(strides or [1] * k)
-    dilation = list(dilation or [1] * k)
+    spatial_tiles = _positive_ints(spatial_tiles, "conv_input_unfolded: spatial_tiles")
+    kernel = _positive_ints(kernel, "conv_input_unfolded: kernel")
+    # None or empty: all ones.
+    strides = _positive_ints(() if strides is None else strides, "conv_input_unfolded: strides") or (1,) * k
+    dilation = _positive_ints(() if dilation is None else dilation, "conv_input_unfolded: dilation") or (1,) * k
     for name, seq in (("spatial_tiles", spatial_tiles), ("kernel", kernel), ("strides", strides),
                       ("dilation", dilation)):
         if len(seq) != k:
@@ -131,6 +162,7 @@ def conv_input_unfolded(
 
 def conv_weight_tiled(shape: Sequence[int], *, out_tile: int, in_tile: int) -> Layout:
     """Weight ``O I K...`` -> ``O/ot I/it K... it ot``."""
+    shape = _shape(shape, 2, "conv_weight_tiled", "O I K...")
     k = len(shape) - 2
     layout, _ = _tile(Layout(shape), 1, in_tile)
     layout, _ = _tile(layout, 0, out_tile)
@@ -143,6 +175,8 @@ def matrix_tiled(shape: Sequence[int], *, tiles: Sequence[int], inner_last: bool
 
     Leading batch dims (beyond the last two) are kept outermost and untiled.
     """
+    shape = _int_tuple(shape, "matrix_tiled: shape", "(64, 64)")
+    tiles = _int_tuple(tiles, "matrix_tiled: tiles", "[4, 4]")
     rank = len(shape)
     if len(tiles) != 2 or rank < 2:
         raise ValueError(f"matrix_tiled: need a rank >= 2 shape and 2 tiles, got {list(shape)}, {list(tiles)}")

@@ -34,6 +34,7 @@ from .elementwise import (
 )
 from .gemm import batch_matmul, dense, matmul
 from .pad import pad
+from .reduce import max_pool, reduce_max, reduce_min
 
 __all__ = [
     "tanh_gelu",
@@ -58,8 +59,11 @@ __all__ = [
     "dense",
     "identity",
     "matmul",
+    "max_pool",
     "multiply",
     "pad",
+    "reduce_max",
+    "reduce_min",
     "relu",
     "sigmoid",
     "subtract",

@@ -6,12 +6,14 @@ Tags follow TVM's conventions so layout propagation can find paths of element-wi
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 
 import tvm
 from tvm import te
 
+from . import ieee
 from ._utils import check_tensor, dtype_of, index_dtype, index_shape, shape_of
 
 __all__ = [
@@ -31,10 +33,10 @@ def _unary(data: te.Tensor, fn: Callable[[tvm.ir.Expr], tvm.ir.Expr], name: str,
     return te.compute(data.shape, lambda *idx: fn(data(*idx)), name=name, tag="elemwise", attrs=attrs)
 
 
-def relu(data: te.Tensor, *, name: str = "relu") -> te.Tensor:
-    """``max(x, 0)``, tagged ``"elemwise"``."""
+def relu(data: te.Tensor, *, name: str = "relu", fast_math: bool = False) -> te.Tensor:
+    """``max(x, 0)``, tagged ``"elemwise"``; NaN stays NaN unless ``fast_math`` (:mod:`.ieee`)."""
     zero = tvm.tirx.const(0, dtype_of(data))
-    return _unary(data, lambda x: tvm.tirx.max(x, zero), name)
+    return _unary(data, lambda x: ieee.max_expr(x, zero, fast_math=fast_math, nan_free=(False, True)), name)
 
 
 def identity(data: te.Tensor, *, name: str = "identity") -> te.Tensor:
@@ -56,17 +58,21 @@ def sigmoid(data: te.Tensor, *, name: str = "sigmoid") -> te.Tensor:
     return _unary(data, tvm.tirx.sigmoid, name)
 
 
-def clip(data: te.Tensor, *, a_min: float, a_max: float, name: str = "clip") -> te.Tensor:
-    """Clamp every element to ``[a_min, a_max]``, tagged ``"elemwise"``.
+def clip(data: te.Tensor, *, a_min: float, a_max: float, name: str = "clip",
+         fast_math: bool = False) -> te.Tensor:
+    """Clamp every element to ``[a_min, a_max]``, tagged ``"elemwise"``; NaN stays NaN.
 
     Parameters
     ----------
     data : te.Tensor
         Any shape.
     a_min, a_max : float
-        Bounds, cast to the dtype of ``data``; ``a_min <= a_max``.
+        Bounds, cast to the dtype of ``data``; ``a_min <= a_max``. An infinite or NaN bound
+        (ONNX: no bound) clamps nothing on its side.
     name : str, optional
         Name of the compute stage.
+    fast_math : bool, optional
+        Allow the form that maps NaN to a bound (:mod:`alt_tvm.ops.ieee`).
 
     Raises
     ------
@@ -76,12 +82,9 @@ def clip(data: te.Tensor, *, a_min: float, a_max: float, name: str = "clip") -> 
     check_tensor(data, "data")
     if a_min > a_max:
         raise ValueError(f"clip needs a_min <= a_max, got a_min={a_min!r} > a_max={a_max!r}")
-    dtype = dtype_of(data)
-    lo = tvm.tirx.const(a_min, dtype)
-    hi = tvm.tirx.const(a_max, dtype)
     return _unary(
         data,
-        lambda x: tvm.tirx.min(tvm.tirx.max(x, lo), hi),
+        lambda x: ieee.clamp_expr(x, lo=float(a_min), hi=float(a_max), fast_math=fast_math),
         name,
         attrs={"a_min": float(a_min), "a_max": float(a_max)},
     )
@@ -250,17 +253,52 @@ def divide(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "divid
     return _binary(lhs, rhs, lambda a, b: a / b, name)
 
 
-def maximum(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "maximum") -> te.Tensor:
-    return _binary(lhs, rhs, tvm.tirx.max, name)
+def maximum(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "maximum", fast_math: bool = False,
+            nan_free: tuple[bool, bool] = (False, False)) -> te.Tensor:
+    free = _nan_free(lhs, rhs, nan_free)
+    return _binary(lhs, rhs, lambda a, b: ieee.max_expr(a, b, fast_math=fast_math, nan_free=free), name)
 
 
-def minimum(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "minimum") -> te.Tensor:
-    return _binary(lhs, rhs, tvm.tirx.min, name)
+def minimum(lhs: te.Tensor | float, rhs: te.Tensor | float, *, name: str = "minimum", fast_math: bool = False,
+            nan_free: tuple[bool, bool] = (False, False)) -> te.Tensor:
+    free = _nan_free(lhs, rhs, nan_free)
+    return _binary(lhs, rhs, lambda a, b: ieee.min_expr(a, b, fast_math=fast_math, nan_free=free), name)
+
+
+def _nan_free(lhs: te.Tensor | float, rhs: te.Tensor | float, declared: tuple[bool, bool]) -> tuple[bool, bool]:
+    """Which operands cannot be NaN: those declared so, and Python numbers other than NaN."""
+    return tuple(bool(flag) or (isinstance(x, numbers.Number) and not math.isnan(x))
+                 for x, flag in zip((lhs, rhs), declared, strict=True))
 
 
 divide.__doc__ = _BINARY_DOC.format(op="/")
-maximum.__doc__ = _BINARY_DOC.format(op="max")
-minimum.__doc__ = _BINARY_DOC.format(op="min")
+_EXTREMUM_DOC = """Element-wise ``{op}(lhs, rhs)`` with NumPy broadcasting; NaN if either operand is NaN.
+
+    The IEEE 754-2019 rule of ONNX Runtime and PyTorch (:mod:`alt_tvm.ops.ieee`).
+
+    Parameters
+    ----------
+    lhs, rhs : te.Tensor or number
+        As for :func:`add`.
+    name : str, optional
+        Name of the compute stage.
+    fast_math : bool, optional
+        Allow the form that drops a NaN ``lhs``.
+    nan_free : pair of bool, optional
+        Operands known to hold no NaN (constants): their NaN test is skipped.
+
+    Returns
+    -------
+    te.Tensor
+        Tagged ``"elemwise"`` when no operand is broadcast, ``"broadcast"`` otherwise.
+
+    Raises
+    ------
+    ValueError
+        On shapes that do not broadcast or mismatched dtypes.
+    """
+maximum.__doc__ = _EXTREMUM_DOC.format(op="max")
+minimum.__doc__ = _EXTREMUM_DOC.format(op="min")
 
 
 def tanh(data: te.Tensor, *, name: str = "tanh") -> te.Tensor:

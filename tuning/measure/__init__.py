@@ -6,9 +6,11 @@ description and its scheduled ``tvm.IRModule``) to a :class:`Builder`, which ret
 :class:`Runner` then times each built kernel and returns one :class:`MeasureResult` per
 input. Nothing here raises for a bad candidate: a kernel that fails to build, crashes,
 hangs or cannot reach its board gives an :class:`ErrorCode`, so one bad point never stops
-a tuning run. :func:`measure` chains the two, and :meth:`MeasureResult.to_record` turns a
-result into a :class:`~alt_tvm.records.TuningRecord` for the log. These contracts live in
-``base``; each implementation has its own module:
+a tuning run; :func:`is_transient` tells which codes say nothing about the candidate
+(a lost board: measure it again). :func:`measure` chains the two, and
+:meth:`MeasureResult.to_record` turns a result into a
+:class:`~alt_tvm.records.TuningRecord` for the log. These contracts live in ``base``;
+each implementation has its own module:
 
 * :class:`LocalBuilder` (``builder``) compiles with ``tvm.compile`` in a pool of worker
   processes (``pool``: TVM's ``PopenWorker``, so a compiler crash or hang kills a worker,
@@ -30,6 +32,7 @@ Example
 """
 
 from .base import (
+    REMOTE_PREFIX,
     ArgSpec,
     Builder,
     BuildResult,
@@ -38,6 +41,8 @@ from .base import (
     MeasureResult,
     Runner,
     argument_specs,
+    classify_exception,
+    is_transient,
     measure,
     random_arguments,
 )
@@ -58,7 +63,10 @@ __all__ = [
     "MeasureResult",
     "RPCRunner",
     "Runner",
+    "REMOTE_PREFIX",
     "argument_specs",
+    "classify_exception",
+    "is_transient",
     "measure",
     "random_arguments",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import enum
 import os
+import re
 import shutil
 import statistics
 from collections.abc import Sequence
@@ -32,7 +33,10 @@ __all__ = [
     "MeasureInput",
     "MeasureResult",
     "Runner",
+    "REMOTE_PREFIX",
     "argument_specs",
+    "classify_exception",
+    "is_transient",
     "measure",
     "random_arguments",
 ]
@@ -42,7 +46,10 @@ _MAX_MSG = 4000
 
 
 class ErrorCode(enum.IntEnum):
-    """Outcome of building and running one candidate (``NONE``: success)."""
+    """Outcome of building and running one candidate (``NONE``: success).
+
+    :func:`is_transient` tells which failures say nothing about the candidate.
+    """
 
     NONE = 0
     BUILD_ERROR = 1
@@ -51,7 +58,60 @@ class ErrorCode(enum.IntEnum):
     RUN_TIMEOUT = 4
     #: Reserved for runners that check outputs against a reference (none does yet).
     WRONG_ANSWER = 5
+    #: The measuring machinery failed, not the candidate: no RPC session, a lost
+    #: connection, or an ``OSError`` raised by a measure function.
     RPC_ERROR = 6
+
+
+#: Start of the error message of every failure on a remote device (:class:`RPCRunner`).
+REMOTE_PREFIX = "remote: "
+
+_CODE_PREFIX = re.compile(r"([A-Z_]+):\s?(.*)", re.DOTALL)
+
+
+def _code_named(name: str) -> ErrorCode | None:
+    code = ErrorCode.__members__.get(name)
+    return None if code is None or code is ErrorCode.NONE else code
+
+
+def classify_exception(err: BaseException) -> tuple[ErrorCode, str]:
+    """The error code and message to log for an exception raised by a measure function.
+
+    A ``RuntimeError`` whose message starts with an :class:`ErrorCode` name and a colon
+    (what :mod:`alt_tvm.tuning.remote`'s measure functions raise) gives that code and the
+    rest of the message; an ``OSError`` (``ConnectionError``, ``TimeoutError``, ...) or a
+    TVM RPC error gives ``RPC_ERROR``; anything else ``RUN_ERROR``.
+    """
+    if isinstance(err, RuntimeError):
+        match = _CODE_PREFIX.match(str(err))
+        code = _code_named(match.group(1)) if match else None
+        if code is not None:
+            return code, _short(match.group(2))
+    if isinstance(err, OSError | tvm.error.RPCError):
+        return ErrorCode.RPC_ERROR, _format_exception(err)
+    return ErrorCode.RUN_ERROR, _format_exception(err)
+
+
+def is_transient(error_code: ErrorCode | str | None, error_msg: str = "") -> bool:
+    """Whether a failure says nothing about the candidate, so it should be measured again.
+
+    Transient: ``RPC_ERROR`` (see :class:`ErrorCode`) and a ``RUN_TIMEOUT`` on a remote
+    device (its message starts with :data:`REMOTE_PREFIX`: the board may be busy or gone).
+    Build errors, build timeouts, run errors and local run timeouts are the candidate's
+    own and final. ``None`` (a success) is not transient. (Logs from before codes were
+    kept are of schema version 1, which readers skip.)
+
+    Parameters
+    ----------
+    error_code
+        An :class:`ErrorCode`, its name (a record's ``error_code``), or None.
+    error_msg
+        The failure's message (a record's ``error_msg``).
+    """
+    if error_code is None:
+        return False
+    name = error_code.name if isinstance(error_code, ErrorCode) else str(error_code)
+    return name == "RPC_ERROR" or (name == "RUN_TIMEOUT" and error_msg.startswith(REMOTE_PREFIX))
 
 
 def _positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False) -> None:

@@ -14,6 +14,7 @@ import tvm
 
 from .base import (
     _DEVICES,
+    REMOTE_PREFIX,
     BuildResult,
     ErrorCode,
     MeasureInput,
@@ -39,7 +40,10 @@ class RPCRunner(Runner):
 
     The RPC calls run in daemon threads of this process (the kernel itself runs on the
     server, so a crash there cannot kill the tuner): a call that exceeds ``timeout_s`` is
-    abandoned, and the server ends its session after ``session_timeout_s``.
+    abandoned, and the server ends its session after ``session_timeout_s``. The message of
+    every failure on the tracker or the board starts with
+    :data:`~alt_tvm.tuning.measure.REMOTE_PREFIX` (a remote ``RUN_TIMEOUT`` is transient:
+    see :func:`~alt_tvm.tuning.measure.is_transient`).
 
     Parameters
     ----------
@@ -144,7 +148,7 @@ class RPCRunner(Runner):
         problem = self.check_tracker()
         if problem is not None:
             for i in todo:
-                results[i] = MeasureResult(error_code=ErrorCode.RPC_ERROR, error_msg=problem,
+                results[i] = MeasureResult(error_code=ErrorCode.RPC_ERROR, error_msg=REMOTE_PREFIX + problem,
                                            build_s=builds[i].build_s)
             return results  # type: ignore[return-value]
         with ThreadPoolExecutor(max_workers=self.n_parallel) as pool:
@@ -185,10 +189,11 @@ class RPCRunner(Runner):
                 code, msg = ErrorCode.RPC_ERROR, f"no free server with key {self.key!r} within {self.timeout_s:g} s"
             else:
                 code, msg = ErrorCode.RUN_TIMEOUT, f"{phase[0]} exceeded the {self.timeout_s:g} s limit"
-            return MeasureResult(error_code=code, error_msg=msg, build_s=build.build_s, run_s=seconds)
+            return MeasureResult(error_code=code, error_msg=REMOTE_PREFIX + msg, build_s=build.build_s,
+                                 run_s=seconds)
         code = ErrorCode.RPC_ERROR if phase[0] in ("requesting a session", "uploading") else ErrorCode.RUN_ERROR
-        return MeasureResult(error_code=code, error_msg=f"{phase[0]}: {outcome[1]}", build_s=build.build_s,
-                             run_s=seconds)
+        return MeasureResult(error_code=code, error_msg=f"{REMOTE_PREFIX}{phase[0]}: {outcome[1]}",
+                             build_s=build.build_s, run_s=seconds)
 
 
 def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any]:

@@ -1,0 +1,390 @@
+"""One graph whatever the frontend: rewrite the spellings that importers disagree on.
+
+The same network reaches alt-tvm as a torch module (``torch.export``), as its ONNX export
+with BatchNorm kept, and as an ONNX export with BatchNorm folded by the exporter. TVM's two
+frontends spell the same computation differently, and a partition's workload key (what
+tuning records are keyed by) follows the spelling. Each rule below rewrites one such
+difference to a single form, chosen to be the one that fuses best:
+
+* ``fold_affine_epilogues``: an inference BatchNorm after ``DecomposeOpsForInference`` is
+  ``((conv - mean) / sqrt(var + eps)) * gamma + beta``. As ``conv(x, W) * s + t`` equals
+  ``conv(x, W * s) + t`` when ``s`` and ``t`` vary along the output channels only, the chain
+  folds into the weights and one bias ``add`` (what ONNX exporters and ONNX Runtime do).
+* ``merge_clamps``: ONNX ``Clip`` arrives as ``minimum(maximum(x, lo), hi)``, torch's
+  ``ReLU6``/``hardtanh`` as ``clip(x, lo, hi)``: both become ``clip``.
+* ``unflatten_matmuls``: torch's ``Linear`` on a ``(1, S, K)`` input is ``reshape`` to
+  ``(S, K)``, ``matmul``, bias, ``reshape`` back; its batched matmuls flatten the batch dims
+  the same way. ONNX keeps the original rank. The reshapes are dropped (the matmul on the
+  original rank computes the same values in the same order), which also lets an
+  activation after the reshape join the matmul's epilogue.
+* ``merge_gelu``: GELU exported to ONNX opsets without ``Gelu`` is
+  ``x * 0.5 * (1 + erf(x / sqrt(2)))``: it becomes ``nn.gelu`` (the erf form) again.
+
+Every rule rewrites only values with a single consumer, so nothing is computed twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
+
+from .partition import consumers
+
+__all__ = ["FOLDABLE_CONVS", "canonicalize", "fold_affine_epilogues", "merge_clamps", "merge_gelu",
+           "unflatten_matmuls"]
+
+#: Convolutions whose weights fold a per-output-channel scale (channel axis 1, kernel axis 0).
+FOLDABLE_CONVS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW"),
+                  "relax.nn.conv3d": ("NCDHW", "OIDHW")}
+_AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+@dataclass(frozen=True)
+class _Match:
+    """Rebind ``var`` to what ``make(visit)`` returns; drop the bindings of ``dropped``."""
+
+    var: relax.Var
+    make: Callable[[Callable[[relax.Expr], relax.Expr]], relax.Expr]
+    dropped: tuple[relax.Var, ...]
+
+
+class _Graph:
+    """The bindings of ``main`` and who uses each value."""
+
+    def __init__(self, func: relax.Function) -> None:
+        self.users = consumers(func)
+        self.values = {b.var: b.value for block in func.body.blocks for b in block.bindings
+                       if isinstance(b, relax.VarBinding)}
+
+    def only_user(self, var: relax.Expr) -> relax.Var | None:
+        """The single binding that uses ``var`` (None if several, none, or the output)."""
+        users = self.users.get(var, [])
+        return users[0] if len(users) == 1 and users[0] in self.values else None
+
+    def producer(self, expr: relax.Expr, op: str) -> relax.Call | None:
+        """The call of ``op`` bound to ``expr`` (None if ``expr`` is anything else)."""
+        value = self.values.get(expr)
+        return value if value is not None and op_name(value) == op else None
+
+
+def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Apply every rule of this module to ``main`` (see the module docstring)."""
+    for rule in (fold_affine_epilogues, merge_clamps, unflatten_matmuls, merge_gelu):
+        mod = rule(mod)
+    return mod
+
+
+def _apply(mod: tvm.IRModule, find: Callable[[_Graph], Iterator[_Match]]) -> tvm.IRModule:
+    func = mod["main"]
+    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+        return mod
+    matches, claimed = {}, set()
+    for match in find(_Graph(func)):
+        touched = {match.var, *match.dropped}
+        if touched & claimed:
+            continue  # overlapping matches: the first wins
+        claimed |= touched
+        matches[match.var] = match
+    if not matches:
+        return mod
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    dropped = {v for m in matches.values() for v in m.dropped} - set(matches)
+    mod["main"] = _Rewrite(mod, matches, dropped).visit_expr(func)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+@relax.expr_functor.mutator
+class _Rewrite(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, matches: dict, dropped: set) -> None:
+        super().__init__(mod)
+        self.matches = matches
+        self.dropped = dropped
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        var = binding.var
+        if var in self.dropped:
+            return
+        match = self.matches.get(var)
+        if match is None:
+            super().visit_var_binding_(binding)
+            return
+        # a block's output var stays an output var (a dataflow var cannot leave the block)
+        emit = self.builder_.emit if isinstance(var, relax.DataflowVar) else self.builder_.emit_output
+        new_var = emit(match.make(self.visit_expr), var.name)
+        self.set_var_remap(var, new_var)
+
+
+# ------------------------------------------------------------------------------------ affine into conv
+
+
+def fold_affine_epilogues(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fold each convolution's leading chain of constant per-channel affine ops into it.
+
+    A chain is folded only when every op in it is the single consumer of the previous value
+    and its other operand is a floating-point constant that broadcasts along the output
+    channels only. A chain that is already a single bias ``add`` is left as it is.
+    """
+    return _apply(mod, _affine_chains)
+
+
+def _affine_chains(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        chain = _affine_chain(var, value, graph)
+        if chain is None:
+            continue
+        last, scale, shift, members = chain
+        weight = const_value(value.args[1])
+        scaled = (weight.astype(np.float64) * scale.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(weight.dtype)
+        bias = shift.astype(weight.dtype).reshape((1, -1) + (1,) * (weight.ndim - 2))
+
+        def make(visit, conv=value, scaled=scaled, bias=bias):
+            folded = relax.Call(conv.op, [visit(conv.args[0]), relax.const(scaled)], conv.attrs)
+            return relax.op.add(folded, relax.const(bias))
+
+        yield _Match(last, make, tuple(members))
+
+
+def _affine_chain(var: relax.Var, value: relax.Expr, graph: _Graph):
+    """``(last var, scale[C], shift[C], folded vars)`` of the chain after conv ``var``, or None."""
+    if op_name(value) not in FOLDABLE_CONVS or const_value(value.args[1]) is None:
+        return None
+    data_layout, kernel_layout = FOLDABLE_CONVS[op_name(value)]
+    attrs = value.attrs
+    out_layout = str(attrs.out_layout) if attrs.out_layout else str(attrs.data_layout)
+    if (str(attrs.data_layout), str(attrs.kernel_layout), out_layout) != (data_layout, kernel_layout, data_layout):
+        return None
+    shape, dtype = static_shape(var), dtype_of(var)
+    if shape is None or not dtype.startswith("float") or dtype != dtype_of(value.args[1]):
+        return None
+    channels = shape[1]
+    scale, shift = np.ones(channels), np.zeros(channels)
+    members, ops, current = [var], [], var
+    while (nxt := graph.only_user(current)) is not None:
+        call = graph.values[nxt]
+        name = op_name(call)
+        if name not in _AFFINE or static_shape(nxt) != shape or dtype_of(nxt) != dtype:
+            break
+        lhs, rhs = call.args
+        if name in ("relax.add", "relax.multiply") and rhs.same_as(current):
+            lhs, rhs = rhs, lhs
+        if not lhs.same_as(current):
+            break  # c - x or c / x: not affine in the same form
+        per_channel = _per_channel(rhs, len(shape), channels)
+        if per_channel is None or (name == "relax.divide" and np.any(per_channel == 0)):
+            break
+        if name == "relax.add":
+            shift = shift + per_channel
+        elif name == "relax.subtract":
+            shift = shift - per_channel
+        elif name == "relax.multiply":
+            scale, shift = scale * per_channel, shift * per_channel
+        else:
+            scale, shift = scale / per_channel, shift / per_channel
+        ops.append(name)
+        members.append(nxt)
+        current = nxt
+    if not ops or ops == ["relax.add"]:
+        return None
+    return current, scale, shift, members[:-1]
+
+
+def _per_channel(expr: relax.Expr, rank: int, channels: int) -> np.ndarray | None:
+    """A constant broadcasting along axis 1 only, as a float64 vector of ``channels``; else None."""
+    data = const_value(expr)
+    if data is None or not np.issubdtype(data.dtype, np.floating) or data.ndim > rank:
+        return None
+    full = data.reshape((1,) * (rank - data.ndim) + data.shape)
+    if any(d != 1 for axis, d in enumerate(full.shape) if axis != 1) or full.shape[1] not in (1, channels):
+        return None
+    vector = np.broadcast_to(full.reshape(-1).astype(np.float64), (channels,)).copy()
+    return vector if np.all(np.isfinite(vector)) else None
+
+
+# ---------------------------------------------------------------------------------------------- clamps
+
+
+def merge_clamps(mod: tvm.IRModule) -> tvm.IRModule:
+    """``minimum(maximum(x, lo), hi)`` with scalar constants ``lo <= hi`` becomes ``clip(x, lo, hi)``."""
+    return _apply(mod, _clamps)
+
+
+def _clamps(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        if op_name(value) != "relax.minimum":
+            continue
+        inner, hi = value.args
+        lower = graph.producer(inner, "relax.maximum")
+        if lower is None or graph.only_user(inner) is None:
+            continue
+        x, lo = lower.args
+        lo, hi = _scalar(lo), _scalar(hi)
+        if lo is None or hi is None or lo > hi or static_shape(x) != static_shape(var):
+            continue
+        yield _Match(var, lambda visit, x=x, lo=lo, hi=hi: relax.op.clip(visit(x), lo, hi), (inner,))
+
+
+def _scalar(expr: relax.Expr) -> float | None:
+    data = const_value(expr)
+    if data is None or data.size != 1 or not np.issubdtype(data.dtype, np.floating):
+        return None
+    return float(data.reshape(()))
+
+
+# --------------------------------------------------------------------------------------------- matmuls
+
+
+def unflatten_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
+    """Drop the reshapes around a matmul that only flatten and restore its batch dims.
+
+    ``reshape(f(matmul(reshape(a), b')), shape)`` becomes ``f(matmul(a, b))`` when the inner
+    reshapes only merge the leading (batch) dims of ``a`` and ``b`` (``b`` may also be a 2-D
+    constant), ``shape`` is the shape of ``matmul(a, b)``, and ``f`` is a chain of element-
+    wise ops whose constant operands have rank <= 2 (so they broadcast the same at either rank).
+    """
+    return _apply(mod, _flattened_matmuls)
+
+
+def _flattened_matmuls(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        if op_name(value) != "relax.matmul":
+            continue
+        lhs, rhs = (_unflattened(graph, arg) for arg in value.args)
+        if lhs is None or rhs is None or (lhs is value.args[0] and rhs is value.args[1]):
+            continue
+        a_shape, b_shape = static_shape(lhs), static_shape(rhs)
+        if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
+            continue
+        if len(b_shape) > 2 and a_shape[:-2] != b_shape[:-2]:
+            continue  # batched operands must pair batch for batch without broadcasting
+        target = (*a_shape[:-1], b_shape[-1])
+        chain, current = [], var
+        while (nxt := graph.only_user(current)) is not None:
+            call = graph.values[nxt]
+            if op_name(call) == "relax.reshape":
+                break
+            if not _elementwise_step(call, current, static_shape(var)):
+                chain = None
+                break
+            chain.append(nxt)
+            current = nxt
+        if chain is None or nxt is None or static_shape(nxt) != target:
+            continue
+        inner = [arg for arg in value.args if graph.producer(arg, "relax.reshape") is not None]
+        dropped = (*inner, var, *chain)
+
+        def make(visit, value=value, lhs=lhs, rhs=rhs, chain=tuple(chain), current=var):
+            out = relax.op.matmul(visit(lhs), visit(rhs), out_dtype=value.attrs.out_dtype)
+            for step in chain:
+                call = graph.values[step]
+                args = [out if arg.same_as(current) else visit(arg) for arg in call.args]
+                out, current = relax.Call(call.op, args, call.attrs), step
+            return out
+
+        yield _Match(nxt, make, dropped)
+
+
+def _unflattened(graph: _Graph, arg: relax.Expr) -> relax.Expr | None:
+    """The tensor a matmul operand flattens (the operand itself if it is no such reshape)."""
+    reshape = graph.producer(arg, "relax.reshape")
+    if reshape is None:
+        return arg
+    if graph.only_user(arg) is None:
+        return None
+    source = reshape.args[0]
+    broadcast = graph.producer(source, "relax.broadcast_to")
+    if broadcast is not None and static_shape(broadcast.args[0]) == static_shape(source):
+        source = broadcast.args[0]  # a broadcast to its own shape changes nothing
+    before, after = static_shape(source), static_shape(arg)
+    if before is None or after is None or len(before) < 2 or len(after) < 2 or before[-2:] != after[-2:]:
+        return None
+    if math.prod(before[:-2]) != math.prod(after[:-2]):
+        return None
+    return source
+
+
+def _elementwise_step(call: relax.Call, current: relax.Var, shape: tuple[int, ...]) -> bool:
+    """Is ``call`` an element-wise op of ``current`` whose other operands are constants of rank <= 2?"""
+    from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE
+
+    name = op_name(call)
+    if name not in UNARY_EPILOGUE and name not in BINARY_EPILOGUE:
+        return False
+    for arg in call.args:
+        if arg.same_as(current):
+            continue
+        data = const_value(arg)
+        if isinstance(arg, relax.Expr) and static_shape(arg) is not None and data is None:
+            return False  # another tensor: its rank fixes the broadcast
+        if data is not None and data.ndim > 2:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ GELU
+
+
+def merge_gelu(mod: tvm.IRModule) -> tvm.IRModule:
+    """``x * 0.5 * (1 + erf(x / sqrt(2)))`` (any association of the products) becomes ``nn.gelu(x)``."""
+    return _apply(mod, _gelus)
+
+
+def _gelus(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        if op_name(value) != "relax.multiply":
+            continue
+        factors, inner = _factors(graph, value)
+        if len(factors) != 3:
+            continue
+        halves = [f for f in factors if _scalar(f) == 0.5]
+        erfs = [f for f in factors if _erf_term(graph, f) is not None]
+        if len(halves) != 1 or len(erfs) != 1:
+            continue
+        x, members = _erf_term(graph, erfs[0])
+        (rest,) = [f for f in factors if f is not halves[0] and f is not erfs[0]]
+        if not rest.same_as(x) or static_shape(x) != static_shape(var):
+            continue
+        yield _Match(var, lambda visit, x=x: relax.op.nn.gelu(visit(x)), (*inner, *members))
+
+
+def _factors(graph: _Graph, call: relax.Call) -> tuple[list[relax.Expr], list[relax.Var]]:
+    """The operands of a product tree of single-use ``multiply`` ops, and its inner vars."""
+    factors, inner = [], []
+    for arg in call.args:
+        sub = graph.producer(arg, "relax.multiply")
+        if sub is not None and graph.only_user(arg) is not None:
+            more, deeper = _factors(graph, sub)
+            factors += more
+            inner += [arg, *deeper]
+        else:
+            factors.append(arg)
+    return factors, inner
+
+
+def _erf_term(graph: _Graph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.Var]] | None:
+    """``(x, its vars)`` if ``expr`` is ``1 + erf(x / sqrt(2))`` (or ``x * (1 / sqrt(2))``), else None."""
+    add = graph.producer(expr, "relax.add")
+    if add is None or graph.only_user(expr) is None:
+        return None
+    erf_var = next((a for a in add.args if graph.producer(a, "relax.erf") is not None), None)
+    one = next((a for a in add.args if erf_var is not None and not a.same_as(erf_var)), None)
+    if erf_var is None or one is None or _scalar(one) != 1.0 or graph.only_user(erf_var) is None:
+        return None
+    scaled = graph.values[erf_var].args[0]
+    if graph.only_user(scaled) is None:
+        return None
+    for op, factor in (("relax.divide", math.sqrt(2.0)), ("relax.multiply", math.sqrt(0.5))):
+        call = graph.producer(scaled, op)
+        if call is not None and _close(_scalar(call.args[1]), factor):
+            return call.args[0], [expr, erf_var, scaled]
+    return None
+
+
+def _close(value: float | None, expected: float) -> bool:
+    return value is not None and abs(value - expected) <= 1e-6 * expected
