@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import tvm
 from tvm import te
 
 from . import ieee
 from ._utils import check_tensor, dtype_of, index_dtype, index_shape, ntuple, reduce_axis, shape_of
+from .pad import pad
 
 __all__ = ["max_pool", "reduce_max", "reduce_min"]
 
@@ -137,20 +137,19 @@ def max_pool(data: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int
         out_shape[axis] = span // stride[j] + 1
     rk = [reduce_axis(k, f"r{c}", itype) for k, c in zip(kernel, (layout[a].lower() for a in spatial))]
     reducer = ieee.max_reducer(fast_math=fast_math)
+    # Padding in its own stage (as TVM's pool does): a bounds test inside the reduction kept
+    # the loop 4x slower than a padded read. Only what a window reaches is padded after.
+    pad_before, pad_after = [0] * len(shape), [0] * len(shape)
+    for j, axis in enumerate(spatial):
+        reach = (out_shape[axis] - 1) * stride[j] + (kernel[j] - 1) * dil[j] + 1
+        pad_before[axis], pad_after[axis] = before[j], max(0, reach - before[j] - shape[axis])
+    padded = pad(data, pad_before, pad_after, value=float(ieee.lowest(dtype_of(data)).value),
+                 name=f"{name}_pad")
 
     def body(*idx):
-        coords, inside = list(idx), []
+        coords = list(idx)
         for j, axis in enumerate(spatial):
-            pos = idx[axis] * stride[j] + rk[j] * dil[j] - before[j]
-            coords[axis] = pos
-            size, last = shape[axis], (out_shape[axis] - 1) * stride[j] + (kernel[j] - 1) * dil[j] - before[j]
-            if before[j] > 0:
-                inside.append(pos >= 0)
-            if not (isinstance(size, int) and isinstance(last, int) and last < size):
-                inside.append(pos < size)
-        value = data(*coords)
-        if inside:
-            value = tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, ieee.lowest(dtype_of(data)))
-        return reducer(value, axis=rk)
+            coords[axis] = idx[axis] * stride[j] + rk[j] * dil[j]
+        return reducer(padded(*coords), axis=rk)
 
     return te.compute(index_shape(out_shape, itype), body, name=name, tag="pool_max")
