@@ -190,3 +190,20 @@ def test_a_log_tuned_by_one_route_applies_fully_to_a_build_by_another(tuned_by, 
     module, x = given["name"]
     (out,) = built(x[0].numpy())
     np.testing.assert_allclose(out, module(*x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_resuming_with_another_route_measures_nothing_again(tmp_path):
+    given = routes("small_cnn", tmp_path)
+    log = tmp_path / "tune.jsonl"
+    options = {"trials": 14, "log": log, "cost_model": None, "features": "knobs", "progress": False,
+               "revalidate": 0}
+    module, inputs = given["name"]
+    tune(module, example_inputs=inputs, measure=fake_measure, **options)
+    calls = []
+
+    def counting(task, params):
+        calls.append(task.key)
+        return fake_measure(task, params)
+
+    summaries = tune(given["onnx"][0], measure=counting, resume=True, **options)
+    assert calls == [] and len(summaries) == 7
