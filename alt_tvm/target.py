@@ -29,6 +29,7 @@ __all__ = [
     "host",
     "known_boards",
     "parse_cache_size",
+    "process_cores",
     "resolve",
 ]
 
@@ -195,10 +196,7 @@ def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | 
         L3, 64-byte lines; a missing cpuinfo to LLVM's vector width for the detected CPU.
     """
     mcpu = tvm.target.codegen.llvm_get_system_cpu()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    cores = process_cores()
     sizes, line = _read_caches(Path(cache_dir))
     flags = _cpu_flags(Path(cpuinfo_path))
     machine = platform.machine().lower()
@@ -230,6 +228,36 @@ def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | 
         cache_line_bytes=line or _DEFAULT_LINE,
         cross_compiler=None,
     )
+
+
+def _affinity() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset()
+
+
+# TVM's thread pool may pin the calling thread to one core once a parallel kernel has run
+# (``TVM_BIND_THREADS``), so the mask the process started with is kept.
+_AFFINITY_AT_IMPORT = _affinity()
+
+
+def process_cores() -> int:
+    """CPUs this process may run on: its mask when alt-tvm was imported and its threads' masks.
+
+    Not the calling thread's mask alone: once a TVM kernel has run, TVM's thread pool may
+    have pinned the main thread to one core and its workers to the others.
+    """
+    try:
+        allowed = set(_AFFINITY_AT_IMPORT) | set(os.sched_getaffinity(0))
+        for task in os.listdir("/proc/self/task"):
+            try:
+                allowed |= os.sched_getaffinity(int(task))
+            except OSError:  # the thread ended meanwhile
+                continue
+        return len(allowed)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import tvm
 from tvm import te
+
+from alt_tvm.target import process_cores
 
 
 @functools.lru_cache(maxsize=1)
@@ -19,7 +20,7 @@ def host_target() -> tvm.target.Target:
         {
             "kind": "llvm",
             "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
-            "num-cores": len(os.sched_getaffinity(0)),
+            "num-cores": process_cores(),
         }
     )
 

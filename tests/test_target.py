@@ -39,7 +39,7 @@ def test_host_matches_llvm_and_affinity():
     h = hw.host()
     assert h.name == "host"
     assert h.tvm_target["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
-    assert h.num_cores == len(os.sched_getaffinity(0))
+    assert h.num_cores == hw.process_cores() == len(hw._AFFINITY_AT_IMPORT | _worker_affinities())
     t = h.to_tvm()
     assert t.kind.name == "llvm"
     assert str(t.attrs["mcpu"]) == tvm.target.codegen.llvm_get_system_cpu()
@@ -189,3 +189,30 @@ def test_descriptions_are_frozen_and_targets_copied():
 def test_vector_lanes_bad_dtype():
     with pytest.raises(ValueError, match="'floaty'"):
         hw.host().vector_lanes("floaty")
+
+
+def _worker_affinities() -> set[int]:
+    cores = set()
+    for task in os.listdir("/proc/self/task"):
+        cores |= os.sched_getaffinity(int(task))
+    return cores
+
+
+def test_host_cores_survive_tvm_pinning_the_main_thread():
+    # Running a parallel kernel lets TVM's pool pin the calling thread to one core; the
+    # process may still use every core it was given.
+    import numpy as np
+    from tvm import te
+
+    before = hw.process_cores()
+    x = te.placeholder((4096,), "float32", name="x")
+    y = te.compute((4096,), lambda i: x[i] * 2.0, name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    (loop,) = sch.get_loops(sch.get_sblock("y"))
+    sch.parallel(loop)
+    lib = tvm.compile(sch.mod, target=hw.host().to_tvm())
+    a = tvm.runtime.tensor(np.ones(4096, "float32"))
+    b = tvm.runtime.tensor(np.zeros(4096, "float32"))
+    lib["main"](a, b)
+    assert hw.process_cores() == before
+    np.testing.assert_allclose(b.numpy(), 2.0)

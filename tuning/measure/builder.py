@@ -14,6 +14,8 @@ from typing import Any
 
 import tvm
 
+from alt_tvm.target import process_cores
+
 from .base import Builder, BuildResult, ErrorCode, MeasureInput, _format_exception, _positive
 from .cross_compiler import CrossCompilerNotFoundError, _cross_compiler_problem, _debian_packages, _resolve_target
 from .pool import _Status, _WorkerPool
@@ -95,7 +97,7 @@ class LocalBuilder(Builder):
                     f"`apt-get install {_debian_packages(self.cross_compiler)}` (or run .ci/install-cross.sh)"
                 )
         if n_parallel is None:
-            n_parallel = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            n_parallel = process_cores()
         _positive("n_parallel", n_parallel, integer=True)
         _positive("timeout_s", timeout_s)
         self.n_parallel = n_parallel
