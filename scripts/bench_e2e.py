@@ -65,19 +65,25 @@ def fast_math_compare(args: argparse.Namespace) -> int:
     from alt_tvm.graph.baselines import onnxruntime_session, time_callable
     from alt_tvm.graph.build import build
     from alt_tvm.models import MODELS, export_onnx, get_model
+    from alt_tvm.timing import measure_peak_gflops
 
-    results = []
+    peak = measure_peak_gflops(threads=args.threads)
+    results = [{"runner": "fp32 peak", "peak_gflops": peak, "threads": args.threads}]
     workdir = tempfile.mkdtemp(prefix="alt_fastmath_")
     variant = args.variants[0]
     print(f"fast_math=False (IEEE: NaN propagates) vs fast_math=True, variant {variant}, batch 1, "
-          f"{args.threads} thread(s), {args.rounds} interleaved rounds of {args.repeat} calls")
-    print(f"  {'model':14s} {'ieee ms':>9s} {'fast ms':>9s} {'ieee / fast':>12s} {'build s ieee/fast':>18s}")
+          f"{args.threads} thread(s), {args.rounds} interleaved rounds of {args.repeat} calls; "
+          f"FP32 FMA peak measured in this run: {peak:.0f} GFLOP/s; ONNX Runtime (spinning off) timed in the "
+          f"same rounds")
+    print(f"  {'model':14s} {'ieee ms':>9s} {'fast ms':>9s} {'ieee / fast':>12s} {'ORT ms':>8s} {'ORT / ieee':>11s} "
+          f"{'build s ieee/fast':>18s}")
     for name in args.models:
         info = MODELS[name]
         _, inputs = get_model(name)
         arrays = [x.numpy() for x in inputs]
         path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
-        reference = onnxruntime_session(str(path), threads=args.threads)(*arrays)
+        ort_session = onnxruntime_session(str(path), threads=args.threads)
+        reference = ort_session(*arrays)
         builds, build_s = {}, {}
         for fast in (False, True):
             t0 = time.perf_counter()
@@ -90,15 +96,18 @@ def fast_math_compare(args: argparse.Namespace) -> int:
                     print(f"{name} fast_math={fast}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
                           file=sys.stderr)
                     return 1
-        medians: dict[bool, list[float]] = {False: [], True: []}
+        runners = {False: builds[False], True: builds[True], "ort": ort_session}
+        medians: dict = {key: [] for key in runners}
         for _ in range(args.rounds):
-            for fast in (False, True):  # interleaved: machine load drifts affect both alike
-                medians[fast].append(time_callable(builds[fast], arrays, repeat=args.repeat)[1])
-        ieee, fast = statistics.median(medians[False]), statistics.median(medians[True])
-        print(f"  {name:14s} {ieee:9.3f} {fast:9.3f} {ieee / fast:11.3f}x {build_s[False]:8.1f}/{build_s[True]:<8.1f}")
+            for key, runner in runners.items():  # interleaved: machine load drifts affect all alike
+                medians[key].append(time_callable(runner, arrays, repeat=args.repeat)[1])
+        ieee, fast, ort_ms = (statistics.median(medians[key]) for key in (False, True, "ort"))
+        print(f"  {name:14s} {ieee:9.3f} {fast:9.3f} {ieee / fast:11.3f}x {ort_ms:8.3f} {ort_ms / ieee:10.3f}x "
+              f"{build_s[False]:8.1f}/{build_s[True]:<8.1f}")
         results.append({"model": name, "variant": variant, "ieee_median_ms": ieee, "fast_math_median_ms": fast,
-                        "ratio_ieee_to_fast": ieee / fast, "round_medians_ieee_ms": medians[False],
-                        "round_medians_fast_ms": medians[True], "threads": args.threads, "rounds": args.rounds,
+                        "ort_median_ms": ort_ms, "ratio_ieee_to_fast": ieee / fast,
+                        "round_medians_ieee_ms": medians[False], "round_medians_fast_ms": medians[True],
+                        "round_medians_ort_ms": medians["ort"], "threads": args.threads, "rounds": args.rounds,
                         "repeat": args.repeat})
     if args.json:
         with open(args.json, "w") as fh:
