@@ -56,15 +56,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _model_and_reference(name: str, workdir: str, threads: int):
+    """Reference model ``name``: (torch module, its inputs, as arrays, ONNX path, ORT session, ORT's outputs)."""
+    from alt_tvm.graph.baselines import onnxruntime_session
+    from alt_tvm.models import export_onnx, get_model
+
+    module, inputs = get_model(name)
+    arrays = [x.numpy() for x in inputs]
+    path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
+    session = onnxruntime_session(str(path), threads=threads)
+    return module, inputs, arrays, path, session, session(*arrays)
+
+
 def fast_math_compare(args: argparse.Namespace) -> int:
     """Latency of ``fast_math=False`` vs ``fast_math=True`` builds, interleaved; 1 on a wrong result."""
     import statistics
 
     import numpy as np
 
-    from alt_tvm.graph.baselines import onnxruntime_session, time_callable
+    from alt_tvm.graph.baselines import time_callable
     from alt_tvm.graph.build import build
-    from alt_tvm.models import MODELS, export_onnx, get_model
+    from alt_tvm.models import MODELS
     from alt_tvm.timing import measure_peak_gflops
 
     peak = measure_peak_gflops(threads=args.threads)
@@ -79,11 +91,7 @@ def fast_math_compare(args: argparse.Namespace) -> int:
           f"{'build s ieee/fast':>18s}")
     for name in args.models:
         info = MODELS[name]
-        _, inputs = get_model(name)
-        arrays = [x.numpy() for x in inputs]
-        path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
-        ort_session = onnxruntime_session(str(path), threads=args.threads)
-        reference = ort_session(*arrays)
+        _, _, arrays, path, ort_session, reference = _model_and_reference(name, workdir, args.threads)
         builds, build_s = {}, {}
         for fast in (False, True):
             t0 = time.perf_counter()
@@ -136,7 +144,6 @@ def main(argv=None) -> int:
 
     from alt_tvm.graph.baselines import (
         TVMRunner,
-        onnxruntime_session,
         time_callable,
         torch_runner,
         tvm_default_build,
@@ -145,7 +152,7 @@ def main(argv=None) -> int:
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.graph.metaschedule import tune_model
     from alt_tvm.integration import tune
-    from alt_tvm.models import MODEL_NAMES, MODELS, export_onnx, get_model
+    from alt_tvm.models import MODEL_NAMES, MODELS
     from alt_tvm.target import host
 
     unknown = [m for m in args.models if m not in MODEL_NAMES]
@@ -163,11 +170,7 @@ def main(argv=None) -> int:
     workdir = tempfile.mkdtemp(prefix="alt_e2e_")
     for name in args.models:
         info = MODELS[name]
-        module, inputs = get_model(name)
-        arrays = [x.numpy() for x in inputs]
-        path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
-        ort = onnxruntime_session(str(path), threads=args.threads)
-        reference = ort(*arrays)
+        module, inputs, arrays, path, ort, reference = _model_and_reference(name, workdir, args.threads)
         rows = {}
 
         def check(label: str, runner, arrays=arrays, reference=reference, info=info, name=name) -> bool:
