@@ -12,19 +12,31 @@ applies.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from alt_tvm.graph.build import VARIANTS, prepare
+from alt_tvm.graph.build import VARIANTS, prepare, use_runtime_threads
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
+from alt_tvm.in_model import InModelConfig, InModelResult, Profiler, decide_in_model
 from alt_tvm.strategies.base import PartitionContext
 from alt_tvm.strategies.registry import check_names, check_strategy_options
-from alt_tvm.target import HardwareTarget, resolve
+from alt_tvm.target import HardwareTarget, resolve, runs_on_host
 from alt_tvm.tuning.driver import TaskSummary, check_options, tune_tasks
 from alt_tvm.tuning.task import Task
 
-__all__ = ["extract_tasks", "tune"]
+__all__ = ["TuneOutcome", "extract_tasks", "tune"]
+
+
+class TuneOutcome(list):
+    """What :func:`tune` returns: one :class:`~alt_tvm.tuning.driver.TaskSummary` per task
+    (it is that list), and ``in_model``, the in-model decisions and whole-model check
+    (:class:`~alt_tvm.in_model.InModelResult`; None when ``verify=False``)."""
+
+    def __init__(self, summaries: Sequence[TaskSummary], in_model: InModelResult | None) -> None:
+        super().__init__(summaries)
+        self.in_model = in_model
 
 
 def _space_options(options: Any, layout_levels: int) -> Any:
@@ -55,14 +67,19 @@ def extract_tasks(model: Any, *, target: HardwareTarget | str | None = None,
     list of Task
         Identical workloads (e.g. repeated ResNet blocks) are one task with a ``weight``.
     """
+    imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
+    return _extract(imported.mod, target=resolve(target), strategies=strategies, variant=variant,
+                    strategy_options=strategy_options, layout_levels=layout_levels)
+
+
+def _extract(mod: Any, *, target: HardwareTarget, strategies: Sequence[str] | None, variant: str,
+             strategy_options: Mapping[str, Any] | None, layout_levels: int) -> list[Task]:
     if layout_levels not in (1, 2):
         raise ValueError(f"layout_levels must be 1 or 2, got {layout_levels!r}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
-    target = resolve(target)
     options = check_strategy_options(strategy_options)
-    imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
-    func = prepare(imported.mod)["main"]
+    func = prepare(mod)["main"]
     plan = plan_partitions(func, target=target, variant=variant, allowed=check_names(strategies),
                            strategy_options=options)
     tasks: dict[str, Task] = {}
@@ -89,20 +106,54 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
          measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
          progress: bool = True, plot: str | os.PathLike[str] | None = None, layout_levels: int = 1,
          features: str = "tir", batch: int = 128, top_k: int = 8, revalidate: int = 3,
-         revalidate_rounds: int = 2) -> list[TaskSummary]:
-    """Tune every tunable partition of ``model`` and append the measurements to ``log``.
+         revalidate_rounds: int = 2, verify: bool = True, in_model: InModelConfig | None = None,
+         fast_math: bool = False, profiler: Profiler | None = None) -> TuneOutcome:
+    """Tune every tunable partition of ``model``, then decide and verify in the whole model.
 
     ``model`` and the build options (``target``, ``example_inputs``, ``input_shapes``,
-    ``strategies``, ``variant``, ``strategy_options``) are those of :func:`alt_tvm.build`;
-    ``layout_levels`` is :func:`extract_tasks`'s; the search options are those of
-    :func:`alt_tvm.tuning.driver.tune_tasks`. Returns one summary per task.
+    ``strategies``, ``variant``, ``strategy_options``, ``fast_math``) are those of
+    :func:`alt_tvm.build`; ``layout_levels`` is :func:`extract_tasks`'s; the search options
+    are those of :func:`alt_tvm.tuning.driver.tune_tasks`.
+
+    With ``verify`` (the default), the search's finalists of every task, its defaults and
+    the other applicable strategies are then timed inside the built model, the fastest in
+    the model is chosen per task, and the model built with the choices is timed against
+    the untuned model (:func:`alt_tvm.in_model.decide_in_model`, configured by
+    ``in_model``; ``profiler`` replaces its per-kernel timing, for tests). The decisions go
+    into ``log``, so ``alt_tvm.build(records=log)`` builds what was verified; a log whose
+    tuned model is not faster than the untuned one builds the untuned model. Verification
+    needs the model to run here: it is skipped (with a warning) for another target.
+
+    Returns
+    -------
+    TuneOutcome
+        One summary per task, and ``.in_model``.
     """
     check_options(trials=trials, seed=seed, joint_fraction=joint_fraction, batch=batch, top_k=top_k,
                   revalidate=revalidate, revalidate_rounds=revalidate_rounds, features=features, log=log,
                   measure=measure)
-    tasks = extract_tasks(model, target=target, example_inputs=example_inputs, input_shapes=input_shapes,
-                          strategies=strategies, variant=variant, strategy_options=strategy_options,
-                          layout_levels=layout_levels)
-    return tune_tasks(tasks, trials=trials, log=log, seed=seed, joint_fraction=joint_fraction, resume=resume,
-                      measure=measure, cost_model=cost_model, progress=progress, plot=plot, features=features,
-                      batch=batch, top_k=top_k, revalidate=revalidate, revalidate_rounds=revalidate_rounds)
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be a bool, got {verify!r}")
+    if in_model is not None and not isinstance(in_model, InModelConfig):
+        raise TypeError(f"in_model must be an alt_tvm.in_model.InModelConfig, got {type(in_model).__name__}")
+    machine = resolve(target)
+    if runs_on_host(machine):
+        use_runtime_threads(machine.num_cores)  # candidates are timed with the threads the built model has
+    imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
+    tasks = _extract(imported.mod, target=machine, strategies=strategies, variant=variant,
+                     strategy_options=strategy_options, layout_levels=layout_levels)
+    summaries = tune_tasks(tasks, trials=trials, log=log, seed=seed, joint_fraction=joint_fraction, resume=resume,
+                           measure=measure, cost_model=cost_model, progress=progress, plot=plot, features=features,
+                           batch=batch, top_k=top_k, revalidate=revalidate, revalidate_rounds=revalidate_rounds)
+    result = None
+    if verify and not runs_on_host(machine):
+        warnings.warn(f"tune: the in-model verification needs the model to run here; target "
+                      f"{machine.name!r} does not, so the log holds the search's best records unverified",
+                      stacklevel=2)
+    elif verify and any(s.ok for s in summaries):
+        options = {"variant": variant, "strategies": strategies, "strategy_options": strategy_options,
+                   "fast_math": fast_math}
+        result = decide_in_model(imported.mod, tasks, log=log, target=machine, config=in_model or InModelConfig(),
+                                 build_options=options, example_inputs=example_inputs, profiler=profiler,
+                                 progress=progress)
+    return TuneOutcome(summaries, result)

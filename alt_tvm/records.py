@@ -22,6 +22,14 @@ Version 2 changed only the workload keys (canonical attribute spelling, see
 :func:`alt_tvm.strategies.base.workload_key`): version-1 keys would not match any partition,
 so version-1 lines are skipped like any other schema.
 
+Two kinds of candidate are not search points. A *decision* (``{"decision": "in-model",
+"strategy": "alt", "params": {...} | null, ...}``) is what the in-model verification of
+:mod:`alt_tvm.in_model` chose for a workload after timing its finalists, its default and the
+other applicable strategies inside the whole built model; its latencies are the in-model
+times of the choice. The last decision of a workload overrides every measurement of it
+(``params`` null: build it with the strategy's defaults). A *model check*
+(``{"model_check": ...}``, workload key ``model|...``) records whole-model times.
+
 This module imports neither TVM nor NumPy at load time (a child process that only writes
 records starts fast).
 """
@@ -53,6 +61,8 @@ __all__ = [
     "iter_records",
     "load_best",
     "load_records",
+    "is_decision",
+    "rank_candidates",
     "read_log",
     "target_key",
     "TunedLog",
@@ -504,6 +514,11 @@ def load_records(path: str | os.PathLike[str], *, workload_key: str | None = Non
     return list(iter_records(path, workload_key=workload_key))
 
 
+def is_decision(record: TuningRecord) -> bool:
+    """Whether ``record`` is an in-model decision rather than a measurement of a search point."""
+    return "decision" in record.candidate
+
+
 def _identity(candidate: Mapping[str, Any]) -> str:
     """What makes two measurements the same candidate: its decoded ``params`` where present
     (two points decoding to the same strategy parameters build the same kernel), else the
@@ -513,37 +528,51 @@ def _identity(candidate: Mapping[str, Any]) -> str:
     return candidate_key({k: v for k, v in candidate.items() if k != "revalidation"})
 
 
-def choose_best(records: Iterable[TuningRecord]) -> dict[str, TuningRecord]:
-    """The best successful record of each workload: the one rule that applying and resuming use.
+def rank_candidates(records: Iterable[TuningRecord]) -> dict[str, list[TuningRecord]]:
+    """Each workload's distinct successful candidates, best first: the one ranking rule.
 
-    Where a workload has re-validated candidates (records whose candidate carries
-    ``"revalidation": true``: its fastest candidates measured again, interleaved), the
-    winner is the re-validated candidate with the lowest median over *all* its
-    measurements, so one lucky draw of another candidate cannot win; the record returned
-    then holds all those measurements. Otherwise the record with the lowest median
-    latency wins; ties go to the earlier record.
+    Re-validated candidates (records whose candidate carries ``"revalidation": true``: the
+    fastest candidates measured again, interleaved) come first, ordered by the median over
+    *all* their measurements, so one lucky draw of another candidate cannot beat them; each
+    is returned as its first search record holding all those measurements. The others
+    follow, ordered by their fastest record's median; ties go to the earlier record.
+    Decisions (:func:`is_decision`) and model checks are not measurements of candidates
+    and are ignored.
     """
     samples: dict[tuple[str, str], list[float]] = {}
     first: dict[tuple[str, str], TuningRecord] = {}
-    revalidated: dict[str, list[tuple[str, str]]] = {}
-    best: dict[str, TuningRecord] = {}
+    fastest: dict[tuple[str, str], TuningRecord] = {}
+    revalidated: set[tuple[str, str]] = set()
     for record in records:
-        if not record.ok:
+        if not record.ok or is_decision(record) or "model_check" in record.candidate:
             continue
         key = (record.workload_key, _identity(record.candidate))
         samples.setdefault(key, []).extend(record.latencies_ms)
-        if not record.candidate.get("revalidation"):
+        if record.candidate.get("revalidation"):
+            revalidated.add(key)
+        else:
             first.setdefault(key, record)
-        if record.candidate.get("revalidation") and key not in revalidated.get(record.workload_key, []):
-            revalidated.setdefault(record.workload_key, []).append(key)
-        current = best.get(record.workload_key)
-        if current is None or record.median_ms < current.median_ms:
-            best[record.workload_key] = record
-    for workload, finalists in revalidated.items():
-        winner = min(finalists, key=lambda key: statistics.median(samples[key]))
-        template = first.get(winner) or best[workload]
-        best[workload] = replace(template, latencies_ms=tuple(samples[winner]))
-    return best
+        if key not in fastest or record.median_ms < fastest[key].median_ms:
+            fastest[key] = record
+    ranked: dict[str, list[tuple[tuple, TuningRecord]]] = {}
+    for order, key in enumerate(samples):
+        if key in revalidated:
+            rank = (0, statistics.median(samples[key]), order)
+            record = replace(first.get(key) or fastest[key], latencies_ms=tuple(samples[key]))
+        else:
+            rank = (1, fastest[key].median_ms, order)
+            record = fastest[key]
+        ranked.setdefault(key[0], []).append((rank, record))
+    return {workload: [record for _, record in sorted(items, key=lambda item: item[0])]
+            for workload, items in ranked.items()}
+
+
+def choose_best(records: Iterable[TuningRecord]) -> dict[str, TuningRecord]:
+    """The best successful record of each workload: the first of :func:`rank_candidates`.
+
+    :func:`read_log` applies a workload's in-model decision on top of it.
+    """
+    return {workload: ranked[0] for workload, ranked in rank_candidates(records).items()}
 
 
 def load_best(
@@ -599,13 +628,18 @@ class TunedLog:
     target : str
         The target's JSON string (:func:`target_key`).
     best : dict of str to TuningRecord
-        The best applicable record of each workload (this target, this TVM version,
-        decoded ``params``); ``best[key].source`` is its ``path:line``.
+        The record whose ``params`` each workload is built with (this target, this TVM
+        version): the workload's last decision where it has one, else its best measurement
+        (:func:`choose_best`); ``best[key].source`` is its ``path:line``.
     elsewhere : dict of str to str
         For workloads that have records but none applicable: why (measured on another
         target or with another TVM version, or every measurement failed).
     skipped : dict of str to int
         Lines skipped, by kind (``"schema"``: another schema version; ``"corrupt"``).
+    strategies : dict of str to str
+        The strategy each decided workload is lowered with (its last decision's).
+    defaults : dict of str to str
+        Workloads whose last decision keeps the strategy's defaults, and why.
     """
 
     path: str
@@ -613,16 +647,32 @@ class TunedLog:
     best: Mapping[str, TuningRecord]
     elsewhere: Mapping[str, str]
     skipped: Mapping[str, int]
+    strategies: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def params(self) -> dict[str, dict[str, Any]]:
         """The tuned strategy parameters by workload key."""
         return {key: record.candidate["params"] for key, record in self.best.items()}
 
+    def params_for(self, workload_key: str, strategy: str) -> TuningRecord | None:
+        """The record whose ``params`` a partition lowered with ``strategy`` takes, if any.
+
+        Parameters of another strategy do not apply (a record names its strategy under
+        ``candidate["strategy"]``; records without one were measured with the strategy the
+        build selects by priority, which is the one asking).
+        """
+        record = self.best.get(workload_key)
+        if record is None or record.candidate.get("strategy", strategy) != strategy:
+            return None
+        return record
+
     def why_not(self, workload_key: str) -> str:
         """Why the log tunes no parameters for ``workload_key`` ("" if it does)."""
         if workload_key in self.best:
             return ""
+        if workload_key in self.defaults:
+            return self.defaults[workload_key]
         if workload_key in self.elsewhere:
             return self.elsewhere[workload_key]
         reason = "no record of this workload in the log (tuned for another model, input shape or dtype)"
@@ -636,8 +686,9 @@ def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> Tune
 
     A record applies when it was measured on ``target`` with the installed TVM version
     (timings of another version's code do not rank candidates for this one) and carries
-    decoded ``params``; the best per workload is chosen by :func:`choose_best`. Bad lines
-    are skipped with a :class:`RecordWarning` naming ``path:line``.
+    decoded ``params``; the best per workload is chosen by :func:`choose_best`, and a
+    workload's last decision (:func:`is_decision`) overrides it. Bad lines are skipped with
+    a :class:`RecordWarning` naming ``path:line``.
 
     Raises
     ------
@@ -650,20 +701,37 @@ def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> Tune
         target = host()
     wanted, version = target_key(target), _tvm_version()
     applicable: list[TuningRecord] = []
+    decisions: dict[str, TuningRecord] = {}
     seen: dict[str, dict[str, set[str]]] = {}  # workload -> {"targets": ..., "versions": ..., "ok": ...}
     skipped: dict[str, int] = {}
     for record in _valid(path, skipped):
+        if "model_check" in record.candidate:
+            continue
         facts = seen.setdefault(record.workload_key, {"targets": set(), "versions": set(), "ok": set()})
         facts["targets"].add(record.target)
         facts["versions"].add(record.tvm_version)
         if record.ok:
             facts["ok"].add("yes")
-        if record.target == wanted and record.tvm_version == version and "params" in record.candidate:
+        if record.target != wanted or record.tvm_version != version:
+            continue
+        if is_decision(record):
+            decisions[record.workload_key] = record
+        elif "params" in record.candidate:
             applicable.append(record)
     best = choose_best(applicable)
+    strategies, defaults = {}, {}
+    for key, decision in decisions.items():
+        if isinstance(decision.candidate.get("strategy"), str):
+            strategies[key] = decision.candidate["strategy"]
+        if isinstance(decision.candidate.get("params"), dict):
+            best[key] = decision
+        else:
+            best.pop(key, None)
+            why = decision.candidate.get("reason") or "the in-model verification chose the defaults"
+            defaults[key] = f"{why} ({decision.source})"
     elsewhere = {}
     for key, facts in seen.items():
-        if key in best:
+        if key in best or key in defaults:
             continue
         if wanted not in facts["targets"]:
             others = ", ".join(sorted(_short_target(t) for t in facts["targets"]))
@@ -675,7 +743,7 @@ def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> Tune
             elsewhere[key] = "every measurement of this workload in the log failed"
         else:
             elsewhere[key] = "its records carry no decoded strategy parameters"
-    return TunedLog(str(path), wanted, best, elsewhere, skipped)
+    return TunedLog(str(path), wanted, best, elsewhere, skipped, strategies, defaults)
 
 
 def _short_target(target: str) -> str:

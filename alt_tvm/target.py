@@ -266,6 +266,16 @@ def host() -> HardwareTarget:
     return detect_host()
 
 
+def runs_on_host(target: HardwareTarget) -> bool:
+    """Whether code built for ``target`` runs on this machine (same kind, triple and CPU).
+
+    Code for another CPU of the same architecture may use instructions this one lacks
+    (AVX-512 on an AVX2 host), so the CPU must be the host's, not merely compatible.
+    """
+    mine, theirs = host().tvm_target, target.tvm_target
+    return all(theirs.get(k) == mine.get(k) for k in ("kind", "mtriple", "mcpu")) and target.cross_compiler is None
+
+
 _BOARD_LIST = (
     # Banana Pi BPI-F3, SpacemiT K1: 8 X60 cores (rv64gcv, RVA22, RVV 1.0 with VLEN=256) in two
     # clusters of 4. Per core 32 KiB L1d; 512 KiB L2 shared per 4-core cluster; no L3

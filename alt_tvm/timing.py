@@ -1,11 +1,129 @@
-"""Timing of compiled TVM functions, the same way in every benchmark."""
+"""Timing of compiled TVM functions, the same way in every benchmark and in the tuner.
+
+:class:`TimingPolicy` is the one policy the tuner's measure functions and runners time
+candidates with (:func:`~alt_tvm.tuning.task.measure_in_process`, ``LocalRunner``,
+``RPCRunner``): by default each timed call starts with the weights and outputs evicted
+from the CPU caches, as in the model, where the layers before a kernel have evicted them.
+:func:`time_compiled` times with the same code, hot by default (benchmarks of whole
+kernels or models).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tvm
+
+#: The TVM runtime builtin that MetaSchedule's ``enable_cpu_cache_flush`` uses: it evicts
+#: every argument but the first from the CPU caches. The first argument is the activation,
+#: which the producer kernel has just written, so it is warm in the model too. TVM 0.27
+#: flushes on x86-64 (``clflush``) and AArch64 (``dc civac``) only; on other CPUs (RISC-V)
+#: the builtin does nothing.
+CACHE_FLUSH_FUNC = "cache_flush_cpu_non_first_arg"
+
+_KDL_CPU = 1  # DLDeviceType of the CPU
+_RPC_SESS_MASK = 128  # a remote device's type is its own plus a multiple of this
+
+
+def check_cache_flush(value: Any) -> bool:
+    """Return ``value`` if it is a bool.
+
+    Raises
+    ------
+    TypeError
+        Naming ``value`` otherwise (a truthy ``1`` or ``"no"`` is refused: it is a typo
+        more often than an intent).
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"cache_flush must be a bool, got {value!r}")
+    return value
+
+
+def is_cpu(device: Any) -> bool:
+    """Whether ``device`` (a local device or an RPC session's) is a CPU."""
+    return device.dlpack_device_type() % _RPC_SESS_MASK == _KDL_CPU
+
+
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int {'> 0' if minimum else '>= 0'}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How a kernel is timed: ``repeat`` latencies, each the mean of ``number`` calls.
+
+    Parameters
+    ----------
+    number : int
+        Calls per latency.
+    repeat : int
+        Latencies.
+    min_repeat_ms : int
+        Without ``cache_flush``: minimum duration of one latency's calls (``time_evaluator``
+        grows ``number`` until it is reached; 0: off). Must be 0 with ``cache_flush``: more
+        calls per flush would time them on caches the first call warmed.
+    cache_flush : bool
+        On a CPU, evict every argument but the first from the caches (:data:`CACHE_FLUSH_FUNC`)
+        before each timed call, so a layer's weights (often MBs) are read from memory as in
+        the model, not from caches a previous call warmed. Off: every call after the first
+        finds the data the previous one left in cache (the hot-cache timing).
+
+    Raises
+    ------
+    ValueError
+        If ``number`` or ``repeat`` is not an int > 0, ``min_repeat_ms`` not an int >= 0,
+        or ``min_repeat_ms > 0`` with ``cache_flush``.
+    TypeError
+        If ``cache_flush`` is not a bool.
+
+    Notes
+    -----
+    ``time_evaluator`` runs its ``f_preproc`` once per repeat, before the repeat's calls.
+    So with ``cache_flush`` a CPU kernel is timed as ``number * repeat`` repeats of one
+    call each, every one after a flush; consecutive groups of ``number`` are averaged into
+    the ``repeat`` latencies. The kernel is called as often as without the flush (the
+    flushes themselves are not timed). On other devices (CUDA) the flush does not apply:
+    the builtin would treat device pointers as host memory, and a GPU's caches are not the
+    host's. There the policy times as without ``cache_flush``.
+    """
+
+    number: int = 10
+    repeat: int = 3
+    min_repeat_ms: int = 0
+    cache_flush: bool = True
+
+    def __post_init__(self) -> None:
+        _check_count("number", self.number, 1)
+        _check_count("repeat", self.repeat, 1)
+        _check_count("min_repeat_ms", self.min_repeat_ms, 0)
+        check_cache_flush(self.cache_flush)
+        if self.cache_flush and self.min_repeat_ms:
+            raise ValueError(f"min_repeat_ms={self.min_repeat_ms} needs cache_flush=False: it times several calls "
+                             f"per cache flush")
+
+    def flushes(self, device: Any) -> bool:
+        """Whether calls on ``device`` are timed after a cache flush (``cache_flush`` and a CPU)."""
+        return self.cache_flush and is_cpu(device)
+
+    def time(self, module: Any, func_name: str, device: Any, args: Sequence[Any]) -> list[float]:
+        """Latencies in ms of ``module[func_name](*args)`` on ``device``, one per repeat.
+
+        ``module`` is a runtime module, local or an RPC session's (then ``args`` live on
+        that session's ``device``, and the flush runs there). ``time_evaluator`` makes one
+        untimed call first.
+        """
+        if self.flushes(device):
+            timer = module.time_evaluator(func_name, device, number=1, repeat=self.number * self.repeat,
+                                          f_preproc=CACHE_FLUSH_FUNC)
+            calls = np.asarray(timer(*args).results, dtype=np.float64)
+            return [float(x) * 1e3 for x in calls.reshape(self.repeat, self.number).mean(axis=1)]
+        timer = module.time_evaluator(func_name, device, number=self.number, repeat=self.repeat,
+                                      min_repeat_ms=self.min_repeat_ms)
+        return [float(x) * 1e3 for x in timer(*args).results]
 
 
 @dataclass(frozen=True)
@@ -23,15 +141,19 @@ class Timing:
 
 
 def time_compiled(executable, args: list, *, number: int = 10, repeat: int = 5,
-                  func_name: str = "main", device=None) -> Timing:
-    """Time ``executable`` (the result of ``tvm.compile``) on ``args`` after one warm-up call."""
+                  func_name: str = "main", device=None, cache_flush: bool = False) -> Timing:
+    """Time ``executable`` (the result of ``tvm.compile``) on ``args`` after one warm-up call.
+
+    ``cache_flush=True`` times every call after evicting all arguments but the first from
+    the CPU caches (see :class:`TimingPolicy`); the default times hot, as before.
+    """
     if number < 1 or repeat < 1:
         raise ValueError(f"number and repeat must be >= 1, got number={number}, repeat={repeat}")
+    policy = TimingPolicy(number=number, repeat=repeat, cache_flush=cache_flush)
     device = device or tvm.cpu()
     module = executable.jit() if hasattr(executable, "jit") else executable
     module[func_name](*args)
-    result = module.time_evaluator(func_name, device, number=number, repeat=repeat)(*args)
-    results_ms = np.asarray(result.results) * 1e3
+    results_ms = np.asarray(policy.time(module, func_name, device, args))
     return Timing(float(results_ms.min()), float(np.median(results_ms)), repeat, number)
 
 

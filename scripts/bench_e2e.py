@@ -3,7 +3,11 @@
 For each model: alt-tvm (untuned default strategies; optionally the ALT-WP / ALT-OL
 variants), TVM 0.27's untuned default build (``tvm.compile`` of the imported module),
 ONNX Runtime and PyTorch, on the same ONNX export and the same thread count. Every
-alt-tvm build is checked against ONNX Runtime before it is timed.
+alt-tvm build is checked against ONNX Runtime before it is timed. All runtimes live in this
+process with ONNX Runtime's pool not spinning (``allow_spinning=0``), and are timed in
+``--rounds`` interleaved rounds of ``--repeat`` calls (each round starts with another
+runner); the median of the rounds' medians is reported. TVM's untuned build is too slow to
+interleave and is timed after the rounds.
 
 With ``--trials N`` the model is also tuned: alt-tvm (``alt_tvm.tune``, N measured
 trials, each variant built from that log) and TVM MetaSchedule (``tune_relax`` over the
@@ -51,16 +55,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", default=None)
     parser.add_argument("--fast-math-compare", action="store_true",
                         help="only compare fast_math=False (IEEE NaN semantics) with fast_math=True builds")
-    parser.add_argument("--rounds", type=int, default=11,
-                        help="with --fast-math-compare: interleaved timing rounds (median reported)")
+    parser.add_argument("--rounds", type=int, default=11, help="interleaved timing rounds (median reported)")
+
     return parser.parse_args(argv)
 
 
+#: Tolerances against ONNX Runtime for an ONNX file given by path (a model we did not write).
+ONNX_FILE_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4}
+
+
 def _model_and_reference(name: str, workdir: str, threads: int):
-    """Reference model ``name``: (torch module, its inputs, as arrays, ONNX path, ORT session, ORT's outputs)."""
+    """Model ``name`` (a reference model, or the path of an ONNX file): (torch module or None,
+    its inputs, as arrays, ONNX path, ORT session, ORT's outputs). An ONNX file is run on
+    seeded random inputs of its declared shapes."""
+    import numpy as np
+
     from alt_tvm.graph.baselines import onnxruntime_session
+    from alt_tvm.graph.frontend import load_model
     from alt_tvm.models import export_onnx, get_model
 
+    if name.endswith(".onnx"):
+        imported = load_model(name)
+        rng = np.random.default_rng(0)
+        arrays = [rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+                  for shape, dtype in zip(imported.input_shapes, imported.input_dtypes)]
+        session = onnxruntime_session(name, threads=threads)
+        return None, None, arrays, name, session, session(*arrays)
     module, inputs = get_model(name)
     arrays = [x.numpy() for x in inputs]
     path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
@@ -145,6 +165,7 @@ def main(argv=None) -> int:
     from alt_tvm.graph.baselines import (
         TVMRunner,
         time_callable,
+        time_interleaved,
         torch_runner,
         tvm_default_build,
     )
@@ -155,9 +176,9 @@ def main(argv=None) -> int:
     from alt_tvm.models import MODEL_NAMES, MODELS
     from alt_tvm.target import host
 
-    unknown = [m for m in args.models if m not in MODEL_NAMES]
+    unknown = [m for m in args.models if m not in MODEL_NAMES and not (m.endswith(".onnx") and os.path.isfile(m))]
     if unknown:
-        raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)}")
+        raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)} or give ONNX files")
     from alt_tvm.timing import measure_peak_gflops
 
     # The ceiling of this run (machine states differ between days): FP32 FMA peak.
@@ -169,13 +190,14 @@ def main(argv=None) -> int:
     tune_s: dict = {}
     workdir = tempfile.mkdtemp(prefix="alt_e2e_")
     for name in args.models:
-        info = MODELS[name]
+        info = MODELS.get(name)
         module, inputs, arrays, path, ort, reference = _model_and_reference(name, workdir, args.threads)
+        tolerance = ONNX_FILE_TOLERANCE if info is None else {"rtol": info.rtol, "atol": info.atol}
         rows = {}
 
-        def check(label: str, runner, arrays=arrays, reference=reference, info=info, name=name) -> bool:
+        def check(label: str, runner, arrays=arrays, reference=reference, tolerance=tolerance, name=name) -> bool:
             for g, r in zip(runner(*arrays), reference):
-                if not np.allclose(g, r, rtol=info.rtol, atol=info.atol):
+                if not np.allclose(g, r, **tolerance):
                     print(f"{name} {label}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
                           file=sys.stderr)
                     return False
@@ -183,13 +205,15 @@ def main(argv=None) -> int:
 
         log = None
         if args.trials:
-            log = os.path.join(args.log_dir, f"e2e_{name}_{args.trials}.jsonl")
+            log = os.path.join(args.log_dir, f"e2e_{os.path.basename(name)}_{args.trials}.jsonl")
             os.makedirs(args.log_dir, exist_ok=True)
             if os.path.exists(log):
                 os.remove(log)
             t0 = time.perf_counter()
-            tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
+            outcome = tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
             tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
+            if outcome.in_model is not None:
+                print(outcome.in_model.summary())
         for variant in args.variants:
             for records in ([None, log] if log else [None]):
                 t0 = time.perf_counter()
@@ -198,14 +222,14 @@ def main(argv=None) -> int:
                 label = f"alt-tvm ({variant}{', tuned' if records else ''})"
                 if not check(label, compiled):
                     return 1
-                rows[label] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
+                rows[label] = ((compiled, arrays), build_s)
         if args.sconv:
             t0 = time.perf_counter()
             compiled = build(str(path), strategies=["sconv"], records=log)
             build_s = time.perf_counter() - t0
             if not check("alt-tvm (sconv)", compiled):
                 return 1
-            rows["alt-tvm (sconv)"] = (time_callable(compiled, arrays, repeat=args.repeat), build_s)
+            rows["alt-tvm (sconv)"] = ((compiled, arrays), build_s)
         if args.trials and not args.skip_ms:
             result = tune_model(prepare(load_model(str(path)).mod), target=host().to_tvm(), trials=args.trials,
                                 seed=args.seed)
@@ -213,22 +237,32 @@ def main(argv=None) -> int:
             ms_runner = TVMRunner(result.artifact)
             if not check("MetaSchedule", ms_runner):
                 return 1
-            rows["tvm metaschedule"] = (time_callable(ms_runner, arrays, repeat=args.repeat), None)
-        rows["onnxruntime"] = (time_callable(ort, arrays, repeat=args.repeat), None)
-        rows["pytorch"] = (time_callable(torch_runner(module, threads=args.threads), inputs, repeat=args.repeat), None)
+            rows["tvm metaschedule"] = ((ms_runner, arrays), None)
+        rows["onnxruntime"] = ((ort, arrays), None)
+        if module is not None:
+            rows["pytorch"] = ((torch_runner(module, threads=args.threads), inputs), None)
+        timed = time_interleaved({label: runner for label, (runner, _) in rows.items()}, rounds=args.rounds,
+                                 repeat=args.repeat)
+        table = {label: (min(timed[label][1]), timed[label][0], build_s) for label, (_, build_s) in rows.items()}
         if not args.skip_tvm_default:
             t0 = time.perf_counter()
             default = tvm_default_build(load_model(str(path)))
             build_s = time.perf_counter() - t0
-            rows["tvm untuned"] = (time_callable(default, arrays, warmup=1, repeat=args.tvm_repeat), build_s)
-        alt_ms = rows[f"alt-tvm ({args.variants[0]}{', tuned' if log else ''})"][0][1]
-        print(f"\n{name} ({info.description}), batch 1, {args.threads} thread(s)")
+            table["tvm untuned"] = (*time_callable(default, arrays, warmup=1, repeat=args.tvm_repeat), build_s)
+        alt_ms = table[f"alt-tvm ({args.variants[0]}{', tuned' if log else ''})"][1]
+        description = info.description if info else "ONNX file"
+        print(f"\n{name} ({description}), batch 1, {args.threads} thread(s), {args.rounds} interleaved rounds "
+              f"of {args.repeat} calls (ONNX Runtime not spinning); 'min ms' is the fastest round's median")
         print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s}")
-        for runner, ((low, med), build_s) in rows.items():
+        for runner, (low, med, build_s) in table.items():
             built = f"{build_s:8.1f}" if build_s is not None else " " * 8
             print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x")
             results.append({"model": name, "runner": runner, "median_ms": med, "min_ms": low, "build_s": build_s,
                             "ratio_to_alt": med / alt_ms, "threads": args.threads, "trials": args.trials})
+        if log:
+            untuned = table[f"alt-tvm ({args.variants[0]})"][1]
+            print(f"  tuned vs untuned: {untuned / alt_ms:.2f}x; tuned vs ONNX Runtime (ORT ms / alt-tvm ms): "
+                  f"{table['onnxruntime'][1] / alt_ms:.2f}x")
         for (model, tuner), seconds in tune_s.items():
             if model == name:
                 print(f"  tuning wall time {tuner}: {seconds:.0f} s for {args.trials} trials")

@@ -16,11 +16,16 @@ number of **measured trials**:
 
 Every kernel is checked against PyTorch before it is timed. Speedups are geometric means
 per family and overall. Each configuration's kernels are timed together right after it is
-tuned (three interleaved rounds, median), and the JSON is rewritten after every
+tuned, under the same conditions (the script prints them): every runtime on the same
+threads (TVM_NUM_THREADS = torch's threads = the target's cores unless ``--threads``),
+``--rounds`` interleaved rounds whose order alternates, the median over rounds reported in
+ms and as GFLOP/s and % of the FP32 FMA peak measured in the same run. A runner that fails
+(tuning finds nothing, a build or check fails, ...) is shown as ``failed`` with its error
+listed under the tables; the others go on. The JSON is rewritten after every
 configuration, so an interrupted run keeps what it finished.
 
     python scripts/bench_ops.py [--trials 24] [--per-family 1] [--families C2D DEP ...]
-                                [--threads 2] [--seed 0] [--json docs/bench_ops.json]
+                                [--threads 2] [--rounds 5] [--seed 0] [--json docs/bench_ops.json]
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 FAMILIES = ("C2D", "GRP", "DEP", "DIL", "C3D", "C1D", "GMM", "T2D", "T3D")
 
@@ -187,9 +195,28 @@ def canonical_kernel(cfg: OpConfig, weight_shape, *, channels_last: bool):
                                                                      "out": layouts[out]}
 
 
+#: Every runner a configuration is timed with: its label (JSON, failures) and its name in the output.
+RUNNERS = {
+    "torch": "PyTorch",
+    "tvm_untuned": "TVM untuned",
+    "ms_nchw": "MetaSchedule (nchw)",
+    "ms_nhwc": "MetaSchedule (nhwc)",
+    "alt_default": "alt-tvm default schedule",
+    "alt_kernel": "alt-tvm tuned kernel",
+    "alt_model": "alt-tvm model (with conversions)",
+}
+#: Stages whose failure leaves several runners without a kernel.
+STAGES = {"alt": "alt-tvm (tune, build, check)"}
+_STAGE_OF = {"alt_default": "alt", "alt_kernel": "alt", "alt_model": "alt"}
+MESSAGE_CHARS = 200
+
+#: ``timed(number, repeat)``: the median over ``repeat`` samples of the mean latency (ms) of ``number`` calls.
+Timed = Callable[[int, int], float]
+
+
 @dataclass
 class Row:
-    """One configuration's measurements (ms) and tuning wall times (s)."""
+    """One configuration's measurements (ms), tuning wall times (s) and failed runners."""
 
     config: OpConfig
     gflop: float
@@ -202,12 +229,205 @@ class Row:
     alt_model_ms: float = math.nan
     alt_tune_s: float = math.nan
     alt_params: dict = field(default_factory=dict)
-    errors: list = field(default_factory=list)
+    errors: list = field(default_factory=list)  # anything not tied to one runner
+    failures: dict = field(default_factory=dict)  # runner or stage label -> "Type: first line of the error"
+    skipped: list = field(default_factory=list)  # runner labels not run on request (e.g. --skip-ms)
+    round_ms: dict = field(default_factory=dict)  # runner label -> its latency in each timing round
 
     @property
     def ms_best_ms(self) -> float:
         good = [v for v in self.ms_ms.values() if math.isfinite(v)]
         return min(good) if good else math.nan
+
+    def get_ms(self, label: str) -> float:
+        """The latency of runner ``label`` (``"ms"``: MetaSchedule's best layout), NaN if none."""
+        if label == "ms":
+            return self.ms_best_ms
+        if label.startswith("ms_"):
+            return float(self.ms_ms.get(label[3:], math.nan))
+        return float(getattr(self, f"{label}_ms"))
+
+    def set_ms(self, label: str, value: float) -> None:
+        if label.startswith("ms_"):
+            self.ms_ms[label[3:]] = value
+        else:
+            setattr(self, f"{label}_ms", value)
+
+    def outcome(self, label: str) -> float | str:
+        """Runner ``label``'s latency, or why there is none: ``"failed"``, ``"skipped"`` or ``"n/a"``."""
+        value = self.get_ms(label)
+        if math.isfinite(value):
+            return value
+        failed = label in self.failures or _STAGE_OF.get(label) in self.failures
+        if label == "ms":  # every requested layout failed
+            failed = any(key.startswith("ms_") for key in self.failures)
+        if failed:
+            return "failed"
+        if label in self.skipped or (label == "ms" and any(key.startswith("ms_") for key in self.skipped)):
+            return "skipped"
+        return "n/a"  # e.g. a row of an older JSON file
+
+
+def failure_message(err: BaseException, *, limit: int = MESSAGE_CHARS) -> str:
+    """``"Type: first line of the message"``, cut to ``limit`` characters.
+
+    Parameters
+    ----------
+    err : BaseException
+        The error a runner's setup or timing raised.
+    limit : int
+        Longest message returned; a cut one ends with ``"..."``.
+
+    Returns
+    -------
+    str
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def attempt(row: Row, label: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None with the error recorded as ``row.failures[label]``.
+
+    Parameters
+    ----------
+    row : Row
+    label : str
+        A key of :data:`RUNNERS` or :data:`STAGES`.
+    fn : callable
+        Sets one runner (or stage) up, e.g. tunes and checks it.
+
+    Returns
+    -------
+    object or None
+        What ``fn`` returned; None if it raised (the run goes on with the other runners).
+    """
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 - any baseline's failure is reported, not fatal
+        row.failures[label] = failure_message(err)
+        print(f"    ! {RUNNERS.get(label) or STAGES.get(label, label)} failed: {row.failures[label]}", flush=True)
+        return None
+
+
+def plan_calls(*, call_ms: float, repeat: int, min_sample_ms: float = 5.0,
+               max_round_ms: float = 2000.0) -> tuple[int, int]:
+    """``(number, repeat)`` for one runner's turn in a round, the same rule for every runner.
+
+    Parameters
+    ----------
+    call_ms : float
+        Latency of one call (from an untimed warm-up call).
+    repeat : int
+        Samples wanted per round.
+    min_sample_ms : float
+        A sample averages enough calls to last this long (timer resolution, call overhead).
+    max_round_ms : float
+        Slow kernels (e.g. TVM's untuned build) take fewer samples, at least 3, to stay
+        within this per round.
+
+    Returns
+    -------
+    tuple of int
+        Calls per sample and samples per round.
+    """
+    call_ms = max(call_ms, 1e-6)
+    number = max(1, math.ceil(min_sample_ms / call_ms))
+    fits = int(max_round_ms // (number * call_ms))
+    return number, max(min(repeat, 3), min(repeat, fits))
+
+
+def calibrated(timed: Timed, *, repeat: int, min_sample_ms: float = 5.0,
+               max_round_ms: float = 2000.0) -> Callable[[], float]:
+    """A runner for :func:`interleaved_medians`: one untimed call, then ``timed`` per :func:`plan_calls`.
+
+    Parameters
+    ----------
+    timed : callable
+        ``timed(number, repeat)`` -> median ms per call.
+    repeat, min_sample_ms, max_round_ms
+        As in :func:`plan_calls`; the plan is fixed at the first turn.
+
+    Returns
+    -------
+    callable
+        No arguments; the median latency (ms) of this turn's samples.
+    """
+    plan: list[tuple[int, int]] = []
+
+    def run() -> float:
+        start = time.perf_counter()
+        timed(1, 1)  # warm-up: caches and this runtime's threads, after the previous runner's turn
+        if not plan:
+            call_ms = (time.perf_counter() - start) * 1e3
+            plan.append(plan_calls(call_ms=call_ms, repeat=repeat, min_sample_ms=min_sample_ms,
+                                   max_round_ms=max_round_ms))
+        return timed(*plan[0])
+    return run
+
+
+@dataclass
+class Interleaved:
+    """What :func:`interleaved_medians` measured: per-runner medians, round values and errors."""
+
+    medians: dict[str, float]
+    rounds: dict[str, list[float]]
+    failures: dict[str, str]
+    order: list[list[str]]  # the runners in the order each round timed them
+
+
+def interleaved_medians(runners: Mapping[str, Callable[[], float]], *, rounds: int,
+                        pause_s: float = 0.0) -> Interleaved:
+    """Time every runner once per round, for ``rounds`` rounds, and take each runner's median.
+
+    The order alternates (forward, then reversed), so no runner always follows the same
+    one, and load drifting during the run affects all of them alike.
+
+    Parameters
+    ----------
+    runners : mapping of str to callable
+        ``label -> run()``; ``run()`` returns a latency (ms).
+    rounds : int
+        Rounds (>= 1).
+    pause_s : float
+        Sleep before each turn, so the previous runtime's idle threads stop spinning.
+
+    Returns
+    -------
+    Interleaved
+        A runner that raises is dropped from later rounds; its error is in ``failures``
+        and it has no median.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    labels = list(runners)
+    values: dict[str, list[float]] = {label: [] for label in labels}
+    failures: dict[str, str] = {}
+    order = []
+    for r in range(rounds):
+        turn = [label for label in (labels if r % 2 == 0 else labels[::-1]) if label not in failures]
+        order.append(turn)
+        for label in turn:
+            if pause_s > 0:
+                time.sleep(pause_s)
+            try:
+                values[label].append(float(runners[label]()))
+            except Exception as err:  # noqa: BLE001 - reported with the runner, the others go on
+                failures[label] = failure_message(err)
+    medians = {label: statistics.median(v) for label, v in values.items() if v and label not in failures}
+    return Interleaved(medians, {k: v for k, v in values.items() if v}, failures, order)
+
+
+def time_row(row: Row, runners: Mapping[str, Callable[[], float]], *, rounds: int, pause_s: float = 0.0) -> None:
+    """Time ``runners`` interleaved (:func:`interleaved_medians`) and store the medians and failures in ``row``."""
+    result = interleaved_medians(runners, rounds=rounds, pause_s=pause_s)
+    for label, value in result.medians.items():
+        row.set_ms(label, value)
+    for label, message in result.failures.items():
+        row.failures[label] = f"while timing: {message}"
+        print(f"    ! {RUNNERS.get(label, label)} failed while timing: {message}", flush=True)
+    row.round_ms.update(result.rounds)
 
 
 def geomean(values) -> float:
@@ -222,9 +442,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=24, help="measured trials per operator, for each tuner")
     parser.add_argument("--joint-fraction", type=float, default=0.3, help="alt-tvm's joint-stage share (paper 0.3)")
     parser.add_argument("--ms-layouts", nargs="+", default=["nchw", "nhwc"], choices=["nchw", "nhwc"])
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every runtime (default: the target's cores)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=20, help="timed runs per kernel per timing round")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
+    parser.add_argument("--repeat", type=int, default=20,
+                        help="timed samples per kernel per round (at least 3; fewer if a kernel is slow)")
     parser.add_argument("--skip-ms", action="store_true", help="skip MetaSchedule (e.g. for a quick run)")
     parser.add_argument("--log-dir", default=None,
                         help="keep alt-tvm's logs and MetaSchedule's databases here (default: temporary)")
@@ -233,128 +456,161 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="only print the tables of earlier runs' JSON files (a later file's row replaces an "
                              "earlier row of the same configuration, e.g. a re-measurement)")
     args = parser.parse_args(argv)
-    for name in ("per_family", "trials", "threads", "repeat"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("per_family", "trials", "threads", "rounds", "repeat"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     return args
+
+
+def timing_line(*, threads: int, cores: int, rounds: int, repeat: int, pause_s: float) -> str:
+    """How every runtime of this run is timed, printed before the measurements."""
+    cores_note = "the target's cores" if threads == cores else f"--threads; the target has {cores} cores"
+    return (f"timing: {threads} thread(s) for every runtime ({cores_note}): TVM_NUM_THREADS={threads} (alt-tvm, "
+            f"MetaSchedule, TVM untuned), torch.set_num_threads({threads}); ONNX Runtime is not used. "
+            f"{rounds} interleaved rounds, order reversed every other round; each runner's turn: "
+            f"{pause_s * 1e3:.0f} ms pause, one untimed call, then up to {repeat} samples (at least 3, fewer only "
+            f"if over 2 s) of enough calls for >= 5 ms each; a round's value is the median sample, the table the "
+            f"median over rounds. TVM kernels are timed by time_evaluator, PyTorch by perf_counter around its "
+            f"Python calls. GFLOP/s are reported against the FP32 FMA peak (alt_tvm.timing.measure_peak_gflops, "
+            f"{threads} thread(s)) measured at the start and after every configuration, the best of them.")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report:
         return _report_files(args.report)
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    import numpy as np
-    import torch
-    import tvm
-
-    from alt_tvm.graph.build import build
-    from alt_tvm.integration import extract_tasks, tune
-    from alt_tvm.records import best_params
     from alt_tvm.target import host
-    from alt_tvm.timing import measure_peak_gflops
-    from alt_tvm.tuning.task import measure_in_process
 
-    torch.set_num_threads(args.threads)
-    machine = host()
-    target = machine.to_tvm()
-    dev = tvm.cpu()
+    machine = host()  # no kernel has run yet: TVM's thread pool still reads TVM_NUM_THREADS below
+    threads = args.threads or machine.num_cores
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    try:
+        import torch
+    except ImportError as err:  # every operator and its reference come from torch.nn
+        raise SystemExit(f"bench_ops needs PyTorch for the operators and their reference: {err}") from err
+    from alt_tvm.timing import measure_peak_gflops
+
+    torch.set_num_threads(threads)
     configs = draw_configs(families=args.families, per_family=args.per_family, seed=args.seed)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="alt_bench_ops_")
     os.makedirs(log_dir, exist_ok=True)
     rows: list[Row] = []
     ms_import_s = 0.0
-    peak = measure_peak_gflops(threads=args.threads)
-    print(f"measured FP32 peak: {peak:.0f} GFLOP/s on {args.threads} thread(s)", flush=True)
+    pause_s = 0.05
+    line = timing_line(threads=threads, cores=machine.num_cores, rounds=args.rounds, repeat=args.repeat,
+                       pause_s=pause_s)
+    print(line, flush=True)
+    peak = measure_peak_gflops(threads=threads)
+    print(f"FP32 FMA peak at the start: {peak:.0f} GFLOP/s", flush=True)
     for index, cfg in enumerate(configs):
-        kernels = []  # (row, label, callable timing it), timed once this configuration is tuned
         row = Row(cfg, flops(cfg) / 1e9)
         rows.append(row)
         print(f"[{index + 1}/{len(configs)}] {cfg.family} {cfg.describe()} ({row.gflop:.3f} GFLOP)", flush=True)
-        module, x = torch_module(cfg, args.seed + index)
-        with torch.no_grad():
-            reference = module(x).numpy()
-        weight = module.weight.detach().numpy()
-        kernels.append((row, "torch", _torch_timer(module, x, args.repeat)))
-
-        # alt-tvm: tune the one-op model, then lower the best record as a kernel.
-        log = os.path.join(log_dir, f"{index:02d}_{cfg.family}.jsonl")
-        if os.path.exists(log):
-            os.remove(log)
-        start = time.perf_counter()
-        model, example = _importable(module, x, os.path.join(log_dir, f"{index:02d}_{cfg.family}.onnx"))
-        tune(model, trials=args.trials, log=log, example_inputs=example, seed=args.seed,
-             joint_fraction=args.joint_fraction, progress=False)
-        row.alt_tune_s = time.perf_counter() - start
-        tasks = extract_tasks(model, target=machine, example_inputs=example)
-        if len(tasks) != 1:
-            raise SystemExit(f"{cfg.describe()}: expected one tunable task, got {len(tasks)}")
-        task = tasks[0]
-        row.alt_params = best_params(log, target=machine).get(task.key, {})
-        compiled = build(model, example_inputs=example, records=log)
-        error = _rel_error(compiled(x.numpy())[0], reference)
-        if error > 1e-3:
-            row.errors.append(f"alt-tvm model differs from PyTorch: relative error {error:.2e}")
-        else:
-            kernels.append((row, "alt_kernel", _task_timer(measure_in_process, task, row.alt_params, args.repeat)))
-            kernels.append((row, "alt_default", _task_timer(measure_in_process, task, None, args.repeat)))
-            kernels.append((row, "alt_model", _model_timer(compiled, x.numpy(), args.repeat)))
-
-        # TVM untuned and MetaSchedule on the canonical kernel (and channels-last).
-        func, _ = canonical_kernel(cfg, weight.shape, channels_last=False)
-        untuned = tvm.compile(func, target=target)
-        data_nd, weight_nd = x.numpy(), weight
-        args_nd = [tvm.runtime.tensor(a, dev) for a in (data_nd, weight_nd)]
-        args_nd.append(tvm.runtime.tensor(np.zeros(reference.shape, "float32"), dev))
-        untuned["main"](*args_nd)
-        if _rel_error(args_nd[-1].numpy(), reference) > 1e-3:
-            row.errors.append("TVM untuned kernel differs from PyTorch")
-        kernels.append((row, "tvm_untuned", _kernel_timer(untuned.mod, args_nd, number=1, repeat=2)))
-        if not args.skip_ms:
-            for layout in args.ms_layouts:
-                if cfg.family == "GMM" and layout == "nhwc":
-                    continue
-                work_dir = os.path.join(log_dir, f"{index:02d}_{cfg.family}_ms_{layout}")
-                ms_ms = _metaschedule(cfg, weight, data_nd, reference, layout=layout, target=target, work_dir=work_dir,
-                                      trials=args.trials, seed=args.seed, row=row)
-                if ms_ms is not None:
-                    timer, tune_s, import_s = ms_ms
-                    row.ms_tune_s[layout] = tune_s
-                    ms_import_s = max(ms_import_s, import_s)
-                    kernels.append((row, f"ms_{layout}", timer))
-
-        # Time this configuration's kernels back to back (all tuned), in rounds, median per kernel.
-        samples: dict = {}
-        for _ in range(3):
-            for _row, label, timer in kernels:
-                samples.setdefault(label, []).append(timer())
-        for label, values in samples.items():
-            value = float(np.median(values))
-            if label == "torch":
-                row.torch_ms = value
-            elif label == "tvm_untuned":
-                row.tvm_untuned_ms = value
-            elif label.startswith("ms_"):
-                row.ms_ms[label[3:]] = value
-            else:
-                setattr(row, f"{label}_ms", value)
-        print(f"    torch {row.torch_ms:.3f} ms | MS {row.ms_ms} | alt {row.alt_kernel_ms:.3f} ms "
-              f"(default {row.alt_default_ms:.3f}, with conversions {row.alt_model_ms:.3f})", flush=True)
+        timed, import_s = _set_up(cfg, row, index=index, args=args, threads=threads, machine=machine,
+                                  log_dir=log_dir)
+        ms_import_s = max(ms_import_s, import_s)
+        # This configuration's kernels, all tuned, timed together in interleaved rounds.
+        time_row(row, {label: calibrated(fn, repeat=args.repeat) for label, fn in timed.items()},
+                 rounds=args.rounds, pause_s=pause_s)
+        print("    " + " | ".join(f"{label} {_fmt(row.outcome(label), '.3f')}" for label in
+                                  ("torch", "tvm_untuned", "ms", "alt_default", "alt_kernel", "alt_model")), flush=True)
+        # A shared machine's load drifts: the ceiling is the best peak seen in this run.
+        again = measure_peak_gflops(threads=threads)
+        if again > peak:
+            print(f"    FP32 FMA peak now {again:.0f} GFLOP/s (was {peak:.0f}): the run's peak is the best seen",
+                  flush=True)
+            peak = again
         if args.json:  # rewritten after every configuration: an interrupted run keeps what it finished
-            _write_json(args.json, rows, args, peak, ms_import_s, machine)
-    _report(rows, args, peak, ms_import_s)
+            _write_json(args.json, rows, args, threads, peak, ms_import_s, machine, line)
+    _report(rows, trials=args.trials, threads=threads, peak=peak, ms_import_s=ms_import_s)
     if args.json:
         print(f"wrote {args.json}")
-    return 1 if any(r.errors for r in rows) else 0
+    return 1 if any(r.errors or r.failures for r in rows) else 0
 
 
-def _write_json(path, rows, args, peak, ms_import_s, machine) -> None:
+def _set_up(cfg: OpConfig, row: Row, *, index: int, args: argparse.Namespace, threads: int, machine: Any,
+            log_dir: str) -> tuple[dict[str, Timed], float]:
+    """Tune, build and check every runner of one configuration: ``({label: timed}, MS import s)``.
+
+    A runner whose setup fails is left out, its error in ``row.failures``.
+    """
+    import torch
+
+    target = machine.to_tvm()
+    module, x = torch_module(cfg, args.seed + index)
+    with torch.no_grad():
+        reference = module(x).numpy()
+    weight = module.weight.detach().numpy()
+    timed: dict[str, Timed] = {"torch": _torch_timed(module, x, threads=threads)}
+
+    alt = attempt(row, "alt", lambda: _alt_tvm(module, x, reference, index=index, cfg=cfg, args=args,
+                                                 machine=machine, log_dir=log_dir, row=row))
+    if alt is not None:
+        task, compiled, best = alt
+        if best is None:
+            print("    alt-tvm's log keeps the default schedule: its tuned kernel is the default one", flush=True)
+        for label, params in (("alt_kernel", best), ("alt_default", None)):
+            kernel = attempt(row, label, lambda p=params: _task_timed(task, p, seed=args.seed))
+            if kernel is not None:
+                timed[label] = kernel
+        timed["alt_model"] = lambda number, repeat: compiled.time(x.numpy(), number=number, repeat=repeat)[1]
+
+    untuned = attempt(row, "tvm_untuned", lambda: _untuned(cfg, weight, x.numpy(), reference, target=target))
+    if untuned is not None:
+        timed["tvm_untuned"] = untuned
+    import_s = 0.0
+    # A dense has no channel layout (canonical_kernel ignores channels_last): one search, not none.
+    layouts = args.ms_layouts[:1] if cfg.family == "GMM" else args.ms_layouts
+    for layout in layouts:
+        if args.skip_ms:
+            row.skipped.append(f"ms_{layout}")
+            continue
+        work_dir = os.path.join(log_dir, f"{index:02d}_{cfg.family}_ms_{layout}")
+        found = attempt(row, f"ms_{layout}", lambda layout=layout, work_dir=work_dir: _metaschedule(
+            cfg, weight, x.numpy(), reference, layout=layout, target=target, work_dir=work_dir,
+            trials=args.trials, seed=args.seed))
+        if found is not None:
+            timed[f"ms_{layout}"], row.ms_tune_s[layout], found_import_s = found
+            import_s = max(import_s, found_import_s)
+    return timed, import_s
+
+
+def _write_json(path, rows, args, threads, peak, ms_import_s, machine, line) -> None:
     with open(path, "w") as fh:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "threads": args.threads,
-                   "trials": args.trials, "peak_gflops": peak, "ms_import_s": ms_import_s,
+        json.dump({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "threads": threads,
+                   "trials": args.trials, "rounds": args.rounds, "repeat": args.repeat, "timing": line,
+                   "peak_gflops": peak, "ms_import_s": ms_import_s,
                    "machine": {"name": machine.name, "cores": machine.num_cores, "l1d": machine.l1d_bytes,
                                "l2": machine.l2_bytes},
                    "rows": [dict(asdict(r), ms_best_ms=r.ms_best_ms) for r in rows]}, fh, indent=1, default=str)
+
+
+def _alt_tvm(module, x, reference, *, index: int, cfg: OpConfig, args, machine, log_dir: str, row: Row):
+    """Tune the one-op model with alt-tvm, build it and check it: ``(task, compiled model, best params)``."""
+    from alt_tvm.graph.build import build
+    from alt_tvm.integration import extract_tasks, tune
+    from alt_tvm.records import best_params
+
+    log = os.path.join(log_dir, f"{index:02d}_{cfg.family}.jsonl")
+    if os.path.exists(log):
+        os.remove(log)
+    start = time.perf_counter()
+    model, example = _importable(module, x, os.path.join(log_dir, f"{index:02d}_{cfg.family}.onnx"))
+    tune(model, trials=args.trials, log=log, target=machine, example_inputs=example, seed=args.seed,
+         joint_fraction=args.joint_fraction, progress=False)
+    row.alt_tune_s = time.perf_counter() - start
+    tasks = extract_tasks(model, target=machine, example_inputs=example)
+    if len(tasks) != 1:
+        raise RuntimeError(f"expected one tunable task, got {len(tasks)}")
+    task = tasks[0]
+    # None: the log's decision keeps the default schedule (e.g. tuned ones lost inside the model),
+    # which is then what the build uses and what "tuned kernel" means; {} would not lower.
+    params = best_params(log, target=machine).get(task.key)
+    row.alt_params = params or {}
+    compiled = build(model, target=machine, example_inputs=example, records=log)
+    _check(compiled(x.numpy())[0], reference, "alt-tvm model")
+    return task, compiled, params
 
 
 def _importable(module, x, onnx_path: str):
@@ -378,38 +634,74 @@ def _rel_error(got, want) -> float:
     return float(np.abs(got - want).max() / max(1e-6, float(np.abs(want).max())))
 
 
-def _torch_timer(module, x, repeat: int):
+def _check(got, want, what: str) -> None:
+    """Raise if ``got`` is not PyTorch's result: a wrong kernel is a failed baseline, not a timing."""
+    error = _rel_error(got, want)
+    if not error <= 1e-3:
+        raise RuntimeError(f"{what} differs from PyTorch: relative error {error:.2e}")
+
+
+def _torch_timed(module, x, *, threads: int) -> Timed:
+    """PyTorch's eager call, inference mode, ``threads`` intra-op threads (reset if changed)."""
     import torch
 
     from alt_tvm.graph.baselines import time_callable
 
-    def run() -> float:
-        with torch.no_grad():
-            return time_callable(module, [x], repeat=repeat)[0]
-    return run
+    def timed(number: int, repeat: int) -> float:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        with torch.inference_mode():
+            calls = lambda: [module(x) for _ in range(number)]  # noqa: E731
+            return time_callable(calls, [], warmup=0, repeat=repeat)[1] / number
+    return timed
 
 
-def _model_timer(compiled, x, repeat: int):
-    return lambda: compiled.time(x, number=5, repeat=repeat)[0]
-
-
-def _task_timer(measure, task, params, repeat: int):
-    return lambda: measure(task, params, number=5, repeat=repeat)
-
-
-def _kernel_timer(lib, args_nd, *, number: int, repeat: int):
+def _tvm_timed(module, args_nd) -> Timed:
+    """A compiled TVM kernel's ``main`` through ``time_evaluator``."""
     import numpy as np
     import tvm
 
-    def run() -> float:
-        evaluator = lib.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
+    def timed(number: int, repeat: int) -> float:
+        evaluator = module.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
         return float(np.median(evaluator(*args_nd).results) * 1e3)
-    return run
+    return timed
 
 
-def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: int, seed: int, row: Row,
-                  work_dir: str):
-    """Tune the canonical (or channels-last) kernel; a timer for the best, or None with the error noted."""
+def _task_timed(task, params, *, seed: int) -> Timed:
+    """alt-tvm's kernel for ``params`` (None: the default schedule), built once, on the arguments
+    the tuner measures it with (``measure_in_process``'s)."""
+    import numpy as np
+    import tvm
+
+    lowered = task.lower(params)
+    module = tvm.compile(lowered.func, target=task.target.to_tvm()).jit()
+    rng = np.random.default_rng(seed)
+    args = []
+    for i, (shape, dtype) in enumerate(lowered.arg_specs):
+        data = lowered.constants.get(i)
+        if data is None:
+            data = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+        args.append(tvm.runtime.tensor(data, tvm.cpu()))
+    module["main"](*args)
+    return _tvm_timed(module, args)
+
+
+def _untuned(cfg: OpConfig, weight, data, reference, *, target) -> Timed:
+    """TVM's untuned build of the canonical kernel, checked."""
+    import numpy as np
+    import tvm
+
+    func, _ = canonical_kernel(cfg, weight.shape, channels_last=False)
+    lib = tvm.compile(func, target=target)
+    args_nd = [tvm.runtime.tensor(a, tvm.cpu()) for a in (data, weight)]
+    args_nd.append(tvm.runtime.tensor(np.zeros(reference.shape, "float32"), tvm.cpu()))
+    lib["main"](*args_nd)
+    _check(args_nd[-1].numpy(), reference, "TVM untuned kernel")
+    return _tvm_timed(lib.mod, args_nd)
+
+
+def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: int, seed: int, work_dir: str):
+    """Tune the canonical (or channels-last) kernel: ``(timed, tune_s, import_s)``; raises if it fails."""
     import numpy as np
     import tvm
 
@@ -419,8 +711,7 @@ def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: 
     shutil.rmtree(work_dir, ignore_errors=True)  # a fresh search, its database kept for inspection
     result = tune_kernel(func, target=target, trials=trials, seed=seed, work_dir=work_dir)
     if result.artifact is None:
-        row.errors.append(f"MetaSchedule ({layout}) found no valid schedule in {trials} trials")
-        return None
+        raise RuntimeError(f"no valid schedule in {trials} trials: {result.error}")
     lib = tvm.compile(result.artifact, target=target)
     dev = tvm.cpu()
     data_in = layouts["data"].apply(data) if layouts else data
@@ -430,40 +721,72 @@ def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: 
     args_nd.append(tvm.runtime.tensor(np.zeros(out_shape, "float32"), dev))
     lib["main"](*args_nd)
     out = layouts["out"].inverse_apply(args_nd[-1].numpy()) if layouts else args_nd[-1].numpy()
-    error = _rel_error(out, reference)
-    if error > 1e-3:
-        row.errors.append(f"MetaSchedule ({layout}) kernel differs from PyTorch: relative error {error:.2e}")
-        return None
-    return _kernel_timer(lib.mod, args_nd, number=5, repeat=20), result.tune_s, result.import_s
+    _check(out, reference, "MetaSchedule kernel")
+    return _tvm_timed(lib.mod, args_nd), result.tune_s, result.import_s
 
 
-def _report(rows: list[Row], args, peak: float, ms_import_s: float) -> None:
-    header = (f"{'family':6} {'configuration':38} {'GFLOP':>7} {'torch':>8} {'tvm-unt':>9} {'MS':>8} "
-              f"{'alt-def':>8} {'alt':>8} {'alt+cvt':>8} {'vsMS':>6} {'vsTorch':>7} {'alt%pk':>6}")
-    print("\n" + header)
+def _fmt(value: float | str, spec: str) -> str:
+    """A number, or the word that says why there is none (never a bare ``nan``)."""
+    if isinstance(value, str):
+        return value
+    return format(value, spec) if math.isfinite(value) else "-"
+
+
+def _ratio(row: Row, num: str, den: str) -> float:
+    return row.get_ms(num) / row.get_ms(den)
+
+
+_COLUMNS = (("torch", "torch"), ("tvm-unt", "tvm_untuned"), ("MS", "ms"), ("alt-def", "alt_default"),
+            ("alt", "alt_kernel"), ("alt+cvt", "alt_model"))
+
+
+def _report(rows: list[Row], *, trials: int, threads: int, peak: float, ms_import_s: float) -> None:
+    """Latency table (ms), throughput table (GFLOP/s, % of peak), failures, speedups, tuning time."""
+    print("\nlatency (ms, median of the interleaved rounds); failed = see the list below, - = ratio undefined")
+    print(f"{'family':6} {'configuration':38} {'GFLOP':>7} " + " ".join(f"{name:>9}" for name, _ in _COLUMNS)
+          + f" {'vsMS':>6} {'vsTorch':>7}")
     for r in rows:
-        alt = r.alt_kernel_ms
-        print(f"{r.config.family:6} {r.config.describe()[:38]:38} {r.gflop:7.3f} {r.torch_ms:8.3f} "
-              f"{r.tvm_untuned_ms:9.2f} {r.ms_best_ms:8.3f} {r.alt_default_ms:8.3f} {alt:8.3f} "
-              f"{r.alt_model_ms:8.3f} {r.ms_best_ms / alt:6.2f} {r.torch_ms / alt:7.2f} "
-              f"{100 * r.gflop / (alt / 1e3) / peak:5.0f}%")
-        for error in r.errors:
-            print(f"    ! {error}")
-    print(f"\ngeometric-mean speedup of alt-tvm (tuned kernel) — {args.trials} trials each, {args.threads} threads, "
-          f"measured peak {peak:.0f} GFLOP/s")
+        print(f"{r.config.family:6} {r.config.describe()[:38]:38} {r.gflop:7.3f} "
+              + " ".join(f"{_fmt(r.outcome(label), '.3f'):>9}" for _, label in _COLUMNS)
+              + f" {_fmt(_ratio(r, 'ms', 'alt_kernel'), '.2f'):>6} {_fmt(_ratio(r, 'torch', 'alt_kernel'), '.2f'):>7}")
+
+    print(f"\nthroughput: GFLOP/s (% of the {peak:.0f} GFLOP/s FP32 FMA peak measured with {threads} thread(s))")
+    print(f"{'family':6} {'configuration':38} " + " ".join(f"{name:>12}" for name, _ in _COLUMNS))
+    for r in rows:
+        cells = []
+        for _, label in _COLUMNS:
+            value = r.outcome(label)
+            if isinstance(value, str):
+                cells.append(f"{value:>12}")
+            else:
+                rate = r.gflop / (value / 1e3)
+                cells.append(f"{rate:7.1f} ({100 * rate / peak:2.0f}%)" if math.isfinite(peak) and peak > 0
+                             else f"{rate:12.1f}")
+        print(f"{r.config.family:6} {r.config.describe()[:38]:38} " + " ".join(cells))
+
+    notes = [(r, label, message) for r in rows for label, message in r.failures.items()]
+    notes += [(r, "", error) for r in rows for error in r.errors]
+    if notes:
+        print("\nfailed:")
+        for n, (r, label, message) in enumerate(notes, 1):
+            who = RUNNERS.get(label) or STAGES.get(label) or "note"
+            print(f"  [{n}] {who} on {r.config.family} {r.config.describe()}: {message}")
+
+    print(f"\ngeometric-mean speedup of alt-tvm (tuned kernel) — {trials} trials each, {threads} threads, "
+          f"measured peak {peak:.0f} GFLOP/s (failed runners left out)")
     print(f"{'family':8} {'vs MS':>7} {'vs torch':>9} {'vs TVM-untuned':>15} {'vs alt-default':>15} "
           f"{'vs MS (incl. cvt)':>18}")
-    groups = {}
+    groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(r.config.family, []).append(r)
     groups["overall"] = rows
     for name, group in groups.items():
-        print(f"{name:8} {geomean([r.ms_best_ms / r.alt_kernel_ms for r in group]):7.2f} "
-              f"{geomean([r.torch_ms / r.alt_kernel_ms for r in group]):9.2f} "
-              f"{geomean([r.tvm_untuned_ms / r.alt_kernel_ms for r in group]):15.1f} "
-              f"{geomean([r.alt_default_ms / r.alt_kernel_ms for r in group]):15.2f} "
-              f"{geomean([r.ms_best_ms / r.alt_model_ms for r in group]):18.2f}")
-    alt_s = sum(r.alt_tune_s for r in rows)
+        speedups = [geomean([_ratio(r, num, den) for r in group]) for num, den in (
+            ("ms", "alt_kernel"), ("torch", "alt_kernel"), ("tvm_untuned", "alt_kernel"),
+            ("alt_default", "alt_kernel"), ("ms", "alt_model"))]
+        print(f"{name:8} {_fmt(speedups[0], '.2f'):>7} {_fmt(speedups[1], '.2f'):>9} {_fmt(speedups[2], '.1f'):>15} "
+              f"{_fmt(speedups[3], '.2f'):>15} {_fmt(speedups[4], '.2f'):>18}")
+    alt_s = sum(r.alt_tune_s for r in rows if math.isfinite(r.alt_tune_s))
     ms_s = sum(sum(r.ms_tune_s.values()) for r in rows)
     print(f"\ntuning wall time: alt-tvm {alt_s:.0f} s, MetaSchedule {ms_s:.0f} s "
           f"(+ {ms_import_s:.0f} s one-time intrinsic import)")
@@ -483,8 +806,10 @@ def _report_files(paths) -> int:
             raw = {k: v for k, v in raw.items() if k not in ("config", "ms_best_ms")}
             row = Row(OpConfig(**cfg), **raw)
             merged[row.config] = row
-    args = argparse.Namespace(trials=meta["trials"], threads=meta["threads"])
-    _report(list(merged.values()), args, meta["peak_gflops"], meta["ms_import_s"])
+    if meta.get("timing"):
+        print(meta["timing"])
+    _report(list(merged.values()), trials=meta["trials"], threads=meta["threads"], peak=meta["peak_gflops"],
+            ms_import_s=meta["ms_import_s"])
     return 0
 
 

@@ -1,11 +1,14 @@
 """The main job of the quick start: tune a small model briefly, build it, compare.
 
-Tunes the small CNN (1x3x64x64, six conv3x3+BN+ReLU), builds it with and
+Tunes the small CNN (1x3x64x64, six conv3x3+BN+ReLU) -- the search times candidates
+alone with caches flushed, then the finalists, the defaults and SConv are timed inside the
+whole model and the choice is verified against the untuned model -- builds it with and
 without the tuning log, checks both against ONNX Runtime, and prints their latency next
-to ONNX Runtime, PyTorch and TVM's own untuned build, all measured in this run. Then
+to ONNX Runtime and PyTorch (interleaved rounds in one process, ONNX Runtime's pool not
+spinning) and TVM's own untuned build, all measured in this run. Then
 runs the ResNet-18 first-layer case study (scripts/r18_first_layer.py).
 
-    python scripts/quickstart.py [--trials 48] [--threads 2] [--skip-case-study]
+    python scripts/quickstart.py [--trials 48] [--threads 2] [--rounds 9] [--skip-case-study]
 """
 
 from __future__ import annotations
@@ -21,13 +24,20 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=48, help="tuning budget (measured candidates)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--log", default=os.path.join("logs", "small_cnn.jsonl"))
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
     parser.add_argument("--skip-case-study", action="store_true")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     import numpy as np
 
-    from alt_tvm.graph.baselines import onnxruntime_session, time_callable, torch_runner, tvm_default_build
+    from alt_tvm.graph.baselines import (
+        onnxruntime_session,
+        time_callable,
+        time_interleaved,
+        torch_runner,
+        tvm_default_build,
+    )
     from alt_tvm.graph.build import build
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.integration import tune
@@ -42,29 +52,33 @@ def main(argv=None) -> int:
     summaries = tune(path, trials=args.trials, log=args.log, resume=True,
                      plot=os.path.splitext(args.log)[0] + ".png")
     for s in summaries:
-        print(f"  {s.key.split('|')[0]:12s} x{s.weight} {s.trials:3d} trials: "
-              f"{s.default_ms:.3f} -> {s.best_ms:.3f} ms ({s.default_ms / s.best_ms:.2f}x)")
+        print(f"  {s.key.split('|')[0]:12s} x{s.weight} {s.trials:3d} trials, alone (cache flushed): "
+              f"{s.default_ms:.4f} -> {s.best_ms:.4f} ms ({s.default_ms / s.best_ms:.2f}x)")
+    if summaries.in_model is not None:
+        print(summaries.in_model.summary())
 
     ort = onnxruntime_session(path, threads=args.threads)
     reference = ort(*arrays)
-    runners = {"alt-tvm tuned": build(path, records=args.log), "alt-tvm untuned": build(path)}
+    tuned, untuned = build(path, records=args.log), build(path)
+    print(tuned.report.tuning_summary())
     info = MODELS[name]
-    for label, compiled in runners.items():
+    for label, compiled in (("alt-tvm tuned", tuned), ("alt-tvm untuned", untuned)):
         got = compiled(*arrays)
         if not all(np.allclose(g, r, rtol=info.rtol, atol=info.atol) for g, r in zip(got, reference)):
             print(f"{label}: output differs from ONNX Runtime", file=sys.stderr)
             return 1
-    runners["onnxruntime"] = ort
-    runners["pytorch"] = torch_runner(module, threads=args.threads)
-    runners["tvm untuned"] = tvm_default_build(load_model(path))
-    print(f"\n{name} at batch 1, {args.threads} thread(s): median of repeated calls, all in this run")
-    base = None
-    for label, runner in runners.items():
-        call_args = inputs if label == "pytorch" else arrays
-        repeat = 3 if label == "tvm untuned" else 50
-        low, median = time_callable(runner, call_args, warmup=1 if label == "tvm untuned" else 5, repeat=repeat)
-        base = base or median
-        print(f"  {label:18s} {median:9.3f} ms (min {low:.3f})   {median / base:6.2f}x the tuned time")
+    runners = {"alt-tvm tuned": (tuned, arrays), "alt-tvm untuned": (untuned, arrays), "onnxruntime": (ort, arrays),
+               "pytorch": (torch_runner(module, threads=args.threads), inputs)}
+    timed = time_interleaved(runners, rounds=args.rounds, repeat=20, warmup=5)
+    print(f"\n{name} at batch 1, {args.threads} thread(s), every runtime in this process (ONNX Runtime's "
+          f"pool does not spin), interleaved in {args.rounds} rounds of 20 calls; median of the rounds")
+    base = timed["alt-tvm tuned"][0]
+    for label, (median, rounds) in timed.items():
+        print(f"  {label:18s} {median:9.3f} ms (rounds {min(rounds):.3f}-{max(rounds):.3f})   "
+              f"{median / base:6.2f}x the tuned time")
+    low, median = time_callable(tvm_default_build(load_model(path)), arrays, warmup=1, repeat=3)
+    print(f"  {'tvm untuned':18s} {median:9.3f} ms (3 calls after the rounds: unscheduled, too slow to interleave)"
+          f"   {median / base:6.2f}x the tuned time")
     if not args.skip_case_study:
         print()
         from r18_first_layer import main as case_study

@@ -128,6 +128,10 @@ class Strategy(abc.ABC):
     #: The strategy lowers a zero-padding producer of its anchor as part of the partition
     #: (``context.partition.prologue``); others get the pad computed separately.
     absorbs_pad: bool = False
+    #: The kernel computes the operator as written (up to float rounding). Approximations
+    #: (a TT-factorised weight) set False: they are never chosen for a partition by
+    #: measured speed, only when the user asks for them.
+    exact: bool = True
 
     @abc.abstractmethod
     def applicable(self, info: OpInfo) -> str | None:

@@ -18,10 +18,11 @@ SOURCES = {"alt_tvm": "alt_tvm", "strategies": "alt_tvm.strategies", "tuning": "
 
 #: importer prefix -> module prefixes it must never import
 FORBIDDEN = {
-    "alt_tvm.strategies": ("alt_tvm.graph", "alt_tvm.tuning", "alt_tvm.integration", "alt_tvm.cli",
-                           "alt_tvm.models"),
-    "alt_tvm.tuning": ("alt_tvm.graph", "alt_tvm.integration", "alt_tvm.cli", "alt_tvm.models"),
-    "alt_tvm.graph": ("alt_tvm.tuning", "alt_tvm.integration", "alt_tvm.cli"),
+    "alt_tvm.strategies": ("alt_tvm.graph", "alt_tvm.tuning", "alt_tvm.integration", "alt_tvm.in_model",
+                           "alt_tvm.cli", "alt_tvm.models"),
+    "alt_tvm.tuning": ("alt_tvm.graph", "alt_tvm.integration", "alt_tvm.in_model", "alt_tvm.cli", "alt_tvm.models"),
+    "alt_tvm.graph": ("alt_tvm.tuning", "alt_tvm.integration", "alt_tvm.in_model", "alt_tvm.cli"),
+    "alt_tvm.in_model": ("alt_tvm.tuning", "alt_tvm.integration", "alt_tvm.cli", "alt_tvm.models"),
     "alt_tvm.records": ("alt_tvm.graph", "alt_tvm.tuning", "alt_tvm.strategies", "alt_tvm.integration",
                         "alt_tvm.layout", "alt_tvm.ops"),
     "alt_tvm.layout": ("alt_tvm.ops", "alt_tvm.strategies", "alt_tvm.graph", "alt_tvm.tuning", "alt_tvm.records",
@@ -33,7 +34,8 @@ FORBIDDEN = {
 
 #: the packages whose mutual imports must form no cycle
 PACKAGES = ("alt_tvm.layout", "alt_tvm.ops", "alt_tvm.strategies", "alt_tvm.graph", "alt_tvm.tuning",
-            "alt_tvm.records", "alt_tvm.integration", "alt_tvm.target", "alt_tvm.vta_mapping", "alt_tvm.cli",
+            "alt_tvm.records", "alt_tvm.integration", "alt_tvm.in_model", "alt_tvm.target", "alt_tvm.vta_mapping",
+            "alt_tvm.cli",
             "alt_tvm.models", "alt_tvm.timing")
 
 

@@ -32,7 +32,8 @@ def fake_measure(task, params) -> float:
 @pytest.fixture(scope="module")
 def log(tmp_path_factory):
     path = tmp_path_factory.mktemp("log") / "small_cnn.jsonl"
-    tune(MODEL, example_inputs=INPUTS, trials=2 * TUNABLE, log=path, measure=fake_measure, cost_model=None,
+    tune(MODEL, verify=False, example_inputs=INPUTS, trials=2 * TUNABLE, log=path, measure=fake_measure,
+         cost_model=None,
          features="knobs", progress=False, revalidate=0)
     return path
 
@@ -116,10 +117,10 @@ def test_a_record_with_parameters_the_strategy_rejects_is_skipped_with_its_line(
      "strategy_options must be a dict"),
     (lambda: alt_tvm.build(""), ModelImportError, "the model path is empty"),
     (lambda: extract_tasks(MODEL, example_inputs=INPUTS, target=42), TypeError, "target must be"),
-    (lambda: tune(MODEL, example_inputs=INPUTS, trials=14, log=None), TypeError, "log must be the path"),
-    (lambda: tune(MODEL, example_inputs=INPUTS, trials=14, log="x.jsonl", measure=42), TypeError,
+    (lambda: tune(MODEL, verify=False, example_inputs=INPUTS, trials=14, log=None), TypeError, "log must be the path"),
+    (lambda: tune(MODEL, verify=False, example_inputs=INPUTS, trials=14, log="x.jsonl", measure=42), TypeError,
      "measure must be None or a function"),
-    (lambda: tune(MODEL, example_inputs=INPUTS, trials="4", log="x.jsonl"), TypeError, "trials"),
+    (lambda: tune(MODEL, verify=False, example_inputs=INPUTS, trials="4", log="x.jsonl"), TypeError, "trials"),
     (lambda: tune(MODEL, example_inputs=INPUTS, trials=14, log="x.jsonl", strategies="alt_conv"), TypeError,
      "not the string"),
 ])

@@ -40,7 +40,7 @@ def fake_measure(calls):
 def test_every_measurement_is_logged_and_resume_measures_nothing_twice(tmp_path):
     log = tmp_path / "tune.jsonl"
     calls = []
-    summaries = tune(MODEL, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure(calls),
+    summaries = tune(MODEL, verify=False, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure(calls),
                      cost_model=None, progress=False)
     records = load_records(log)
     assert len(records) == len(calls) == 12
@@ -48,7 +48,7 @@ def test_every_measurement_is_logged_and_resume_measures_nothing_twice(tmp_path)
     assert all({"layout", "loop", "params"} <= set(r.candidate) for r in records)
     assert all(s.best_ms <= s.default_ms for s in summaries)
     again = []
-    tune(MODEL, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure(again), cost_model=None,
+    tune(MODEL, verify=False, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure(again), cost_model=None,
          progress=False, resume=True)
     assert again == []  # every point of the same seed is already in the log
     assert len(load_records(log)) == 12
@@ -56,7 +56,7 @@ def test_every_measurement_is_logged_and_resume_measures_nothing_twice(tmp_path)
 
 def test_build_applies_the_best_record_of_each_workload(tmp_path):
     log = tmp_path / "tune.jsonl"
-    tune(MODEL, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
+    tune(MODEL, verify=False, trials=12, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
          progress=False)
     best = best_params(log)
     assert len(best) == 3  # two convs and the linear layer
@@ -68,7 +68,7 @@ def test_build_applies_the_best_record_of_each_workload(tmp_path):
 
 def test_corrupt_log_lines_are_skipped_with_a_warning(tmp_path):
     log = tmp_path / "tune.jsonl"
-    tune(MODEL, trials=6, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
+    tune(MODEL, verify=False, trials=6, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=None,
          progress=False)
     lines = log.read_text().splitlines()
     lines.insert(2, '{"schema_version": 2, "workload_key": "x", truncated')
@@ -96,7 +96,8 @@ def test_tuning_through_isolated_workers_writes_real_latencies(tmp_path):
 
     log = tmp_path / "tune.jsonl"
     measure = isolated_measure(target=host(), number=3, repeat=2)
-    tune(MODEL, trials=6, log=log, example_inputs=INPUTS, measure=measure, cost_model=None, progress=False)
+    tune(MODEL, verify=False, trials=6, log=log, example_inputs=INPUTS, measure=measure, cost_model=None,
+         progress=False)
     records = load_records(log)
     assert len(records) == 6 and all(r.ok and 0 < r.median_ms < 100 for r in records)
 
@@ -126,11 +127,12 @@ def test_the_cost_model_ranks_candidates_by_features_of_their_lowered_tir(tmp_pa
             super().update(features, latencies)
 
     log = tmp_path / "tune.jsonl"
-    tune(MODEL, trials=24, log=log, example_inputs=INPUTS, measure=fake_measure([]), cost_model=Spy(seed=0),
+    tune(MODEL, verify=False, trials=24, log=log, example_inputs=INPUTS, measure=fake_measure([]),
+         cost_model=Spy(seed=0),
          progress=False, batch=16)
     assert Spy.widths == {len(feature_names())}
     with pytest.raises(ValueError, match="features must be 'tir' or 'knobs'"):
-        tune(MODEL, trials=24, log=log, example_inputs=INPUTS, measure=fake_measure([]), features="ast")
+        tune(MODEL, verify=False, trials=24, log=log, example_inputs=INPUTS, measure=fake_measure([]), features="ast")
 
 
 def test_revalidation_picks_the_consistently_fast_candidate_over_a_lucky_draw(tmp_path):
@@ -146,7 +148,7 @@ def test_revalidation_picks_the_consistently_fast_candidate_over_a_lucky_draw(tm
         seen.setdefault(task.key, params)
         return true / 10 if first else true
 
-    summaries = tune(MODEL, trials=48, log=log, example_inputs=INPUTS, measure=noisy, cost_model=None,
+    summaries = tune(MODEL, verify=False, trials=48, log=log, example_inputs=INPUTS, measure=noisy, cost_model=None,
                      progress=False, revalidate=2, revalidate_rounds=2)
     records = load_records(log)
     assert len(records) == len(calls) == 48  # re-validation counts towards the budget
@@ -167,8 +169,8 @@ def test_revalidation_picks_the_consistently_fast_candidate_over_a_lucky_draw(tm
             assert best[summary.key] != lucky
     # Resuming measures nothing again, re-validation included.
     more = []
-    tune(MODEL, trials=48, log=log, example_inputs=INPUTS, measure=lambda t, p: more.append(p) or 1.0,
+    tune(MODEL, verify=False, trials=48, log=log, example_inputs=INPUTS, measure=lambda t, p: more.append(p) or 1.0,
          cost_model=None, progress=False, revalidate=2, revalidate_rounds=2)
     assert more == []
     with pytest.raises(ValueError, match="revalidate"):
-        tune(MODEL, trials=48, log=log, example_inputs=INPUTS, revalidate=-1)
+        tune(MODEL, verify=False, trials=48, log=log, example_inputs=INPUTS, revalidate=-1)

@@ -143,9 +143,9 @@ def check_options(*, trials: int, seed: int = 0, joint_fraction: float = 0.3, ba
 
 
 def _trial_record(workload_key: str, target_json: str, trial: Trial, latency: float, error_code: str | None,
-                  error: str, *, seed: int, revalidation: bool = False) -> TuningRecord:
+                  error: str, *, seed: int, strategy: str, revalidation: bool = False) -> TuningRecord:
     """The log line of one measurement of ``trial``'s candidate (a failure when ``error_code`` is set)."""
-    candidate = {"layout": trial.layout, "loop": trial.loop, "params": trial.params}
+    candidate = {"layout": trial.layout, "loop": trial.loop, "params": trial.params, "strategy": strategy}
     if revalidation:
         candidate["revalidation"] = True
     ok = error_code is None
@@ -318,7 +318,7 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
             def write(trial: Trial, latency: float, code: str | None, message: str, revalidation: bool = False,
                       task: Task = task, index: int = index, history: _History = history) -> TuningRecord:
                 record = _trial_record(task.key, target_json, trial, latency, code, message, seed=seed + index,
-                                       revalidation=revalidation)
+                                       strategy=task.strategy.name, revalidation=revalidation)
                 writer.write(record)
                 history.add(record)
                 return record

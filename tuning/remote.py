@@ -44,7 +44,8 @@ def isolated_measure(*, target: HardwareTarget, number: int = 10, repeat: int = 
                      timeout_s: float = 30.0) -> MeasureFn:
     """Build in a process pool and time in a separate process on this machine."""
     return _measure_with(LocalBuilder(target=target, timeout_s=timeout_s),
-                         LocalRunner(number=number, repeat=repeat, timeout_s=timeout_s))
+                         LocalRunner(number=number, repeat=repeat, timeout_s=timeout_s,
+                                     num_cores=target.num_cores))
 
 
 def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: HardwareTarget, number: int = 10,

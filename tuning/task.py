@@ -18,6 +18,7 @@ import tvm
 from alt_tvm.strategies.base import Partition, PartitionContext, Strategy, const_value, dtype_of, static_shape
 from alt_tvm.strategies.space import Space
 from alt_tvm.target import HardwareTarget
+from alt_tvm.timing import TimingPolicy, check_cache_flush
 
 
 @dataclass
@@ -63,19 +64,40 @@ class Task:
 
 
 def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int = 5, repeat: int = 3,
-                       seed: int = 0) -> float:
-    """Build ``params`` and time it here (median of ``repeat`` runs of ``number`` calls, in ms).
+                       seed: int = 0, cache_flush: bool = True) -> float:
+    """Build ``params`` and time it here (median of ``repeat`` latencies, each the mean of ``number`` calls, in ms).
 
     The simplest measure function for :class:`~alt_tvm.tuning.tuner.Tuner`: no process
     isolation, so use it for trusted templates (the process-pool and RPC runners in
-    ``alt_tvm.tuning.measure`` isolate crashes and time remote boards).
+    ``alt_tvm.tuning.measure`` isolate crashes and time remote boards). Timed with the
+    runners' :class:`~alt_tvm.timing.TimingPolicy`; it runs in this process's TVM thread
+    pool, as it is.
+
+    Parameters
+    ----------
+    task : Task
+    params : dict or None
+        The point to build (None: the strategy's defaults).
+    number, repeat : int
+        Calls per latency, and latencies.
+    seed : int
+        Seed of the random inputs.
+    cache_flush : bool
+        Flush every argument but the first (the activation) from the CPU caches before each
+        timed call, so the weights are read from memory as in the model; False: time on hot
+        caches.
 
     Raises
     ------
     RuntimeError
         ``"BUILD_ERROR: ..."`` if the candidate does not lower or compile (see
         :func:`~alt_tvm.tuning.measure.classify_exception`); errors of the run propagate.
+    TypeError
+        If ``cache_flush`` is not a bool.
+    ValueError
+        If ``number`` or ``repeat`` is not an int > 0.
     """
+    timing = TimingPolicy(number=number, repeat=repeat, cache_flush=check_cache_flush(cache_flush))
     try:
         lowered = task.lower(params)
         executable = tvm.compile(lowered.func, target=task.target.to_tvm()).jit()
@@ -92,5 +114,4 @@ def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int
             data = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
         args.append(tvm.runtime.tensor(data, dev))
     executable["main"](*args)
-    result = executable.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
-    return float(np.median(result.results) * 1e3)
+    return float(np.median(timing.time(executable, "main", dev, args)))

@@ -49,6 +49,8 @@ def _parser() -> _Parser:
                         help="what the XGBoost cost model learns from (lowered TIR, or the knob values)")
     parser.add_argument("--revalidate", type=int, default=3,
                         help="re-measure this many of each task's fastest candidates (within --trials; 0: off)")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip the in-model decisions and whole-model check after the search")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -164,7 +166,8 @@ def main(argv=None) -> int:
         summaries = tune(model, trials=args.trials, log=log, target=target, seed=args.seed,
                          joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
                          measure=measure, progress=not args.no_progress, plot=plot,
-                         layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate)
+                         layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
+                         verify=not args.no_verify)
     except BudgetError as err:
         parser.error(f"--trials: {err}")
     except KeyboardInterrupt:
@@ -176,6 +179,8 @@ def main(argv=None) -> int:
         speedup = s.default_ms / s.best_ms if s.ok and math.isfinite(s.default_ms) else math.nan
         print(f"{s.key[:60]:60s} {s.weight:3d} {s.trials:6d} {_number(s.default_ms, 10)} {_number(s.best_ms, 9)} "
               f"{_number(speedup, 8, 2, suffix='x', missing='-')}")
+    if getattr(summaries, "in_model", None) is not None:
+        print(summaries.in_model.summary())
     print(f"log: {log}\nplot: {plot}")
     failed = 0
     for i, s in enumerate(summaries, start=1):

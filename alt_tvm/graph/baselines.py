@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -257,3 +257,37 @@ def time_callable(fn: Callable[..., Any], args: Sequence[Any], *, warmup: int = 
         fn(*args)
         times.append((time.perf_counter() - start) * 1e3)
     return min(times), statistics.median(times)
+
+
+def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]], *, rounds: int = 7,
+                     repeat: int = 10, warmup: int = 3) -> dict[str, tuple[float, list[float]]]:
+    """Time several runners in interleaved rounds, so drifts of the machine's load hit all alike.
+
+    Each round times every runner once (``repeat`` calls, their median), starting with a
+    different runner each round; the result per runner is the median over the rounds.
+
+    Parameters
+    ----------
+    runners
+        Label -> (callable, its positional arguments).
+    rounds, repeat, warmup
+        Rounds; timed calls per runner and round; untimed calls per runner before round 1.
+
+    Returns
+    -------
+    dict
+        Label -> (median over rounds in ms, the rounds' medians).
+    """
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    labels = list(runners)
+    for label in labels:
+        fn, args = runners[label]
+        for _ in range(warmup):
+            fn(*args)
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+            fn, args = runners[label]
+            samples[label].append(time_callable(fn, args, warmup=0, repeat=repeat)[1])
+    return {label: (statistics.median(values), values) for label, values in samples.items()}

@@ -15,6 +15,7 @@ The flow (what ``relay.build`` with registered op strategies was, on Relax):
 from __future__ import annotations
 
 import os
+import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,10 +46,36 @@ from .baselines import flatten_outputs
 from .canonical import canonicalize
 from .ieee import legalize_overrides
 from .partition import consumers, plan_partitions
+from .profile import KernelProfile, profile_vm
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
 #: PrimFunc attribute marking kernels that alt-tvm scheduled itself.
 ALT_KERNEL_ATTR = "alt_tvm.kernel"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel the build emitted itself, and what it is for.
+
+    Attributes
+    ----------
+    name
+        Its function name in the built module (what per-kernel timing reports).
+    kind
+        ``"partition"`` (a strategy's kernel), ``"conversion"`` (a layout conversion) or
+        ``"elementwise"`` (an element-wise op computed in its consumer's layout).
+    workload
+        The workload key of the partition it computes or, for a conversion, of the
+        partition whose layout choice made it necessary (its consumer for an input
+        conversion, its producer for a conversion back to the canonical layout); "" if none.
+    detail
+        For a conversion: the tensor shape and the two layouts.
+    """
+
+    name: str
+    kind: str
+    workload: str = ""
+    detail: str = ""
 
 
 @dataclass
@@ -65,24 +92,42 @@ class BuildReport:
     log: str | None = None
     #: (workload key, why the log tuned it not) for each tunable partition built untuned
     untuned: list[tuple[str, str]] = field(default_factory=list)
+    #: (workload key, why) for each tunable partition the log's in-model decision keeps at the defaults
+    kept_default: list[tuple[str, str]] = field(default_factory=list)
+    #: workload key -> why the strategy the log chose for it was not used
+    refused: dict[str, str] = field(default_factory=dict)
+    #: every kernel the build emitted itself, in program order
+    kernels: list[Kernel] = field(default_factory=list)
 
     def tuning_summary(self) -> str:
         """How much of the model the log tuned, and why the rest was not ("" without a log)."""
         if self.log is None:
             return ""
-        total = self.tuned + len(self.untuned)
+        total = self.tuned + len(self.untuned) + len(self.kept_default)
         line = f"{self.tuned} of {total} tunable partitions tuned from {self.log}"
+        if self.kept_default:
+            line += f", {len(self.kept_default)} kept at the defaults by the log's in-model decisions"
         reasons: dict[str, int] = {}
         for _, reason in self.untuned:
             reasons[reason] = reasons.get(reason, 0) + 1
-        return "\n".join([line] + [f"  {n} untuned: {reason}" for reason, n in reasons.items()])
+        lines = [line] + [f"  {n} untuned: {reason}" for reason, n in reasons.items()]
+        lines += [f"  {key.split('|')[0]}: {reason}" for key, reason in self.refused.items()]
+        return "\n".join(lines)
 
-    def summary(self) -> str:
+    def summary(self, profile: KernelProfile | None = None) -> str:
+        """What the build did; with a ``profile`` (:meth:`CompiledModel.profile`), every layout
+        conversion is listed with its measured time in the model."""
         lines = [f"{len(self.partitions)} partitions ({self.tuned} tuned), {self.conversions} layout conversions"]
         if self.log is not None:
             lines.append(self.tuning_summary())
         for op, reasons in sorted(self.fallbacks.items()):
             lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        if profile is not None and self.conversions:
+            rows = profile.conversions(self.kernels)
+            total = sum(ms for *_, ms in rows)
+            share = total / statistics.median(profile.totals_ms) * 100 if profile.totals_ms else 0.0
+            lines.append(f"layout conversions in the model: {total:.3f} ms ({share:.1f}% of a run)")
+            lines += [f"  {name}: {ms:.3f} ms for {op}: {detail}" for name, detail, op, ms in rows]
         return "\n".join(lines)
 
 
@@ -114,7 +159,10 @@ class AltLayoutPass:
             raise ValueError("the Relax module has no 'main' function")
         func = mod["main"]
         plan = plan_partitions(func, target=self.target, variant=self.variant, allowed=self.allowed,
-                               strategy_options=self.strategy_options)
+                               strategy_options=self.strategy_options,
+                               chosen=None if self.records is None or self.variant == "alt-ol"
+                               else self.records.strategies)
+        self.report.refused.update(plan.refused)
         for name, reasons in plan.fallbacks.items():
             known = self.report.fallbacks.setdefault(name, [])
             known.extend(r for r in reasons if r not in known)
@@ -134,7 +182,7 @@ class AltLayoutPass:
         build's options for ``strategy``."""
         record = None
         if tuned and self.records is not None and self.variant != "alt-ol":
-            record = self.records.best.get(workload_key(partition))
+            record = self.records.params_for(workload_key(partition), strategy.name)
         return PartitionContext(partition, self.target, self.variant, input_layouts,
                                 params=None if record is None else record.candidate["params"],
                                 options=self.strategy_options.get(strategy.name), fast_math=self.fast_math)
@@ -166,7 +214,10 @@ class AltLayoutPass:
         lowered = strategy.implement(partition.anchor, context)
         tunable = strategy.space(partition.anchor, context) is not None
         if self.records is not None and self.variant != "alt-ol" and tunable:
-            self.report.untuned.append((key, why or self.records.why_not(key)))
+            if not why and key in self.records.defaults:
+                self.report.kept_default.append((key, self.records.defaults[key]))
+            else:
+                self.report.untuned.append((key, why or self.records.why_not(key)))
         return context, lowered
 
     def _backward_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
@@ -242,6 +293,7 @@ class _Mutator(relax.PyExprMutator):
         self.final = {p.output: p for p in partitions}
         self.members = {b.var for p in partitions for b in p.bindings}
         self.layouts: dict = {}  # original var -> (new var holding the value, its Layout)
+        self.owners: dict = {}  # original var -> workload key of the partition that chose its layout
         self.canonical: dict = {}  # original var -> new var in canonical layout
         self.count = 0
 
@@ -253,7 +305,8 @@ class _Mutator(relax.PyExprMutator):
         call = relax.call_tir(gvar, args, relax.TensorType(shape, dtype))
         return self.builder_.emit(call, name)
 
-    def _convert(self, value: relax.Var, src: Layout | None, dst: Layout | None, shape, dtype: str) -> relax.Var:
+    def _convert(self, value: relax.Var, src: Layout | None, dst: Layout | None, shape, dtype: str, *,
+                 workload: str) -> relax.Var:
         src = src or Layout(shape)
         dst = dst or Layout(shape)
         placeholder = te.placeholder(src.shape, dtype=dtype, name="src")
@@ -263,14 +316,17 @@ class _Mutator(relax.PyExprMutator):
         sch.parallel(sch.fuse(*loops[: max(1, min(2, len(loops) - 1))]))
         self.owner.report.conversions += 1
         self.count += 1
-        return self._emit_call(sch.mod["main"], f"layout_convert{self.count}", [value], dst.shape, dtype)
+        name = f"layout_convert{self.count}"
+        self.owner.report.kernels.append(Kernel(name, "conversion", workload, f"{tuple(shape)} {src} -> {dst}"))
+        return self._emit_call(sch.mod["main"], name, [value], dst.shape, dtype)
 
     def _canonical_arg(self, var: relax.Var) -> None:
         """Before a default (non-partition) use, make ``var`` available in canonical layout."""
         if var not in self.layouts or var in self.canonical:
             return
         new_var, layout = self.layouts[var]
-        self.canonical[var] = self._convert(new_var, layout, None, static_shape(var), dtype_of(var))
+        self.canonical[var] = self._convert(new_var, layout, None, static_shape(var), dtype_of(var),
+                                            workload=self.owners.get(var, ""))
         self.set_var_remap(var, self.canonical[var])
 
     # ---------------------------------------------------------------- bindings
@@ -314,6 +370,7 @@ class _Mutator(relax.PyExprMutator):
         func = _parallelize(te.create_prim_func([*inputs, result[out]]), self.owner.target.num_cores)
         self.count += 1
         name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
+        self.owner.report.kernels.append(Kernel(name, "elementwise"))
         new_var = self._emit_call(func, name, args, layout.shape, dtype_of(binding.var))
         self.layouts[binding.var] = (new_var, layout)
         self.owner.report.partitions.append(("alt", op_name(call), [op_name(call)]))
@@ -332,7 +389,7 @@ class _Mutator(relax.PyExprMutator):
                 if arg in context.conversions:
                     current = self.layouts[arg] if arg in self.layouts else (self.visit_expr(arg), None)
                     arg = self._convert(current[0], current[1], context.conversions[arg], static_shape(arg),
-                                        dtype_of(arg))
+                                        dtype_of(arg), workload=context.workload_key)
                 elif arg in self.layouts:
                     arg = self.layouts[arg][0]
                 else:
@@ -340,6 +397,7 @@ class _Mutator(relax.PyExprMutator):
             args.append(arg)
         self.count += 1
         name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
+        self.owner.report.kernels.append(Kernel(name, "partition", context.workload_key))
         out = partition.output
         if lowered.packed_func is not None:
             call = relax.call_dps_packed(lowered.packed_func, args,
@@ -350,6 +408,7 @@ class _Mutator(relax.PyExprMutator):
         self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
         if lowered.output_layout is not None:
             self.layouts[out] = (new_var, lowered.output_layout)
+            self.owners[out] = context.workload_key
             if self.owner.variant == "alt-wp":
                 # No propagation: convert back at every boundary; consumers see canonical data.
                 self._canonical_arg(out)
@@ -420,6 +479,17 @@ class CompiledModel:
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         result = self.vm["main"](*self._arguments(arrays))
         return flatten_outputs(result)
+
+    def profile(self, *arrays: np.ndarray, repeat: int = 5) -> KernelProfile:
+        """Time every kernel inside ``repeat`` runs of the whole model (after one warm-up run).
+
+        ``report.kernels`` says what each kernel alt-tvm emitted is for;
+        ``profile.by_workload(report.kernels)`` gives each partition's time in the model,
+        conversions it caused included, and ``report.summary(profile)`` lists the conversions
+        with their cost.
+        """
+        vm = relax.VirtualMachine(self.executable, self.device)  # the instrument stays on this VM only
+        return profile_vm(vm, self._arguments(arrays), repeat=repeat)
 
     def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
         """(min, median) latency in ms of one call, VM overhead included."""

@@ -10,19 +10,24 @@ Two things make MetaSchedule usable on a small CPU box, both about TVM 0.27's de
   cost is reported separately from tuning time (``import_s``), not hidden.
 
 A "trial" here is one candidate measured on the machine, the unit alt-tvm's budgets use.
+When no candidate builds and runs, MetaSchedule only writes why to its task logs;
+:func:`tune_kernel` reads the first such error back (:func:`first_candidate_error`) so a
+failed baseline says why.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import tvm
 
-__all__ = ["MSResult", "build_candidate", "tune_kernel", "tune_model"]
+__all__ = ["MSResult", "build_candidate", "first_candidate_error", "tune_kernel", "tune_model"]
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
@@ -41,13 +46,15 @@ class MSResult:
 
     ``artifact`` is the scheduled ``IRModule`` (kernel) or the compiled ``Executable``
     (model); ``tune_s`` the wall-clock time of the search (building + measuring);
-    ``import_s`` the one-time intrinsic import it paid first.
+    ``import_s`` the one-time intrinsic import it paid first; ``error``, when a kernel's
+    ``artifact`` is None, why (the first candidate error MetaSchedule logged).
     """
 
     artifact: Any
     trials: int
     tune_s: float
     import_s: float
+    error: str | None = None
 
 
 def _check_trials(trials: int) -> int:
@@ -83,7 +90,7 @@ def tune_kernel(func: tvm.tirx.PrimFunc, *, target: tvm.target.Target, trials: i
     -------
     MSResult
         ``artifact`` is the best scheduled ``IRModule``, or None if no candidate built
-        and ran (MetaSchedule then has nothing to apply).
+        and ran (MetaSchedule then has nothing to apply); ``error`` then says why.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -99,7 +106,56 @@ def tune_kernel(func: tvm.tirx.PrimFunc, *, target: tvm.target.Target, trials: i
                                seed=seed)
         tune_s = time.perf_counter() - start
         schedule = ms.tir_integration.compile_tir(database, mod, target)
-    return MSResult(schedule.mod if schedule is not None else None, trials, tune_s, import_s)
+        error = None
+        if schedule is None:  # read the logs before a scratch work_dir goes away
+            error = first_candidate_error(work) or f"no candidate of {trials} built and ran (no error logged)"
+    return MSResult(schedule.mod if schedule is not None else None, trials, tune_s, import_s, error)
+
+
+# MetaSchedule's task log: "[Task #0: main] Trial #3: Error in building:" then the message
+# (a traceback, or e.g. "LocalBuilder: Timeout, killed after 30 seconds"), then the candidate's script.
+_TRIAL_ERROR = re.compile(r"Trial #\d+: Error in (building|running):\s*$")
+_LOG_LINE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} \[")
+
+
+def first_candidate_error(work_dir: str | os.PathLike[str]) -> str | None:
+    """The first candidate failure in a MetaSchedule ``work_dir``'s task logs, one line.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The ``work_dir`` a tuning run wrote (its ``logs/*.log``).
+
+    Returns
+    -------
+    str or None
+        ``"building failed: <exception line>"`` (or ``running``): the exception a
+        traceback ends with, else the first line of the message; None if no candidate
+        failure was logged.
+    """
+    for log in sorted(Path(work_dir, "logs").glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            match = _TRIAL_ERROR.search(line)
+            if match is None:
+                continue
+            block = []
+            for text in lines[i + 1:]:
+                if _LOG_LINE.match(text) or text.startswith("# from tvm.script"):
+                    break  # the next log record, or the failed candidate's TVMScript
+                block.append(text)
+            return f"{match.group(1)} failed: {_exception_line(block)}"
+    return None
+
+
+def _exception_line(block: list[str]) -> str:
+    """The exception a traceback in ``block`` ends with, else its first non-empty line."""
+    starts = [i for i, text in enumerate(block) if text.startswith("Traceback")]
+    if starts:
+        for text in block[starts[-1] + 1:]:
+            if text.strip() and not text[0].isspace():
+                return text.strip()
+    return next((text.strip() for text in block if text.strip()), "(empty message)")
 
 
 def tune_model(mod: tvm.IRModule, *, target: tvm.target.Target, trials: int, seed: int = 0,

@@ -25,6 +25,7 @@ from alt_tvm.strategies.base import (
     dtype_of,
     op_name,
     static_shape,
+    workload_key,
 )
 from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE
 from alt_tvm.strategies.registry import select, strategy_ops
@@ -148,6 +149,13 @@ def op_info(binding: relax.VarBinding, target: HardwareTarget, *,
         options=dict(options or {}))
 
 
+def strategy_named(binding: relax.VarBinding, name: str, target: HardwareTarget, *,
+                   options: Mapping[str, Any] | None = None) -> tuple[Strategy | None, list[str]]:
+    """The strategy ``name`` if it applies to ``binding`` (opt-in or not), else None and why not."""
+    options = dict(options or {})
+    return select(op_info(binding, target, options={**options, name: options.get(name, {})}), allowed=[name])
+
+
 @dataclass
 class PartitionPlan:
     """The partitions of a function and the strategy chosen for each (:func:`plan_partitions`)."""
@@ -157,6 +165,8 @@ class PartitionPlan:
     strategies: dict = field(default_factory=dict)
     #: anchor op -> why no strategy took it (calls of ops some strategy registers for)
     fallbacks: dict[str, list[str]] = field(default_factory=dict)
+    #: workload key -> why the strategy ``chosen`` for it could not lower it
+    refused: dict[str, str] = field(default_factory=dict)
 
     def strategy_of(self, partition: Partition) -> Strategy:
         return self.strategies[partition.anchor.var]
@@ -164,7 +174,8 @@ class PartitionPlan:
 
 def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: str = "alt",
                     allowed: Sequence[str] | None = None,
-                    strategy_options: Mapping[str, Any] | None = None) -> PartitionPlan:
+                    strategy_options: Mapping[str, Any] | None = None,
+                    chosen: Mapping[str, str] | None = None) -> PartitionPlan:
     """Partition ``func`` and select a strategy for every partition: the one rule that the
     build and task extraction both apply, so a task is tuned for exactly the program the
     build makes.
@@ -182,15 +193,25 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
         and the opt-in ones given options).
     strategy_options
         Options per strategy name, handed to ``applicable`` through ``OpInfo.options``.
+    chosen
+        Workload key -> the strategy measured fastest for it in the model (a tuning log's
+        decisions): it replaces the priority rule where it applies and the user allows it;
+        where not, the reason is in ``refused``. Workload keys do not depend on the
+        strategy, so the partitions are found again with the chosen strategies (which may
+        absorb a pad producer or not).
     """
     options = dict(strategy_options or {})
     anchor_ops = strategy_ops()
     plan = PartitionPlan([])
+    overrides: dict = {}  # anchor var -> the chosen strategy
 
     def is_anchor(binding: relax.VarBinding) -> bool:
         name = op_name(binding.value)
         if name not in anchor_ops:
             return False
+        if binding.var in overrides:
+            plan.strategies[binding.var] = overrides[binding.var]
+            return True
         strategy, reasons = select(op_info(binding, target, options=options), allowed=allowed)
         if strategy is None:
             known = plan.fallbacks.setdefault(name, [])
@@ -199,6 +220,24 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
         plan.strategies[binding.var] = strategy
         return True
 
-    plan.partitions = find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
-                                      absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad)
+    def partition() -> list[Partition]:
+        return find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
+                               absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad)
+
+    plan.partitions = partition()
+    for part in plan.partitions if chosen else []:
+        key = workload_key(part)
+        name = chosen.get(key)
+        if name is None or name == plan.strategy_of(part).name:
+            continue
+        if allowed is not None and name not in allowed:
+            plan.refused[key] = f"the log chose strategy {name!r}, which this build excludes ({list(allowed)})"
+            continue
+        strategy, reasons = strategy_named(part.anchor, name, target, options=options)
+        if strategy is None:
+            plan.refused[key] = f"the log chose strategy {name!r}, which does not apply: {'; '.join(reasons)}"
+            continue
+        overrides[part.anchor.var] = strategy
+    if overrides:
+        plan.partitions = partition()
     return plan

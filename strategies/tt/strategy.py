@@ -278,6 +278,7 @@ class TTEinsumStrategy(Strategy):
     # Above the dense "alt" GEMM (10): when a layer is requested, it wins; otherwise it declines.
     priority = 20
     opt_in = True
+    exact = False  # a low-rank factorisation of the weight
 
     def __init__(self, *, cache_size: int = 8) -> None:
         # applicable() and implement() both need the plan; TT-SVD costs one SVD per core and

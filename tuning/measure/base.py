@@ -5,7 +5,9 @@ are the data exchanged; :class:`Builder` and :class:`Runner` are the interfaces 
 implementations of the sibling modules fill in, and :func:`measure` chains one of each.
 The helpers every implementation shares (argument specs and random inputs, parameter
 checks, error messages, the timing loop of both runners) live here too, so no
-implementation imports another.
+implementation imports another. How a kernel is timed (:class:`TimingPolicy`, re-exported
+from :mod:`alt_tvm.timing`) is defined once, for the runners and
+:func:`~alt_tvm.tuning.task.measure_in_process` alike.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import tvm
 
 from alt_tvm.records import TuningRecord, candidate_key, target_key
+from alt_tvm.timing import TimingPolicy
 
 __all__ = [
     "ArgSpec",
@@ -34,6 +37,7 @@ __all__ = [
     "MeasureResult",
     "Runner",
     "REMOTE_PREFIX",
+    "TimingPolicy",
     "argument_specs",
     "classify_exception",
     "is_transient",
@@ -283,7 +287,9 @@ class MeasureResult:
     Attributes
     ----------
     latencies_ms : tuple of float
-        One entry per repeat (each the mean of ``number`` calls), in milliseconds.
+        One entry per repeat (each the mean of ``number`` calls), in milliseconds; with
+        ``cache_flush`` (the runners' default), every call was timed on flushed CPU caches
+        (see :class:`~alt_tvm.timing.TimingPolicy`).
     error_code : ErrorCode
     error_msg : str
     build_s, run_s : float
@@ -408,10 +414,8 @@ def measure(
 # Shared by the runners
 
 
-def _check_timing(number: int, repeat: int, min_repeat_ms: int, timeout_s: float, n_parallel: int) -> None:
-    _positive("number", number, integer=True)
-    _positive("repeat", repeat, integer=True)
-    _positive("min_repeat_ms", min_repeat_ms, integer=True, allow_zero=True)
+def _check_timing(timeout_s: float, n_parallel: int) -> None:
+    # number, repeat, min_repeat_ms and cache_flush are checked by TimingPolicy
     _positive("timeout_s", timeout_s)
     _positive("n_parallel", n_parallel, integer=True)
 
@@ -419,11 +423,14 @@ def _check_timing(number: int, repeat: int, min_repeat_ms: int, timeout_s: float
 _DEVICES = ("cpu", "cuda")
 
 
-def _time_module(module: Any, func_name: str, dev: Any, specs: tuple[ArgSpec, ...], number: int, repeat: int,
-                 min_repeat_ms: int, seed: int) -> list[float]:
-    """Latencies (ms) of ``module[func_name]`` on ``dev`` (local or remote), after a warm-up call."""
+def _time_module(module: Any, func_name: str, dev: Any, specs: tuple[ArgSpec, ...], timing: TimingPolicy,
+                 seed: int) -> list[float]:
+    """Latencies (ms) of ``module[func_name]`` on ``dev`` (local or remote), after a warm-up call.
+
+    Timed with ``timing`` (by default on flushed CPU caches: see
+    :class:`~alt_tvm.timing.TimingPolicy`).
+    """
     args = random_arguments(specs, dev, seed=seed)
     module[func_name](*args)  # warm-up; also surfaces run errors before timing
     dev.sync()
-    timer = module.time_evaluator(func_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return [float(r) * 1e3 for r in timer(*args).results]
+    return timing.time(module, func_name, dev, args)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import tvm
+
+from alt_tvm.target import process_cores
+from alt_tvm.timing import TimingPolicy, check_cache_flush
 
 from .base import (
     _DEVICES,
@@ -18,6 +23,7 @@ from .base import (
     Runner,
     _check_timing,
     _format_exception,
+    _positive,
     _time_module,
     argument_specs,
 )
@@ -27,24 +33,55 @@ __all__ = ["LocalRunner"]
 
 
 def _run_task(
-    artifact_path: str, func_name: str, specs: tuple[ArgSpec, ...], device: str, number: int, repeat: int,
-    min_repeat_ms: int, seed: int,
+    artifact_path: str, func_name: str, specs: tuple[ArgSpec, ...], device: str, timing: TimingPolicy, seed: int,
+    threads: int,
 ) -> tuple:
     """In a worker: load, warm up and time a kernel; ("ok", [ms, ...], s) or ("error", message, s)."""
     started = time.perf_counter()
+    _use_threads(threads)
     try:
         module = tvm.runtime.load_module(artifact_path)
     except Exception as err:  # noqa: BLE001 - reported as RUN_ERROR
         return ("error", "cannot load the kernel: " + _format_exception(err), time.perf_counter() - started)
     try:
-        latencies = _time_module(module, func_name, tvm.device(device, 0), specs, number, repeat, min_repeat_ms, seed)
+        latencies = _time_module(module, func_name, tvm.device(device, 0), specs, timing, seed)
         return ("ok", latencies, time.perf_counter() - started)
     except Exception as err:  # noqa: BLE001 - reported as RUN_ERROR
         return ("error", _format_exception(err), time.perf_counter() - started)
 
 
+def _use_threads(threads: int) -> None:
+    """In a worker: make TVM's thread pool run ``threads`` threads, as the model does.
+
+    The pool reads ``TVM_NUM_THREADS`` once, when it starts: here, on the worker's first
+    task, before any kernel ran. The worker inherited the parent's environment when it
+    started, which may predate the parent's own setting or lack it (TVM's default is then
+    half the logical CPUs on x86, not the model's count). Like the model's, the pool runs
+    no more threads than this machine has cores.
+    """
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+
+
+def _model_threads(num_cores: int) -> int:
+    """Threads TVM's pool runs when a model built for ``num_cores`` cores runs in this process.
+
+    As ``alt_tvm.graph.build.use_runtime_threads`` sets it: ``TVM_NUM_THREADS``, else
+    ``OMP_NUM_THREADS`` (read like TVM's runtime: ``atoi``, at least 1), else ``num_cores``.
+    """
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name)
+        if value is not None:
+            match = re.match(r"\s*[+-]?\d+", value)
+            return max(int(match.group()) if match else 0, 1)
+    return num_cores
+
+
 class LocalRunner(Runner):
     """Times built kernels on this machine, each in a worker process.
+
+    Kernels run as in the built model: on a CPU each timed call starts with every argument
+    but the first evicted from the caches (``cache_flush``), and TVM's thread pool in the
+    workers runs as many threads as the model's (``num_cores``).
 
     Parameters
     ----------
@@ -53,7 +90,18 @@ class LocalRunner(Runner):
     repeat : int
         Latencies per candidate.
     min_repeat_ms : int
-        Minimum duration of one repeat; ``number`` grows until it is reached (0: off).
+        Minimum duration of one repeat; ``number`` grows until it is reached (0: off). Only
+        with ``cache_flush=False``.
+    cache_flush : bool
+        Flush the CPU caches before every timed call (see :class:`~alt_tvm.timing.TimingPolicy`:
+        the weights are cold, as in the model); False: time on hot caches. Does not apply
+        to ``device="cuda"``.
+    num_cores : int, optional
+        Cores of the target the kernels were built for (``HardwareTarget.num_cores``); the
+        workers run TVM's pool with as many threads as the built model will
+        (``alt_tvm.graph.build.use_runtime_threads``): this process's ``TVM_NUM_THREADS`` or
+        ``OMP_NUM_THREADS`` when the workers start, else ``num_cores``. Default: the cores
+        this process may run on.
     timeout_s : float
         Limit per candidate (load + warm-up + timing), else ``RUN_TIMEOUT``.
     n_parallel : int
@@ -75,22 +123,38 @@ class LocalRunner(Runner):
         n_parallel: int = 1,
         device: str = "cpu",
         seed: int = 0,
+        cache_flush: bool = True,
+        num_cores: int | None = None,
     ) -> None:
-        _check_timing(number, repeat, min_repeat_ms, timeout_s, n_parallel)
+        check_cache_flush(cache_flush)
+        self.timing = TimingPolicy(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, cache_flush=cache_flush)
+        _check_timing(timeout_s, n_parallel)
         if device not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
+        if num_cores is not None:
+            _positive("num_cores", num_cores, integer=True)
         self.number, self.repeat, self.min_repeat_ms = number, repeat, min_repeat_ms
+        self.cache_flush, self.num_cores = cache_flush, num_cores
         self.timeout_s, self.n_parallel, self.device, self.seed = float(timeout_s), n_parallel, device, seed
         self._pool: _WorkerPool | None = None
+        self._threads: int | None = None
         self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """Threads of TVM's pool in the workers (fixed at the first :meth:`run`)."""
+        if self._threads is not None:
+            return self._threads
+        return _model_threads(self.num_cores if self.num_cores is not None else process_cores())
 
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[MeasureResult]:
         """Time every built input in a worker process (see :meth:`Runner.run`)."""
         if self._closed:
             raise ValueError("LocalRunner is closed")
         self._check_batch(inputs, builds)
+        self._threads = self.threads  # from now on fixed: the workers' pools keep their size
         results: list[MeasureResult | None] = [None if b.ok else self._from_failed_build(b) for b in builds]
         todo = [i for i, r in enumerate(results) if r is None]
         tasks = []
@@ -102,8 +166,8 @@ class LocalRunner(Runner):
                                            build_s=builds[i].build_s)
                 todo.remove(i)
                 continue
-            tasks.append((builds[i].artifact_path, inputs[i].func_name, specs, self.device, self.number,
-                          self.repeat, self.min_repeat_ms, self.seed))
+            tasks.append((builds[i].artifact_path, inputs[i].func_name, specs, self.device, self.timing, self.seed,
+                          self.threads))
         if tasks:
             if self._pool is None:
                 self._pool = _WorkerPool(self.n_parallel)

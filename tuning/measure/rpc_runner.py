@@ -6,11 +6,14 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tvm
+
+from alt_tvm.timing import CACHE_FLUSH_FUNC, TimingPolicy, check_cache_flush
 
 from .base import (
     _DEVICES,
@@ -53,6 +56,13 @@ class RPCRunner(Runner):
         Device key the servers registered with (``rpc_server --key``).
     number, repeat, min_repeat_ms : int
         As for :class:`LocalRunner`.
+    cache_flush : bool
+        Flush the board's CPU caches before every timed call, as :class:`LocalRunner` does
+        (see :class:`~alt_tvm.timing.TimingPolicy`); False: time on hot caches. The
+        server's TVM runtime must have the builtin ``cache_flush_cpu_non_first_arg`` (else
+        ``RPC_ERROR``, "checking the cache flush"); TVM flushes on x86-64 and AArch64 only,
+        so for kernels built for another CPU (RISC-V) a ``RuntimeWarning`` says they are
+        timed hot. Does not apply to ``device="cuda"``.
     timeout_s : float
         Limit per candidate (getting a session, upload, load, warm-up, timing).
     session_timeout_s : float, optional
@@ -84,6 +94,7 @@ class RPCRunner(Runner):
         n_parallel: int = 1,
         device: str = "cpu",
         seed: int = 0,
+        cache_flush: bool = True,
     ) -> None:
         if not isinstance(tracker_host, str) or not tracker_host:
             raise ValueError(f"tracker_host must be a non-empty str, got {tracker_host!r}")
@@ -91,7 +102,9 @@ class RPCRunner(Runner):
             raise ValueError(f"tracker_port must be an int in 1..65535, got {tracker_port!r}")
         if not isinstance(key, str) or not key:
             raise ValueError(f"key must be a non-empty str, got {key!r}")
-        _check_timing(number, repeat, min_repeat_ms, timeout_s, n_parallel)
+        check_cache_flush(cache_flush)
+        self.timing = TimingPolicy(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, cache_flush=cache_flush)
+        _check_timing(timeout_s, n_parallel)
         session_timeout_s = timeout_s + 10.0 if session_timeout_s is None else session_timeout_s
         _positive("session_timeout_s", session_timeout_s)
         _positive("connect_timeout_s", connect_timeout_s)
@@ -101,6 +114,8 @@ class RPCRunner(Runner):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.tracker_host, self.tracker_port, self.key = tracker_host, tracker_port, key
         self.number, self.repeat, self.min_repeat_ms = number, repeat, min_repeat_ms
+        self.cache_flush = cache_flush
+        self._warned_hot = False  # the RuntimeWarning for a CPU TVM cannot flush is given once
         self.timeout_s, self.session_timeout_s = float(timeout_s), float(session_timeout_s)
         self.connect_timeout_s, self.n_parallel, self.device, self.seed = (
             float(connect_timeout_s), n_parallel, device, seed)
@@ -161,6 +176,7 @@ class RPCRunner(Runner):
             specs = argument_specs(item.func)
         except ValueError as err:
             return MeasureResult(error_code=ErrorCode.RUN_ERROR, error_msg=str(err), build_s=build.build_s)
+        self._warn_if_not_flushed(build.artifact_path)
         phase = ["requesting a session"]  # updated by the worker thread, read on timeout
 
         def task() -> list[float]:
@@ -169,15 +185,24 @@ class RPCRunner(Runner):
                 remote = tracker.request(self.key, priority=1, session_timeout=self.session_timeout_s, max_retry=1)
             finally:
                 tracker.close()
+            dev = remote.cuda(0) if self.device == "cuda" else remote.cpu(0)
+            if self.timing.flushes(dev):
+                # time_evaluator looks the flush up on the server by name; check first so a
+                # server without it gives a clear error (the server's fault, not the kernel's).
+                phase[0] = "checking the cache flush"
+                try:
+                    remote.get_function(CACHE_FLUSH_FUNC)
+                except AttributeError as err:
+                    raise RuntimeError(f"the server's TVM runtime has no {CACHE_FLUSH_FUNC!r} to flush the CPU "
+                                       f"caches before each timed call; update it, or pass cache_flush=False "
+                                       f"to time on hot caches") from err
             phase[0] = "uploading"
             name = f"alt_tvm_{uuid.uuid4().hex}.so"
             remote.upload(build.artifact_path, name)
             phase[0] = "loading"
             module = remote.load_module(name)
             phase[0] = "running"
-            dev = remote.cuda(0) if self.device == "cuda" else remote.cpu(0)
-            return _time_module(module, item.func_name, dev, specs, self.number, self.repeat, self.min_repeat_ms,
-                                self.seed)
+            return _time_module(module, item.func_name, dev, specs, self.timing, self.seed)
 
         started = time.perf_counter()
         outcome = _call_with_timeout(task, self.timeout_s)
@@ -191,9 +216,38 @@ class RPCRunner(Runner):
                 code, msg = ErrorCode.RUN_TIMEOUT, f"{phase[0]} exceeded the {self.timeout_s:g} s limit"
             return MeasureResult(error_code=code, error_msg=REMOTE_PREFIX + msg, build_s=build.build_s,
                                  run_s=seconds)
-        code = ErrorCode.RPC_ERROR if phase[0] in ("requesting a session", "uploading") else ErrorCode.RUN_ERROR
+        machinery = ("requesting a session", "checking the cache flush", "uploading")
+        code = ErrorCode.RPC_ERROR if phase[0] in machinery else ErrorCode.RUN_ERROR
         return MeasureResult(error_code=code, error_msg=f"{REMOTE_PREFIX}{phase[0]}: {outcome[1]}",
                              build_s=build.build_s, run_s=seconds)
+
+    def _warn_if_not_flushed(self, artifact_path: str | None) -> None:
+        # TVM's builtin silently does nothing on other CPUs: say so (once) rather than
+        # log hot timings as flushed ones.
+        if not self.cache_flush or self.device != "cpu" or self._warned_hot:
+            return
+        machine = _elf_machine(artifact_path)
+        if machine is not None and machine not in _FLUSHING_MACHINES:
+            self._warned_hot = True
+            warnings.warn(f"TVM's {CACHE_FLUSH_FUNC} flushes the caches of x86-64 and AArch64 CPUs only, not of "
+                          f"this board's (ELF machine {machine:#x}): its kernels are timed on hot caches",
+                          RuntimeWarning, stacklevel=2)
+
+
+# ELF e_machine values of the CPUs whose caches TVM's flush builtin evicts: x86-64, AArch64.
+_FLUSHING_MACHINES = (0x3E, 0xB7)
+
+
+def _elf_machine(path: str | None) -> int | None:
+    """The ELF ``e_machine`` of a shared object (None: not an ELF file, or unreadable)."""
+    try:
+        with open(path or "", "rb") as file:
+            header = file.read(20)
+    except OSError:
+        return None
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
 
 
 def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any]:

@@ -1,0 +1,109 @@
+"""Per-kernel times of a built model, measured while the whole model runs.
+
+A kernel timed alone runs with its weights hot in cache and its input in the layout the
+benchmark chose; inside the model it runs after its producer, with whatever that left in
+the caches. What users pay is the second, so tuning decisions that involve the model
+(ALT paper §6: a layout is judged with the conversions it causes) are made from these
+times. The Relax VM calls an instrument before and after every function it calls; the
+time between the two is the kernel's (CPU kernels are synchronous).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tvm import relax
+
+__all__ = ["KernelProfile", "profile_vm"]
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """Times of every function the VM called, per run of the model.
+
+    Attributes
+    ----------
+    times_ms : dict of str to tuple of float
+        Function name -> its time in each run (ms; summed if it is called several times
+        in one run).
+    totals_ms : tuple of float
+        Wall time of each run (ms), instrument overhead included.
+    """
+
+    times_ms: Mapping[str, tuple[float, ...]]
+    totals_ms: tuple[float, ...]
+
+    def median(self, name: str) -> float:
+        """Median time (ms) of kernel ``name`` per run; 0.0 if the model never called it."""
+        samples = self.times_ms.get(name)
+        return statistics.median(samples) if samples else 0.0
+
+    def per_run(self, names: Sequence[str]) -> tuple[float, ...]:
+        """The summed time of ``names`` in each run (ms)."""
+        runs = len(self.totals_ms)
+        return tuple(sum(self.times_ms[n][r] for n in names if n in self.times_ms) for r in range(runs))
+
+    def by_workload(self, kernels: Sequence, *, conversions: bool = True) -> dict[str, tuple[float, ...]]:
+        """Per-run time of each workload's kernels in the model (ms), from a build's ``report.kernels``.
+
+        With ``conversions``, the layout conversions a workload's layout choice caused
+        (:class:`~alt_tvm.graph.build.Kernel`'s ``workload``) count towards it: a layout
+        that needs a conversion pays for it.
+        """
+        names: dict[str, list[str]] = {}
+        for kernel in kernels:
+            if kernel.workload and (kernel.kind == "partition" or (conversions and kernel.kind == "conversion")):
+                names.setdefault(kernel.workload, []).append(kernel.name)
+        return {key: self.per_run(group) for key, group in names.items()}
+
+    def conversions(self, kernels: Sequence) -> list[tuple[str, str, str, float]]:
+        """(kernel, detail, workload's op, median ms) of every layout conversion, in program order."""
+        return [(k.name, k.detail, k.workload.split("|")[0] or "-", self.median(k.name))
+                for k in kernels if k.kind == "conversion"]
+
+
+def profile_vm(vm: relax.VirtualMachine, args: Sequence, *, repeat: int = 5, warmup: int = 1,
+               func_name: str = "main") -> KernelProfile:
+    """Run ``vm[func_name](*args)`` ``warmup + repeat`` times and time every call it makes.
+
+    The instrument stays installed on ``vm``: give it a VM of its own (one
+    ``relax.VirtualMachine`` per executable costs little).
+
+    Raises
+    ------
+    ValueError
+        If ``repeat < 1`` or ``warmup < 0``.
+    """
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be an int >= 1, got {repeat!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    started: dict[str, float] = {}
+    current: dict[str, float] = {}
+
+    def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
+        now = time.perf_counter()
+        if before_run:
+            started[symbol] = now
+        else:
+            current[symbol] = current.get(symbol, 0.0) + (now - started.pop(symbol, now)) * 1e3
+        return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
+
+    vm.set_instrument(instrument)
+    function = vm[func_name]
+    for _ in range(warmup):
+        function(*args)
+    runs: list[dict[str, float]] = []
+    totals = []
+    for _ in range(repeat):
+        current.clear()
+        begin = time.perf_counter()
+        function(*args)
+        totals.append((time.perf_counter() - begin) * 1e3)
+        runs.append(dict(current))
+    names = {name for run in runs for name in run}
+    times = {name: tuple(run.get(name, 0.0) for run in runs) for name in sorted(names)}
+    return KernelProfile(times, tuple(totals))

@@ -1,0 +1,436 @@
+"""Tuning decisions made in the whole model: each workload's finalists, its default and the
+other applicable strategies are timed inside the built model, and the model is verified.
+
+A kernel that wins alone can lose in the model: alone, its weights stay hot in cache
+between timed calls and its input comes in the layout the benchmark chose; in the model
+it runs after its producer and may need a layout conversion (ALT paper §6 judges a layout
+with the conversions it causes). So after the search (:mod:`alt_tvm.tuning`), each
+workload's candidates are timed where they will run:
+
+1. *Variants*: build ``k`` copies of the model, copy ``v`` lowering every workload with
+   its ``v``-th candidate (copy 0: every workload at its defaults, i.e. the untuned
+   model), so ``k`` builds time the candidates of all workloads at once.
+2. Run the copies in interleaved rounds with per-kernel timing
+   (:meth:`alt_tvm.graph.build.CompiledModel.profile`); a workload's time in a copy is
+   its kernels' plus the layout conversions its layout choice caused.
+3. Per workload, keep the candidate whose time, paired round by round with the default's,
+   is lowest, if it beats the default by more than ``margin``; else the defaults.
+4. Build the model with those choices and time it against the untuned model, interleaved;
+   if it is not faster, every workload goes back to its defaults.
+
+The choices are appended to the log as *decision* records (:func:`alt_tvm.records.is_decision`)
+which ``alt_tvm.build(records=...)`` applies, strategy included, and the whole-model times
+as a *model check* record. This module depends on the build and the records; nothing but
+:mod:`alt_tvm.integration` depends on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from alt_tvm.graph.build import CompiledModel, build
+from alt_tvm.graph.frontend import load_model
+from alt_tvm.graph.partition import strategy_named
+from alt_tvm.graph.profile import KernelProfile
+from alt_tvm.records import (
+    RecordWriter,
+    TunedLog,
+    TuningRecord,
+    candidate_key,
+    iter_records,
+    rank_candidates,
+    target_key,
+)
+from alt_tvm.strategies import registry
+from alt_tvm.target import HardwareTarget
+
+__all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs"]
+
+logger = logging.getLogger(__name__)
+
+#: ``profile(model, arrays) -> KernelProfile``: how a built copy is timed per kernel (one round).
+Profiler = Callable[[CompiledModel, Sequence[np.ndarray]], KernelProfile]
+#: ``time(model, arrays) -> ms``: how a whole built model is timed (one round).
+ModelTimer = Callable[[CompiledModel, Sequence[np.ndarray]], float]
+
+
+@dataclass(frozen=True)
+class InModelConfig:
+    """How decisions are made in the model.
+
+    Attributes
+    ----------
+    finalists
+        Tuned candidates per workload timed in the model (its best by the log's ranking).
+    alternatives
+        Also time the defaults of every other exact strategy that applies to a workload
+        (e.g. SConv for a convolution the ALT template lowers by default).
+    rounds
+        Interleaved rounds of per-kernel timing (each copy runs once per round).
+    model_rounds
+        Interleaved rounds of whole-model timing, tuned against untuned.
+    margin
+        Relative gain over the default a choice must show (median of the paired
+        per-round ratios below ``1 - margin``); the same margin decides the model check.
+    seed
+        Seed of the random model inputs.
+    """
+
+    finalists: int = 2
+    alternatives: bool = True
+    rounds: int = 7
+    model_rounds: int = 9
+    margin: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("finalists", 0), ("rounds", 1), ("model_rounds", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"InModelConfig.{name} must be an int >= {low}, got {value!r}")
+        if not isinstance(self.alternatives, bool):
+            raise TypeError(f"InModelConfig.alternatives must be a bool, got {self.alternatives!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int | float) or not 0 <= self.margin < 1:
+            raise ValueError(f"InModelConfig.margin must be a number in [0, 1), got {self.margin!r}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to lower a workload: a strategy and its parameters (None: its defaults)."""
+
+    strategy: str
+    params: Mapping[str, Any] | None
+    label: str
+
+
+@dataclass
+class WorkloadDecision:
+    """What the model said about one workload.
+
+    Attributes
+    ----------
+    key
+        The workload key.
+    choice
+        What it is built with from now on.
+    times_ms
+        Median time in the model of every candidate timed (label -> ms, conversions it
+        caused included).
+    ratio
+        Median over rounds of the choice's time over the default's (1.0 for the default).
+    reason
+        Why (written into the decision record).
+    """
+
+    key: str
+    choice: Choice
+    times_ms: dict[str, float]
+    ratio: float
+    reason: str
+    samples_ms: tuple[float, ...] = ()
+
+
+@dataclass
+class InModelResult:
+    """The decisions and the whole-model check (:func:`decide_in_model`)."""
+
+    decisions: list[WorkloadDecision]
+    untuned_ms: float
+    tuned_ms: float
+    #: whether the choices were kept (False: the tuned model was not faster, all reverted)
+    kept: bool
+    builds: int = 0
+    seconds: float = 0.0
+    untuned_samples: tuple[float, ...] = field(default=(), repr=False)
+    tuned_samples: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def speedup(self) -> float:
+        """Untuned over tuned whole-model time (as built from the log from now on)."""
+        final = self.tuned_ms if self.kept else self.untuned_ms
+        return self.untuned_ms / final if final > 0 else math.nan
+
+    def summary(self) -> str:
+        """Lines for people: the whole-model times and each workload's decision."""
+        changed = [d for d in self.decisions if d.choice.label != "default"]
+        verdict = "kept" if self.kept else "reverted to the defaults (not faster)"
+        lines = [f"in-model verification: untuned {self.untuned_ms:.3f} ms, tuned {self.tuned_ms:.3f} ms "
+                 f"({self.untuned_ms / self.tuned_ms:.2f}x) -> {verdict}; "
+                 f"{len(changed)} of {len(self.decisions)} workloads changed ({self.builds} builds, "
+                 f"{self.seconds:.0f} s)"]
+        for d in self.decisions:
+            times = ", ".join(f"{label} {ms:.3f}" for label, ms in d.times_ms.items())
+            lines.append(f"  {d.key.split('|')[0]}: {d.choice.label} ({times} ms in the model)")
+        return "\n".join(lines)
+
+
+def model_inputs(model: CompiledModel, *, seed: int = 0,
+                 example_inputs: Sequence[Any] | None = None) -> list[np.ndarray]:
+    """Inputs to time ``model`` on: ``example_inputs`` as arrays, else seeded random data
+    (floats normal, integers zero: a valid index into any embedding table)."""
+    if example_inputs is not None:
+        return [np.asarray(x.detach().numpy() if hasattr(x, "detach") else x) for x in example_inputs]
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+            for shape, dtype in zip(model.input_shapes, model.input_dtypes)]
+
+
+def _profile_once(model: CompiledModel, arrays: Sequence[np.ndarray]) -> KernelProfile:
+    return model.profile(*arrays, repeat=3)
+
+
+def _time_once(model: CompiledModel, arrays: Sequence[np.ndarray]) -> float:
+    return model.time(*arrays, number=3, repeat=1)[1]
+
+
+def _variant_log(name: str, target: str, picks: Mapping[str, Choice]) -> TunedLog:
+    """A log that lowers each workload with its pick (what a build of one copy applies)."""
+    best, strategies, defaults = {}, {}, {}
+    for key, choice in picks.items():
+        strategies[key] = choice.strategy
+        if choice.params is None:
+            defaults[key] = f"{choice.label} ({name})"
+        else:
+            best[key] = TuningRecord(workload_key=key, target=target, latencies_ms=(1.0,), source=name,
+                                     candidate={"decision": "variant", "strategy": choice.strategy,
+                                                "params": dict(choice.params)})
+    return TunedLog(name, target, best, {}, {}, strategies, defaults)
+
+
+def _alternatives(task: Any, target: HardwareTarget, allowed: Sequence[str] | None,
+                  options: Mapping[str, Any]) -> list[Choice]:
+    """The defaults of every other exact strategy that applies to ``task``'s anchor."""
+    found = []
+    for strategy in registry.registered_strategies():
+        if strategy.name == task.strategy.name or not strategy.exact:
+            continue
+        if allowed is not None and strategy.name not in allowed:
+            continue
+        chosen, _ = strategy_named(task.partition.anchor, strategy.name, target, options=options)
+        if chosen is not None and all(c.strategy != chosen.name for c in found):
+            found.append(Choice(chosen.name, None, chosen.name))
+    return found
+
+
+def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], config: InModelConfig,
+                target: HardwareTarget, allowed: Sequence[str] | None,
+                options: Mapping[str, Any]) -> dict[str, list[Choice]]:
+    choices: dict[str, list[Choice]] = {}
+    for task in tasks:
+        name = task.strategy.name
+        found = [Choice(name, None, "default")]
+        seen = set()
+        for record in ranked.get(task.key, []):
+            if len(seen) >= config.finalists:
+                break
+            params = record.candidate.get("params")
+            if not isinstance(params, dict) or record.candidate.get("strategy", name) != name:
+                continue
+            if candidate_key(params) not in seen:
+                seen.add(candidate_key(params))
+                found.append(Choice(name, params, f"tuned#{len(seen)}"))
+        if config.alternatives:
+            found += _alternatives(task, target, allowed, options)
+        choices[task.key] = found
+    return choices
+
+
+def _paired_ratio(samples: Sequence[float], default: Sequence[float]) -> float:
+    return statistics.median(s / d if d > 0 and math.isfinite(s) and math.isfinite(d) else math.inf
+                             for s, d in zip(samples, default))
+
+
+def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[str], target: HardwareTarget,
+                    config: InModelConfig = InModelConfig(), build_options: Mapping[str, Any] | None = None,
+                    example_inputs: Sequence[Any] | None = None, profiler: Profiler | None = None,
+                    model_timer: ModelTimer | None = None, progress: bool = True) -> InModelResult:
+    """Decide, inside the whole model, how each task's workload is built, and verify it.
+
+    Parameters
+    ----------
+    model
+        The model as :func:`alt_tvm.build` takes it (imported once here; the copies are
+        built from the Relax module).
+    tasks
+        The tuned tasks (:func:`alt_tvm.integration.extract_tasks`): their ``key``,
+        ``strategy`` and ``partition`` are used.
+    log
+        The tuning log: its measurements rank each task's finalists, and the decisions
+        and the model check are appended to it.
+    target
+        The target the log was tuned for (the host: the copies run here).
+    config
+        See :class:`InModelConfig`.
+    build_options
+        The build's other options (``variant``, ``strategies``, ``strategy_options``,
+        ``input_shapes``, ``fast_math``), as for :func:`alt_tvm.build`.
+    example_inputs
+        As for :func:`alt_tvm.build`; also the inputs the model is timed on (default:
+        :func:`model_inputs`).
+    profiler, model_timer
+        How one round times a copy per kernel and a whole model (defaults: the VM's
+        per-kernel instrument, :meth:`CompiledModel.profile`, and
+        :meth:`CompiledModel.time`); replaceable for tests of the bookkeeping.
+    progress
+        Log each step at INFO level (``logging``) rather than DEBUG.
+
+    Returns
+    -------
+    InModelResult
+    """
+    started = time.perf_counter()
+    say = logger.info if progress else logger.debug
+    options = dict(build_options or {})
+    mod = load_model(model, example_inputs=example_inputs, input_shapes=options.pop("input_shapes", None)).mod
+    allowed = options.get("strategies")
+    profiler = profiler or _profile_once
+    model_timer = model_timer or _time_once
+    target_json = target_key(target.to_tvm())
+    keys = {task.key for task in tasks}
+    records = [r for r in iter_records(log) if r.workload_key in keys and r.target == target_json
+               and r.tvm_version == _tvm_version()]
+    choices = _candidates(tasks, rank_candidates(records), config, target, allowed,
+                          options.get("strategy_options") or {})
+    copies = max(len(c) for c in choices.values())
+
+    def build_copy(name: str, picks: Mapping[str, Choice]) -> CompiledModel:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="alt-tvm:")  # the partition summary of every copy
+            return build(mod, target, records=_variant_log(name, target_json, picks), **options)
+
+    built = []
+    for v in range(copies):
+        say("in-model: building copy %d of %d", v + 1, copies)
+        built.append(build_copy(f"<in-model copy {v}>",
+                                {key: c[v] if v < len(c) else c[0] for key, c in choices.items()}))
+    arrays = model_inputs(built[0], seed=config.seed, example_inputs=example_inputs)
+    times = _profile_rounds(built, arrays, keys, config.rounds, profiler)
+    decisions = [_decide(task.key, choices[task.key], times[task.key], config.margin) for task in tasks]
+    builds = copies
+    untuned, untuned_samples, tuned_samples = built[0], [], []
+    kept = any(d.choice.label != "default" for d in decisions)
+    if kept:
+        # The choices were timed each in its own copy; together, a layout one workload now
+        # writes may cost its consumer a conversion. Time them together and keep only what
+        # still gains.
+        say("in-model: building the model with the choices")
+        tuned = build_copy("<in-model choices>", {d.key: d.choice for d in decisions})
+        builds += 1
+        together = _profile_rounds([untuned, tuned], arrays, keys, config.rounds, profiler)
+        dropped = 0
+        for d in decisions:
+            if d.choice.label == "default":
+                continue
+            ratio = _paired_ratio(together[d.key][1], together[d.key][0])
+            if not ratio < 1.0 - config.margin:
+                dropped += 1
+                _revert(d, choices[d.key][0], times[d.key][0],
+                        f"{d.choice.label} gained alone but took {ratio:.3f}x the default's time in the model "
+                        f"with every workload's choice; defaults kept")
+        kept = any(d.choice.label != "default" for d in decisions)
+        if kept and dropped:
+            tuned = build_copy("<in-model choices, re-checked>", {d.key: d.choice for d in decisions})
+            builds += 1
+        if kept:
+            untuned_samples, tuned_samples = _time_rounds(untuned, tuned, arrays, config.model_rounds, model_timer)
+            ratio = _paired_ratio(tuned_samples, untuned_samples)
+            kept = ratio < 1.0 - config.margin
+            for d in decisions if not kept else []:
+                _revert(d, choices[d.key][0], times[d.key][0],
+                        f"the model with the choices took {ratio:.3f}x the untuned model's time (not faster by "
+                        f"more than {config.margin:.0%}); defaults kept")
+    if not untuned_samples:
+        untuned_samples = [model_timer(untuned, arrays) for _ in range(config.model_rounds)]
+        tuned_samples = list(untuned_samples)
+    result = InModelResult(decisions, statistics.median(untuned_samples), statistics.median(tuned_samples), kept,
+                           builds, time.perf_counter() - started, tuple(untuned_samples), tuple(tuned_samples))
+    _write(log, target_json, result)
+    say("%s", result.summary())
+    return result
+
+
+def _profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], keys: set[str], rounds: int,
+                    profiler: Profiler) -> dict[str, list[list[float]]]:
+    """``times[key][v]``: per round, the time of ``key``'s kernels (and the conversions its layout
+    caused) in ``models[v]``; the models run interleaved, a different one first each round."""
+    times: dict[str, list[list[float]]] = {key: [[] for _ in models] for key in keys}
+    for r in range(rounds):
+        order = list(range(len(models)))
+        for v in order[r % len(order):] + order[: r % len(order)]:
+            per_workload = profiler(models[v], arrays).by_workload(models[v].report.kernels)
+            for key in keys:
+                times[key][v].append(statistics.median(per_workload.get(key, (math.nan,))))
+    return times
+
+
+def _time_rounds(untuned: CompiledModel, tuned: CompiledModel, arrays: Sequence[np.ndarray], rounds: int,
+                 model_timer: ModelTimer) -> tuple[list[float], list[float]]:
+    """Whole-model times of both models, interleaved, each first in every other round."""
+    samples: tuple[list[float], list[float]] = ([], [])
+    for r in range(rounds):
+        pair = [(untuned, samples[0]), (tuned, samples[1])]
+        for compiled, into in pair if r % 2 == 0 else pair[::-1]:
+            into.append(model_timer(compiled, arrays))
+    return samples
+
+
+def _decide(key: str, found: Sequence[Choice], times: Sequence[Sequence[float]], margin: float) -> WorkloadDecision:
+    """The fastest of ``found`` in the model (``times[v]``: candidate ``v``'s per-round times;
+    ``found[0]`` is the default), if it beats the default by more than ``margin``."""
+    measured = {found[v].label: v for v in range(min(len(found), len(times)))}
+    medians = {label: statistics.median(times[v]) for label, v in measured.items()}
+    ratios = {label: _paired_ratio(times[v], times[0]) for label, v in measured.items()}
+    label = min(ratios, key=ratios.get)
+    if label == "default":
+        reason = "the defaults were fastest in the model"
+    elif not ratios[label] < 1.0 - margin:
+        reason = (f"no candidate beat the defaults in the model by more than {margin:.0%} "
+                  f"(best {label}: {ratios[label]:.3f}x the default's time)")
+        label = "default"
+    else:
+        reason = f"{label} took {ratios[label]:.3f}x the default's time in the model"
+    v = measured[label]
+    return WorkloadDecision(key, found[v], medians, ratios[label], reason, tuple(times[v]))
+
+
+def _revert(decision: WorkloadDecision, default: Choice, samples: Sequence[float], reason: str) -> None:
+    decision.choice, decision.ratio, decision.reason, decision.samples_ms = default, 1.0, reason, tuple(samples)
+
+
+def _write(log: str | os.PathLike[str], target_json: str, result: InModelResult) -> None:
+    """Append the decisions and the model check to the log."""
+    with RecordWriter(log) as writer:
+        for d in result.decisions:
+            samples = [s for s in d.samples_ms if math.isfinite(s) and s >= 0] or [0.0]
+            writer.write(TuningRecord(
+                workload_key=d.key, target=target_json, latencies_ms=samples,
+                candidate={"decision": "in-model", "strategy": d.choice.strategy,
+                           "params": None if d.choice.params is None else dict(d.choice.params),
+                           "label": d.choice.label, "reason": d.reason, "ratio": _finite(d.ratio),
+                           "in_model_ms": {k: _finite(v) for k, v in d.times_ms.items()}}))
+        digest = hashlib.sha1("\n".join(sorted(d.key for d in result.decisions)).encode()).hexdigest()[:16]
+        writer.write(TuningRecord(
+            workload_key=f"model|{digest}", target=target_json, latencies_ms=result.tuned_samples or (0.0,),
+            candidate={"model_check": "in-model", "kept": result.kept, "untuned_ms": list(result.untuned_samples),
+                       "workloads": len(result.decisions)}))
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__

@@ -1,0 +1,213 @@
+"""Decisions in the whole model: per-kernel profiles of a built model, decision records that
+builds apply (strategy included), and the verification that keeps a tuned choice only where
+the model gains. Search measurements are faked (the bookkeeping is under test); the builds,
+the per-kernel profiles of real runs and the numerics are real."""
+
+from __future__ import annotations
+
+import json
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import alt_tvm
+from alt_tvm.graph.profile import KernelProfile
+from alt_tvm.in_model import InModelConfig, decide_in_model
+from alt_tvm.integration import extract_tasks, tune
+from alt_tvm.records import (
+    RecordWriter,
+    TuningRecord,
+    candidate_key,
+    rank_candidates,
+    read_log,
+    target_key,
+)
+from alt_tvm.target import host
+
+
+class TwoConvs(torch.nn.Module):
+    """Two 3x3 convolutions: a model small enough to build many copies of in a test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.b(torch.relu(self.a(x))))
+
+
+MODEL = TwoConvs().eval()
+INPUTS = (torch.randn(1, 8, 16, 16, generator=torch.Generator().manual_seed(1)),)
+TARGET = target_key(host().to_tvm())
+FAST = InModelConfig(finalists=1, rounds=3, model_rounds=3)
+
+
+def fake_measure(task, params) -> float:
+    return 1.0 + zlib.crc32(candidate_key(params).encode()) % 1000 / 1000
+
+
+def quiet_build(model=MODEL, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return alt_tvm.build(model, example_inputs=INPUTS, **options)
+
+
+def reference() -> np.ndarray:
+    return MODEL(*INPUTS).detach().numpy()
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """A log with search records only (fake latencies), and its tasks."""
+    path = tmp_path_factory.mktemp("in_model") / "two_convs.jsonl"
+    tune(MODEL, example_inputs=INPUTS, trials=8, log=path, measure=fake_measure, cost_model=None, features="knobs",
+         progress=False, revalidate=0, verify=False)
+    return path, extract_tasks(MODEL, example_inputs=INPUTS)
+
+
+def copy_of(searched, tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text(searched[0].read_text())
+    return path
+
+
+def profiler_where(kernel_ms):
+    """A profiler that times every partition kernel of a copy by ``kernel_ms(copy's report)``."""
+    def profile(model, arrays):
+        ms = kernel_ms(model.report)
+        times = {k.name: (ms,) for k in model.report.kernels if k.kind == "partition"}
+        return KernelProfile(times, (ms * len(times),))
+    return profile
+
+
+def untuned_copy(report) -> bool:
+    return report.tuned == 0
+
+
+def test_a_profile_times_every_kernel_alt_tvm_emitted_inside_real_runs():
+    built = quiet_build()
+    profile = built.profile(INPUTS[0].numpy(), repeat=3)
+    emitted = [k for k in built.report.kernels if k.kind == "partition"]
+    assert len(emitted) == 2
+    assert all(len(profile.times_ms[k.name]) == 3 and profile.median(k.name) > 0 for k in emitted)
+    per_workload = profile.by_workload(built.report.kernels)
+    assert set(per_workload) == set(built.report.workloads)
+    # the kernels ran inside the runs: together they take less than a whole run
+    assert sum(profile.median(k.name) for k in emitted) < max(profile.totals_ms)
+
+
+def test_the_report_lists_each_layout_conversion_with_its_cost_in_the_model():
+    # ALT-WP converts back to the canonical layout after every partition (paper §7 ablation)
+    built = quiet_build(variant="alt-wp")
+    profile = built.profile(INPUTS[0].numpy(), repeat=2)
+    rows = profile.conversions(built.report.kernels)
+    assert len(rows) == built.report.conversions >= 2
+    text = built.report.summary(profile)
+    for name, _detail, op, ms in rows:
+        assert op == "nn.conv2d" and ms > 0
+        assert f"{name}: {ms:.3f} ms for nn.conv2d" in text
+
+
+def test_a_choice_slower_in_the_model_is_dropped_and_the_log_builds_the_defaults(searched, tmp_path):
+    log = copy_of(searched, tmp_path)
+    tasks = searched[1]
+    # the search's best looks fastest alone (fake latencies); in the model every tuned copy is slower
+    result = decide_in_model(MODEL, tasks, log=log, target=host(), config=FAST, example_inputs=INPUTS,
+                             profiler=profiler_where(lambda r: 1.0 if untuned_copy(r) else 1.5))
+    assert [d.choice.label for d in result.decisions] == ["default", "default"]
+    assert not result.kept
+    tuned = read_log(log)
+    assert not tuned.best and set(tuned.defaults) == {t.key for t in tasks}
+    built = quiet_build(records=log)
+    assert built.report.tuned == 0 and len(built.report.kept_default) == 2 and not built.report.untuned
+    np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_choice_faster_in_the_model_is_kept_and_applied(searched, tmp_path):
+    log = copy_of(searched, tmp_path)
+    tasks = searched[1]
+    result = decide_in_model(MODEL, tasks, log=log, target=host(), config=FAST, example_inputs=INPUTS,
+                             profiler=profiler_where(lambda r: 1.5 if untuned_copy(r) else 1.0),
+                             model_timer=lambda model, arrays: 1.5 if untuned_copy(model.report) else 1.0)
+    assert result.kept and result.speedup == pytest.approx(1.5)
+    ranked = rank_candidates(r for r in map(TuningRecord.from_json, log.read_text().splitlines()))
+    for d in result.decisions:
+        assert d.choice.label == "tuned#1" and d.choice.params == ranked[d.key][0].candidate["params"]
+    built = quiet_build(records=log)
+    assert built.report.tuned == 2
+    np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    (check,) = [obj for obj in lines if "model_check" in obj["candidate"]]
+    assert check["candidate"]["kept"] and check["latencies_ms"] == [1.0] * FAST.model_rounds
+
+
+def test_choices_that_gain_alone_but_not_in_the_whole_model_are_reverted(searched, tmp_path):
+    log = copy_of(searched, tmp_path)
+    result = decide_in_model(MODEL, searched[1], log=log, target=host(), config=FAST, example_inputs=INPUTS,
+                             profiler=profiler_where(lambda r: 1.5 if untuned_copy(r) else 1.0),
+                             model_timer=lambda model, arrays: 1.0 if untuned_copy(model.report) else 1.2)
+    assert not result.kept and all(d.choice.label == "default" for d in result.decisions)
+    assert all("untuned model's time" in d.reason for d in result.decisions)
+    assert read_log(log).best == {}
+
+
+def decision(key, strategy, params=None):
+    return TuningRecord(workload_key=key, target=TARGET, latencies_ms=(1.0,),
+                        candidate={"decision": "in-model", "strategy": strategy, "params": params,
+                                   "label": strategy, "reason": "test", "in_model_ms": {}})
+
+
+def test_a_log_that_chooses_sconv_for_one_partition_builds_it_with_sconv(tmp_path):
+    keys = quiet_build().report.workloads
+    log = tmp_path / "choice.jsonl"
+    with RecordWriter(log) as writer:
+        writer.write(decision(keys[1], "sconv"))
+    built = quiet_build(records=log)
+    assert [strategy for strategy, *_ in built.report.partitions] == ["alt", "sconv"]
+    np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
+    # a build restricted to other strategies says why it did not follow the log
+    restricted = quiet_build(records=log, strategies=["alt"])
+    assert [strategy for strategy, *_ in restricted.report.partitions] == ["alt", "alt"]
+    assert "excludes" in restricted.report.refused[keys[1]]
+
+
+def test_the_last_decision_overrides_the_best_measurement_and_params_of_another_strategy_do_not_apply(tmp_path):
+    key = "nn.conv2d|x"
+    log = tmp_path / "log.jsonl"
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=key, target=TARGET, latencies_ms=(0.5,),
+                                  candidate={"params": {"a": 1}, "strategy": "alt"}))
+        writer.write(decision(key, "alt"))  # defaults
+    tuned = read_log(log)
+    assert key not in tuned.best and "test" in tuned.why_not(key)
+    with RecordWriter(log) as writer:
+        writer.write(decision(key, "sconv", {"b": 2}))
+    tuned = read_log(log)
+    assert tuned.strategies[key] == "sconv" and tuned.best[key].candidate["params"] == {"b": 2}
+    assert tuned.params_for(key, "sconv") is tuned.best[key]
+    assert tuned.params_for(key, "alt") is None
+
+
+def test_ranking_puts_revalidated_candidates_first_by_their_pooled_median():
+    def rec(params, ms, revalidation=False):
+        candidate = {"params": params, **({"revalidation": True} if revalidation else {})}
+        return TuningRecord(workload_key="k", target=TARGET, latencies_ms=(ms,), candidate=candidate)
+
+    ranked = rank_candidates([rec({"a": 1}, 0.1), rec({"a": 2}, 0.3), rec({"a": 3}, 0.2),
+                              rec({"a": 2}, 0.25, True), rec({"a": 3}, 0.4, True), decision("k", "alt", {"a": 9})])
+    assert [r.candidate["params"]["a"] for r in ranked["k"]] == [2, 3, 1]
+    assert ranked["k"][0].latencies_ms == (0.3, 0.25)
+
+
+def test_bad_in_model_options_are_clear_errors():
+    with pytest.raises(ValueError, match="finalists"):
+        InModelConfig(finalists=-1)
+    with pytest.raises(ValueError, match="margin"):
+        InModelConfig(margin=1.5)
+    with pytest.raises(TypeError, match="verify"):
+        tune(MODEL, example_inputs=INPUTS, trials=8, log="x.jsonl", verify="yes")
