@@ -55,7 +55,8 @@ from alt_tvm.records import (
 from alt_tvm.strategies import registry
 from alt_tvm.target import HardwareTarget
 
-__all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs"]
+__all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs",
+           "choices_log", "profile_rounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +195,19 @@ def _time_once(model: CompiledModel, arrays: Sequence[np.ndarray]) -> float:
     return model.time(*arrays, number=3, repeat=1)[1]
 
 
-def _variant_log(name: str, target: str, picks: Mapping[str, Choice]) -> TunedLog:
-    """A log that lowers each workload with its pick (what a build of one copy applies)."""
+def choices_log(name: str, target: str, picks: Mapping[str, Choice]) -> TunedLog:
+    """A log (as :func:`alt_tvm.records.read_log` returns) that lowers each workload with its
+    pick: ``alt_tvm.build(model, records=choices_log(...))`` builds one copy.
+
+    Parameters
+    ----------
+    name
+        What the build's report names as its log.
+    target
+        The target's JSON string (:func:`alt_tvm.records.target_key`).
+    picks
+        Workload key -> :class:`Choice`.
+    """
     best, strategies, defaults = {}, {}, {}
     for key, choice in picks.items():
         strategies[key] = choice.strategy
@@ -307,7 +319,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
     def build_copy(name: str, picks: Mapping[str, Choice]) -> CompiledModel:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="alt-tvm:")  # the partition summary of every copy
-            return build(mod, target, records=_variant_log(name, target_json, picks), **options)
+            return build(mod, target, records=choices_log(name, target_json, picks), **options)
 
     built = []
     for v in range(copies):
@@ -315,7 +327,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
         built.append(build_copy(f"<in-model copy {v}>",
                                 {key: c[v] if v < len(c) else c[0] for key, c in choices.items()}))
     arrays = model_inputs(built[0], seed=config.seed, example_inputs=example_inputs)
-    times = _profile_rounds(built, arrays, keys, config.rounds, profiler)
+    times = profile_rounds(built, arrays, keys=keys, rounds=config.rounds, profiler=profiler)
     decisions = [_decide(task.key, choices[task.key], times[task.key], config.margin) for task in tasks]
     builds = copies
     untuned, untuned_samples, tuned_samples = built[0], [], []
@@ -327,7 +339,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
         say("in-model: building the model with the choices")
         tuned = build_copy("<in-model choices>", {d.key: d.choice for d in decisions})
         builds += 1
-        together = _profile_rounds([untuned, tuned], arrays, keys, config.rounds, profiler)
+        together = profile_rounds([untuned, tuned], arrays, keys=keys, rounds=config.rounds, profiler=profiler)
         dropped = 0
         for d in decisions:
             if d.choice.label == "default":
@@ -360,10 +372,12 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
     return result
 
 
-def _profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], keys: set[str], rounds: int,
-                    profiler: Profiler) -> dict[str, list[list[float]]]:
-    """``times[key][v]``: per round, the time of ``key``'s kernels (and the conversions its layout
-    caused) in ``models[v]``; the models run interleaved, a different one first each round."""
+def profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], *, keys: set[str], rounds: int,
+                   profiler: Profiler | None = None) -> dict[str, list[list[float]]]:
+    """``times[key][v]``: per round, the time of workload ``key``'s kernels (and the conversions
+    its layout caused) in ``models[v]``; the models run interleaved, a different one first each
+    round. ``profiler`` times one run per kernel (default :meth:`CompiledModel.profile`)."""
+    profiler = profiler or _profile_once
     times: dict[str, list[list[float]]] = {key: [[] for _ in models] for key in keys}
     for r in range(rounds):
         order = list(range(len(models)))
