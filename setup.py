@@ -51,6 +51,8 @@ setup(
     extras_require={
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
         # IREE: the einsum-kernel baseline of scripts/bench_tt.py (skipped when absent).
-        "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0"],
+        # transformers: public architecture definitions built from configs offline
+        # (scripts/export_public.py), for checks on models this project did not write.
+        "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0", "transformers>=5,<6"],
     },
 )

@@ -52,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip-ms", action="store_true", help="with --trials: skip MetaSchedule")
     parser.add_argument("--log-dir", default="logs", help="with --trials: where alt-tvm's tuning logs go")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true",
+                        help="print each alt-tvm build's report with every layout conversion's time in the model")
     parser.add_argument("--json", default=None)
     parser.add_argument("--fast-math-compare", action="store_true",
                         help="only compare fast_math=False (IEEE NaN semantics) with fast_math=True builds")
@@ -223,6 +225,8 @@ def main(argv=None) -> int:
                 if not check(label, compiled):
                     return 1
                 rows[label] = ((compiled, arrays), build_s)
+                if args.profile:
+                    print(f"{name} {label}: " + compiled.report.summary(compiled.profile(*arrays, repeat=5)))
         if args.sconv:
             t0 = time.perf_counter()
             compiled = build(str(path), strategies=["sconv"], records=log)

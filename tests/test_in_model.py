@@ -169,6 +169,9 @@ def test_a_log_that_chooses_sconv_for_one_partition_builds_it_with_sconv(tmp_pat
         writer.write(decision(keys[1], "sconv"))
     built = quiet_build(records=log)
     assert [strategy for strategy, *_ in built.report.partitions] == ["alt", "sconv"]
+    assert built.report.chosen_strategies == {keys[1]: "sconv"}
+    assert "1 partitions lowered with the strategy the log chose by in-model time (sconv)" in \
+        built.report.tuning_summary()
     np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
     # a build restricted to other strategies says why it did not follow the log
     restricted = quiet_build(records=log, strategies=["alt"])

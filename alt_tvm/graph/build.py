@@ -96,6 +96,8 @@ class BuildReport:
     kept_default: list[tuple[str, str]] = field(default_factory=list)
     #: workload key -> why the strategy the log chose for it was not used
     refused: dict[str, str] = field(default_factory=dict)
+    #: workload key -> the strategy the log chose for it instead of the priority rule's
+    chosen_strategies: dict[str, str] = field(default_factory=dict)
     #: every kernel the build emitted itself, in program order
     kernels: list[Kernel] = field(default_factory=list)
 
@@ -110,7 +112,12 @@ class BuildReport:
         reasons: dict[str, int] = {}
         for _, reason in self.untuned:
             reasons[reason] = reasons.get(reason, 0) + 1
-        lines = [line] + [f"  {n} untuned: {reason}" for reason, n in reasons.items()]
+        lines = [line]
+        if self.chosen_strategies:
+            names = sorted(set(self.chosen_strategies.values()))
+            lines.append(f"{len(self.chosen_strategies)} partitions lowered with the strategy the log chose "
+                         f"by in-model time ({', '.join(names)})")
+        lines += [f"  {n} untuned: {reason}" for reason, n in reasons.items()]
         lines += [f"  {key.split('|')[0]}: {reason}" for key, reason in self.refused.items()]
         return "\n".join(lines)
 
@@ -163,6 +170,7 @@ class AltLayoutPass:
                                chosen=None if self.records is None or self.variant == "alt-ol"
                                else self.records.strategies)
         self.report.refused.update(plan.refused)
+        self.report.chosen_strategies.update(plan.overridden)
         for name, reasons in plan.fallbacks.items():
             known = self.report.fallbacks.setdefault(name, [])
             known.extend(r for r in reasons if r not in known)

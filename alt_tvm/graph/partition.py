@@ -167,6 +167,8 @@ class PartitionPlan:
     fallbacks: dict[str, list[str]] = field(default_factory=dict)
     #: workload key -> why the strategy ``chosen`` for it could not lower it
     refused: dict[str, str] = field(default_factory=dict)
+    #: workload key -> the strategy ``chosen`` for it, where that replaced the priority rule
+    overridden: dict[str, str] = field(default_factory=dict)
 
     def strategy_of(self, partition: Partition) -> Strategy:
         return self.strategies[partition.anchor.var]
@@ -238,6 +240,7 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
             plan.refused[key] = f"the log chose strategy {name!r}, which does not apply: {'; '.join(reasons)}"
             continue
         overrides[part.anchor.var] = strategy
+        plan.overridden[key] = name
     if overrides:
         plan.partitions = partition()
     return plan
