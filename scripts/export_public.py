@@ -23,6 +23,9 @@ def _configs() -> dict:
     return {
         # name: (model class, config, input shape)
         "hf_resnet50": (hf.ResNetForImageClassification, hf.ResNetConfig(), (1, 3, 224, 224)),
+        "hf_resnet34": (hf.ResNetForImageClassification,
+                        hf.ResNetConfig(depths=[3, 4, 6, 3], hidden_sizes=[64, 128, 256, 512], layer_type="basic"),
+                        (1, 3, 224, 224)),
         "hf_mobilenet_v2": (hf.MobileNetV2ForImageClassification, hf.MobileNetV2Config(), (1, 3, 224, 224)),
         "hf_regnet_y_400mf": (hf.RegNetForImageClassification,
                               hf.RegNetConfig(depths=[1, 3, 6, 6], hidden_sizes=[48, 104, 208, 440], groups_width=8,

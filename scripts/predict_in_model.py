@@ -13,7 +13,8 @@ seeded random valid points) are timed three ways:
 
 Printed per task: Spearman's rank correlation of each alone-timing with the in-model time
 over the candidates, and of two independent sets of in-model rounds with each other (the
-ceiling noise allows). The ALT paper (§6) motivates judging a layout in its graph.
+ceiling noise allows), and the median ratio of in-model to alone time per kernel. The ALT
+paper (§6) motivates judging a layout in its graph.
 
     python scripts/predict_in_model.py [--model resnet18] [--tasks 4] [--candidates 8] [--rounds 7]
 """
@@ -21,6 +22,7 @@ ceiling noise allows). The ALT paper (§6) motivates judging a layout in its gra
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -69,7 +71,7 @@ def random_params(task, count: int, seed: int) -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet18", help="reference model name or ONNX file")
-    parser.add_argument("--tasks", type=int, default=4, help="tasks studied (the largest by weight x FLOPs)")
+    parser.add_argument("--tasks", type=int, default=4, help="tasks studied (the largest by occurrences x output size)")
     parser.add_argument("--candidates", type=int, default=8, help="points per task (default point included)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved in-model rounds per set (two sets)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
         imported = load_model(args.model)
     peak = measure_peak_gflops(threads=args.threads)
     tasks = extract_tasks(imported.mod)
-    tasks = sorted(tasks, key=lambda t: -t.weight * statistics.prod(t.lower(None).arg_specs[-1][0]))[: args.tasks]
+    tasks = sorted(tasks, key=lambda t: -t.weight * math.prod(t.lower(None).arg_specs[-1][0]))[: args.tasks]
     target_json = target_key(host().to_tvm())
     print(f"{args.model}: {len(tasks)} tasks x {args.candidates} candidates, {args.threads} thread(s), "
           f"FP32 FMA peak measured in this run {peak:.0f} GFLOP/s")
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
     summary = {"hot": [], "flushed": [], "retest": []}
     for task in tasks:
         n = len(candidates[task.key])
-        model = [statistics.median(sets[0][task.key][v] + sets[1][task.key][v]) for v in range(n)]
+        # per occurrence: a task that occurs k times has k kernels in the model
+        model = [statistics.median(sets[0][task.key][v] + sets[1][task.key][v]) / task.weight for v in range(n)]
         first = [statistics.median(sets[0][task.key][v]) for v in range(n)]
         second = [statistics.median(sets[1][task.key][v]) for v in range(n)]
         hot, flushed = alone[task.key]
