@@ -55,6 +55,7 @@ from alt_tvm.records import (
     iter_records,
     rank_candidates,
     target_key,
+    tvm_version,
 )
 from alt_tvm.strategies import registry
 from alt_tvm.target import HardwareTarget
@@ -317,7 +318,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
     target_json = target_key(target.to_tvm())
     keys = {task.key for task in tasks}
     records = [r for r in iter_records(log) if r.workload_key in keys and r.target == target_json
-               and r.tvm_version == _tvm_version()]
+               and r.tvm_version == tvm_version()]
     choices = _candidates(tasks, rank_candidates(records), config, target, allowed,
                           options.get("strategy_options") or {})
     copies = max(len(c) for c in choices.values())
@@ -468,9 +469,3 @@ def _write(log: str | os.PathLike[str], target_json: str, result: InModelResult)
 
 def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
-
-
-def _tvm_version() -> str:
-    import tvm
-
-    return tvm.__version__

@@ -65,6 +65,7 @@ __all__ = [
     "rank_candidates",
     "read_log",
     "target_key",
+    "tvm_version",
     "TunedLog",
 ]
 
@@ -95,7 +96,8 @@ class RecordWarning(UserWarning):
 
 
 @functools.lru_cache(maxsize=1)
-def _tvm_version() -> str:
+def tvm_version() -> str:
+    """The installed TVM's version: records of another version do not apply to this one."""
     # Lazy: importing TVM costs seconds, and only the default value of a field needs it.
     import tvm
 
@@ -205,7 +207,7 @@ class TuningRecord:
     timestamp: float = field(default_factory=time.time)
     trial: int = 0
     seed: int | None = None
-    tvm_version: str = field(default_factory=_tvm_version)
+    tvm_version: str = field(default_factory=tvm_version)
     schema_version: int = SCHEMA_VERSION
     source: str = field(default="", compare=False)
 
@@ -699,7 +701,7 @@ def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> Tune
         from alt_tvm.target import host
 
         target = host()
-    wanted, version = target_key(target), _tvm_version()
+    wanted, version = target_key(target), tvm_version()
     applicable: list[TuningRecord] = []
     decisions: dict[str, TuningRecord] = {}
     seen: dict[str, dict[str, set[str]]] = {}  # workload -> {"targets": ..., "versions": ..., "ok": ...}
