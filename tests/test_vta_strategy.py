@@ -128,11 +128,16 @@ def test_nhwc_hwio_with_residual_operand():
     np.testing.assert_array_equal(model(x)[0], ref.transpose(0, 2, 3, 1))
 
 
-def test_unsupported_epilogue_raises():
+def test_unsupported_epilogue_falls_back_with_the_reason_and_strict_raises():
     x = _int8(1, 4, 5, 5)
     w = _int8(4, 4, 3, 3)
-    with pytest.raises(ValueError, match="epilogue op relax.divide after relax.nn.conv2d is not supported"):
-        alt_tvm.build(_two_branch(x.shape, w, w, combine=relax.op.divide), target="vta", strategies=["vta_gemm"])
+    model = _two_branch(x.shape, w, w, combine=relax.op.divide)
+    reason = "epilogue op relax.divide after relax.nn.conv2d is not supported"
+    with pytest.warns(UserWarning, match="fell back to TVM's legalization: relax.nn.conv2d"):
+        built = alt_tvm.build(model, target="vta", strategies=["vta_gemm"])
+    assert any(reason in why for why in built.report.failed.values())
+    with pytest.raises(ValueError, match=reason):
+        alt_tvm.build(model, target="vta", strategies=["vta_gemm"], strict=True)
 
 
 def test_static_mapping_option():

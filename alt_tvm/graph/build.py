@@ -100,6 +100,8 @@ class BuildReport:
     chosen_strategies: dict[str, str] = field(default_factory=dict)
     #: every kernel the build emitted itself, in program order
     kernels: list[Kernel] = field(default_factory=list)
+    #: workload key -> why its strategy failed; the partition was left to TVM's legalization
+    failed: dict[str, str] = field(default_factory=dict)
 
     def tuning_summary(self) -> str:
         """How much of the model the log tuned, and why the rest was not ("" without a log)."""
@@ -146,7 +148,8 @@ class AltLayoutPass:
 
     def __init__(self, *, target: HardwareTarget | str | None = None, variant: str = "alt",
                  strategies: Sequence[str] | None = None, records: TunedLog | str | os.PathLike | None = None,
-                 strategy_options: dict[str, Any] | None = None, fast_math: bool = False) -> None:
+                 strategy_options: dict[str, Any] | None = None, fast_math: bool = False,
+                 strict: bool = False) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
         self.target = resolve(target)
@@ -159,6 +162,10 @@ class AltLayoutPass:
         self.strategy_options = registry.check_strategy_options(strategy_options)
         #: epilogues may use max/min/clip forms that drop NaN (``alt_tvm.ops.ieee``)
         self.fast_math = bool(fast_math)
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be a bool, got {strict!r}")
+        #: re-raise a strategy's failure instead of leaving its partition to TVM's legalization
+        self.strict = strict
         self.report = BuildReport(log=None if records is None else records.path)
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
@@ -390,7 +397,13 @@ class _Mutator(relax.PyExprMutator):
             for used in relax.analysis.free_vars(binding.value):
                 if used in self.layouts:
                     input_layouts[used] = self.layouts[used][1]
-        context, lowered = self.owner.lower(partition, strategy, input_layouts)
+        try:
+            context, lowered = self.owner.lower(partition, strategy, input_layouts)
+        except Exception as err:  # noqa: BLE001 - one partition's failure must not take the build down
+            if self.owner.strict:
+                raise
+            self._fall_back(partition, strategy, err)
+            return
         args = []
         for arg in lowered.args:
             if isinstance(arg, relax.Var):
@@ -428,6 +441,25 @@ class _Mutator(relax.PyExprMutator):
                 self._rebind(out, self.canonical[out])
             return
         self._rebind(out, new_var)
+
+    def _fall_back(self, partition: Partition, strategy: Strategy, err: Exception) -> None:
+        """Emit ``partition``'s ops unchanged, for TVM's legalization, after ``strategy`` failed on it."""
+        report = self.owner.report
+        key = workload_key(partition)
+        if report.workloads and report.workloads[-1] == key:
+            report.workloads.pop()  # noted by lower() before the strategy failed
+        message = (str(err).strip().splitlines() or [""])[0][:300]
+        if not message.startswith(type(err).__name__):
+            message = f"{type(err).__name__}: {message}"
+        reason = f"strategy {strategy.name!r} failed on {key.split('|')[0]} {key.split('|')[1]}: {message}"
+        report.failed[key] = reason
+        known = report.fallbacks.setdefault(partition.ops[0], [])
+        if reason not in known:
+            known.append(reason)
+        for binding in partition.bindings:
+            for used in relax.analysis.free_vars(binding.value):
+                self._canonical_arg(used)
+            super().visit_var_binding_(binding)
 
     def _rebind(self, original: relax.Var, value: relax.Var) -> None:
         if isinstance(original, relax.DataflowVar):
@@ -595,7 +627,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
 def build(model: Any, target: Any = None, *, records: Any = None, variant: str = "alt",
           strategies: Sequence[str] | None = None, example_inputs: Sequence[Any] | None = None,
           input_shapes: dict | None = None, strategy_options: dict[str, Any] | None = None,
-          fast_math: bool = False) -> CompiledModel:
+          fast_math: bool = False, strict: bool = False) -> CompiledModel:
     """Build ``model`` to a callable module with alt-tvm's strategies.
 
     Parameters
@@ -624,6 +656,10 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
         pooling and max/min reductions, and overflow gives ``inf``, as in ONNX Runtime and
         PyTorch. True: those ops may use forms that turn NaN into a finite value
         (``alt_tvm.ops.ieee``).
+    strict
+        False (default): a partition whose strategy fails to lower it is left to TVM's
+        legalization (``report.failed`` says why) and the build goes on. True: the
+        strategy's exception propagates (for developing strategies).
 
     Returns
     -------
@@ -643,7 +679,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     use_runtime_threads(machine.num_cores)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
     alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, records=records,
-                             strategy_options=strategy_options, fast_math=fast_math)
+                             strategy_options=strategy_options, fast_math=fast_math, strict=strict)
     mod = alt_pass(prepare(imported.mod))
     report = alt_pass.report
     if report.fallbacks:
