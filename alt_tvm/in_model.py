@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from alt_tvm.graph.baselines import round_order
 from alt_tvm.graph.build import CompiledModel, build
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import strategy_named
@@ -407,8 +408,7 @@ def profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray]
         profiler(model, arrays)
     times: dict[str, list[list[float]]] = {key: [[] for _ in models] for key in keys}
     for r in range(rounds):
-        order = list(range(len(models)))
-        for v in order[r % len(order):] + order[: r % len(order)]:
+        for v in round_order(len(models), r):
             per_workload = profiler(models[v], arrays).by_workload(models[v].report.kernels)
             for key in keys:
                 times[key][v].append(statistics.median(per_workload.get(key, (math.nan,))))
@@ -419,9 +419,8 @@ def _time_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], 
                  model_timer: ModelTimer) -> list[list[float]]:
     """Whole-model times of ``models``, interleaved, a different one first each round."""
     samples: list[list[float]] = [[] for _ in models]
-    order = list(range(len(models)))
     for r in range(rounds):
-        for v in order[r % len(order):] + order[: r % len(order)]:
+        for v in round_order(len(models), r):
             samples[v].append(model_timer(models[v], arrays))
     return samples
 

@@ -259,6 +259,13 @@ def time_callable(fn: Callable[..., Any], args: Sequence[Any], *, warmup: int = 
     return min(times), statistics.median(times)
 
 
+def round_order(count: int, round_index: int) -> list[int]:
+    """Indices ``0..count-1`` in the order round ``round_index`` runs them: rotated by one each
+    round, so no runner always goes first (after another runner, or after a pause)."""
+    shift = round_index % count
+    return list(range(shift, count)) + list(range(shift))
+
+
 def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]], *, rounds: int = 7,
                      repeat: int = 10, warmup: int = 3) -> dict[str, tuple[float, list[float]]]:
     """Time several runners in interleaved rounds, so drifts of the machine's load hit all alike.
@@ -287,7 +294,7 @@ def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[An
             fn(*args)
     samples: dict[str, list[float]] = {label: [] for label in labels}
     for r in range(rounds):
-        for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+        for label in (labels[i] for i in round_order(len(labels), r)):
             fn, args = runners[label]
             samples[label].append(time_callable(fn, args, warmup=0, repeat=repeat)[1])
     return {label: (statistics.median(values), values) for label, values in samples.items()}
