@@ -49,10 +49,13 @@ setup(
     install_requires=RUNTIME,
     entry_points={"console_scripts": ["alt-tvm=alt_tvm.cli:main"]},
     extras_require={
-        "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
+        # transformers: public architecture definitions (built from configs, offline) that the
+        # tests export and build; onnxscript: PyTorch's default (dynamo) ONNX exporter needs it.
+        "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5", "transformers>=5,<6", "onnxscript>=0.5"],
         # IREE: the einsum-kernel baseline of scripts/bench_tt.py (skipped when absent).
-        # transformers: public architecture definitions built from configs offline
-        # (scripts/export_public.py), for checks on models this project did not write.
-        "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0", "transformers>=5,<6"],
+        # transformers, onnxscript: public architecture definitions exported by both of
+        # PyTorch's exporters (scripts/export_public.py, scripts/sweep_public.py).
+        "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0", "transformers>=5,<6",
+                  "onnxscript>=0.5"],
     },
 )

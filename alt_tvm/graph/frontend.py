@@ -6,9 +6,10 @@ weights are bound into the module as constants (``relax.const`` nodes, printed a
 ``metadata["ir.GenericConst"][i]``), so that compile-time passes can fold BatchNorm or
 re-layout weights without the caller feeding parameters.
 
-* ONNX: ``tvm.relax.frontend.onnx.from_onnx(model, shape_dict, dtype_dict,
-  keep_params_in_input=False)``; dynamic input dims are fixed from ``input_shapes`` (a
-  dynamic batch, dim 0, defaults to 1; no other dim is guessed).
+* ONNX: dynamic input dims are fixed from ``input_shapes`` (a dynamic batch, dim 0, defaults
+  to 1; no other dim is guessed), the graph's shape computations are folded to constants
+  (:mod:`.onnx_fold`), then ``tvm.relax.frontend.onnx.from_onnx(model, shape_dict, dtype_dict,
+  keep_params_in_input=False)``.
 * PyTorch: ``torch.export.export(module, example_inputs)`` then
   ``tvm.relax.frontend.torch.from_exported_program(ep, keep_params_as_input=False)``.
 * Relax: passed through; the signature is read from ``main`` (symbolic dims may be fixed with
@@ -26,6 +27,8 @@ from typing import Any
 
 import tvm
 from tvm import relax
+
+from .onnx_fold import fold_static_shapes
 
 __all__ = ["ImportedModel", "ModelImportError", "load_model"]
 
@@ -240,6 +243,8 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
                 )
         shape_dict[inp.name] = [1 if d is None else d for d in dims]
         dtype_dict[inp.name] = str(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+    # Shape-computing subgraphs become constants, so every reshape has a known target shape.
+    model = fold_static_shapes(model, input_shapes=shape_dict).model
     try:
         mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
     except Exception as err:

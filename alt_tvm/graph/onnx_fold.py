@@ -1,0 +1,226 @@
+"""Fold an ONNX graph's shape computations to constants once its input shapes are static.
+
+PyTorch's TorchScript exporter writes ``x.view(b, c, h, w)`` with ``b, c, h, w`` read at run
+time (``Shape`` -> ``Gather`` -> ``Unsqueeze`` -> ``Concat`` -> ``Reshape``). TVM's ONNX importer
+folds some of these chains but not all: where it cannot, a tensor leaves the importer without a
+known shape and later ops fail (Swin's window partition, ShuffleNet's channel shuffle). With
+every input shape fixed, such chains are plain constants. This pass finds them:
+
+1. ONNX shape inference (with data propagation) gives the static shape of each tensor it can;
+2. ``Shape`` and ``Size`` of a tensor of static shape become constants;
+3. any deterministic node whose inputs are all constants is evaluated with ONNX's reference
+   implementation (``onnx.reference``) and replaced by initializers;
+
+repeated until nothing more folds, since each round's constants give shape inference more to
+work with. Weights are never copied for shape inference (it sees only their types), and a node
+whose result would be much larger than its inputs (``Expand``, ``ConstantOfShape``, ``Tile``)
+is left to run, so the file does not grow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FoldResult", "fold_static_shapes"]
+
+_LOG = logging.getLogger(__name__)
+
+# Nodes whose value is not a function of their inputs, or that hold subgraphs.
+_NOT_FOLDABLE = frozenset({
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
+    "If", "Loop", "Scan", "SequenceMap",
+})
+# Initializers up to this many elements are shown to shape inference with their values, so
+# that its data propagation can read small shape constants; larger ones only by their type.
+_SMALL = 64
+_MAX_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    """The folded model and what was folded.
+
+    Attributes
+    ----------
+    model : onnx.ModelProto
+        The model with static input shapes and its constant subgraphs replaced by initializers.
+    folded_nodes : int
+        How many nodes were evaluated away.
+    rounds : int
+        Rounds of shape inference and folding that ran.
+    """
+
+    model: object
+    folded_nodes: int
+    rounds: int
+
+
+def fold_static_shapes(model, *, input_shapes: Mapping[str, Sequence[int]],
+                       max_growth_elements: int = 1 << 16) -> FoldResult:
+    """Fix the inputs' shapes of ``model`` and fold its shape-computing subgraphs to constants.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; it is not modified.
+    input_shapes : mapping of str to sequence of int
+        The static shape of every graph input that is not an initializer.
+    max_growth_elements : int
+        A constant node is folded only if its outputs have at most
+        ``max(max_growth_elements, elements of its inputs)`` elements.
+
+    Returns
+    -------
+    FoldResult
+    """
+    import onnx
+
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    graph = folded.graph
+    for inp in graph.input:
+        shape = input_shapes.get(inp.name)
+        if shape is None:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        for dim, value in zip(dims, shape):
+            dim.Clear()
+            dim.dim_value = int(value)
+    total, rounds = 0, 0
+    while rounds < _MAX_ROUNDS:
+        rounds += 1
+        count = _fold_round(folded, _static_shapes(folded), max_growth_elements)
+        total += count
+        if count == 0:
+            break
+    if total:
+        _LOG.info("folded %d constant nodes of the ONNX graph in %d rounds", total, rounds)
+    return FoldResult(folded, total, rounds)
+
+
+def _static_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Static shapes ONNX shape inference finds, run on a copy that carries no large weights."""
+    import onnx
+    from onnx import helper, shape_inference
+
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    graph = skeleton.graph
+    keep, moved = [], []
+    for tensor in graph.initializer:
+        if int(np.prod(tensor.dims, dtype=np.int64)) <= _SMALL:
+            keep.append(tensor)
+        else:
+            moved.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    listed = {i.name for i in graph.input}
+    graph.input.extend(v for v in moved if v.name not in listed)
+    try:
+        inferred = shape_inference.infer_shapes(skeleton, data_prop=True)
+    except Exception as err:  # noqa: BLE001 - inference is a help: without it only Shape-of-input folds
+        _LOG.debug("ONNX shape inference failed (%s); folding with the declared shapes", err)
+        inferred = skeleton
+    out = {}
+    for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+            continue
+        dims = info.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            out[info.name] = tuple(int(d.dim_value) for d in dims)
+    for tensor in model.graph.initializer:
+        out[tensor.name] = tuple(int(d) for d in tensor.dims)
+    return out
+
+
+def _fold_round(model, shapes: Mapping[str, tuple[int, ...]], max_growth: int) -> int:
+    """Fold what can be folded with ``shapes``; rewrite ``model`` in place; the count folded."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    opsets = {o.domain: o.version for o in model.opset_import}
+    initializers = {t.name: t for t in graph.initializer}
+    values: dict[str, np.ndarray] = {}
+
+    def constant(name: str) -> np.ndarray | None:
+        if name in values:
+            return values[name]
+        if name in initializers:
+            values[name] = numpy_helper.to_array(initializers[name])
+            return values[name]
+        return None
+
+    graph_outputs = {o.name for o in graph.output}
+    kept, folded = [], 0
+    for node in graph.node:
+        results = None
+        if node.domain in ("", "ai.onnx") and not set(node.output) & graph_outputs:
+            results = _evaluate(node, constant, shapes, opsets, max_growth)
+        if results is None:
+            kept.append(node)
+            continue
+        folded += 1
+        values.update(zip(node.output, results))
+    if not folded:
+        return 0
+    used = {name for node in kept for name in node.input} | graph_outputs
+    new_initializers = [numpy_helper.from_array(np.asarray(values[name]), name)
+                        for name in values if name not in initializers and name in used]
+    remaining = [t for t in graph.initializer if t.name in used]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend([*remaining, *new_initializers])
+    # Old exporters also list initializers as graph inputs; drop the ones no longer used.
+    listed = [i for i in graph.input if i.name not in initializers or i.name in used]
+    del graph.input[:]
+    graph.input.extend(listed)
+    return folded
+
+
+def _evaluate(node, constant, shapes, opsets, max_growth) -> list[np.ndarray] | None:
+    """``node``'s outputs if they are constants under ``shapes``; None otherwise."""
+    if node.op_type in ("Shape", "Size"):
+        shape = shapes.get(node.input[0])
+        if shape is None:
+            return None
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
+        attrs = {a.name: a.i for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+        return [np.array(shape[start:end], dtype=np.int64)]
+    if node.op_type in _NOT_FOLDABLE or any(a.g.node or a.graphs for a in node.attribute):
+        return None
+    if (not node.input and node.op_type != "Constant") or not all(node.output):
+        return None
+    inputs = [constant(name) if name else None for name in node.input]
+    if any(x is None for name, x in zip(node.input, inputs) if name):
+        return None
+    try:
+        outputs = _run_node(node, inputs, opsets)
+    except Exception as err:  # noqa: BLE001 - an op the reference cannot run is left to TVM
+        _LOG.debug("not folding %s %r: %s", node.op_type, node.name, err)
+        return None
+    limit = max(max_growth, sum(int(x.size) for x in inputs if x is not None))
+    if sum(int(np.asarray(x).size) for x in outputs) > limit:
+        return None
+    return [np.asarray(x) for x in outputs]
+
+
+def _run_node(node, inputs: list[np.ndarray | None], opsets: Mapping[str, int]) -> list[np.ndarray]:
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {name: x for name, x in zip(node.input, inputs) if name}
+    graph = helper.make_graph(
+        [node], "fold",
+        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+         for name, x in feeds.items()],
+        [helper.make_empty_tensor_value_info(name) for name in node.output if name],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    return list(ReferenceEvaluator(model).run(None, feeds))
