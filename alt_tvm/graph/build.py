@@ -513,7 +513,8 @@ class CompiledModel:
                 raise ValueError(f"input {name!r} has shape {tuple(array.shape)}, the model expects {shape}")
             if str(array.dtype) != dtype:
                 raise ValueError(f"input {name!r} has dtype {array.dtype}, the model expects {dtype}")
-            out.append(tvm.runtime.tensor(np.ascontiguousarray(array), self.device))
+            # not np.ascontiguousarray: it turns a 0-d input (a scalar bound, a scalar bias) into shape (1,)
+            out.append(tvm.runtime.tensor(np.asarray(array, order="C"), self.device))
         return out
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
@@ -559,6 +560,41 @@ class _LiftTECalls(relax.PyExprMutator):
         if name in _LIFTABLE_TE and isinstance(args, relax.Tuple) and len(args.fields) == 2:
             return _LIFTABLE_TE[name](*args.fields)
         return call
+
+
+@relax.expr_functor.mutator
+class _TrainingBatchNorms(relax.PyExprMutator):
+    """Give every training-mode batch norm (ONNX ``training_mode=1``) its batch statistics.
+
+    ``DecomposeOpsForInference`` decomposes every batch norm with its running statistics,
+    whatever its ``training`` attribute says, which made such a batch norm silently wrong.
+    Here it becomes an inference batch norm over the batch's mean and (biased) variance,
+    returning the running statistics updated as Relax's legalization does:
+    ``(1 - momentum) * running + momentum * batch``.
+    """
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if op_name(call) != "relax.nn.batch_norm" or not bool(call.attrs.training):
+            return call
+        data, gamma, beta, running_mean, running_var = call.args
+        attrs, shape = call.attrs, static_shape(data)
+        if shape is None:
+            raise ValueError(f"a training-mode batch norm needs data of known rank, got {data.ty} in {call}")
+        axis = int(attrs.axis) % len(shape)
+        axes = [a for a in range(len(shape)) if a != axis]
+        emit = self.builder_.emit
+        mean = emit(relax.op.mean(data, axes))
+        var = emit(relax.op.variance(data, axes))
+        normed = emit(relax.op.nn.batch_norm(data, gamma, beta, mean, var, axis, float(attrs.epsilon),
+                                             bool(attrs.center), bool(attrs.scale), training=False))
+        momentum, dtype = float(attrs.momentum), dtype_of(running_mean)
+
+        def update(running: relax.Expr, batch: relax.Expr) -> relax.Expr:
+            kept = emit(relax.op.multiply(running, relax.const(1.0 - momentum, dtype)))
+            return emit(relax.op.add(kept, emit(relax.op.multiply(batch, relax.const(momentum, dtype)))))
+
+        return relax.Tuple([relax.TupleGetItem(normed, 0), update(running_mean, mean), update(running_var, var)])
 
 
 def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -> tvm.IRModule:
@@ -615,6 +651,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference simplifications that expose weights and epilogues to the partitioner."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _LiftTECalls(mod).visit_expr(mod["main"])
+    mod["main"] = _TrainingBatchNorms(mod).visit_expr(mod["main"])  # before the inference decomposition
     seq = tvm.ir.transform.Sequential([
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
@@ -634,7 +671,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     ----------
     model
         Path to an ONNX file, an ``onnx.ModelProto``, a ``torch.nn.Module`` (with
-        ``example_inputs``) or a Relax ``IRModule``.
+        ``example_inputs``), a ``torch.export.ExportedProgram`` or a Relax ``IRModule``.
     target
         An :class:`alt_tvm.target.HardwareTarget`, a board name, or None for this host.
     records

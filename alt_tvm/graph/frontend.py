@@ -10,8 +10,8 @@ re-layout weights without the caller feeding parameters.
   to 1; no other dim is guessed), the graph's shape computations are folded to constants
   (:mod:`.onnx_fold`), then ``tvm.relax.frontend.onnx.from_onnx(model, shape_dict, dtype_dict,
   keep_params_in_input=False)``.
-* PyTorch: ``torch.export.export(module, example_inputs)`` then
-  ``tvm.relax.frontend.torch.from_exported_program(ep, keep_params_as_input=False)``.
+* PyTorch: ``torch.export.export(module, example_inputs)`` (or a program the user exported)
+  then ``tvm.relax.frontend.torch.from_exported_program(ep, keep_params_as_input=False)``.
 * Relax: passed through; the signature is read from ``main`` (symbolic dims may be fixed with
   ``input_shapes``).
 """
@@ -74,9 +74,10 @@ def load_model(model: Any, *, example_inputs: Sequence[Any] | Any | None = None,
 
     Parameters
     ----------
-    model : str, os.PathLike, onnx.ModelProto, torch.nn.Module or tvm.IRModule
-        An ONNX file, an ONNX model, a PyTorch module (in eval mode; needs ``example_inputs``)
-        or a Relax module with a ``main`` function (passed through).
+    model : str, os.PathLike, onnx.ModelProto, torch.nn.Module, torch.export.ExportedProgram or tvm.IRModule
+        An ONNX file, an ONNX model, a PyTorch module (in eval mode; needs ``example_inputs``),
+        a program from ``torch.export.export`` (static shapes) or a Relax module with a
+        ``main`` function (passed through).
     example_inputs : tuple of torch.Tensor or torch.Tensor, optional
         Inputs to trace a PyTorch module with (``torch.export``); their shapes are the model's.
     input_shapes : mapping of str to sequence of int, optional
@@ -111,9 +112,14 @@ def load_model(model: Any, *, example_inputs: Sequence[Any] | Any | None = None,
     torch = _optional_import("torch")
     if torch is not None and isinstance(model, torch.nn.Module):
         return _import_torch(model, example_inputs, shapes)
+    if torch is not None and isinstance(model, torch.export.ExportedProgram):
+        if example_inputs is not None:
+            raise ModelImportError("an ExportedProgram is imported at its traced shapes; do not pass example_inputs")
+        return _import_exported(model, "ExportedProgram", shapes)
     raise ModelImportError(
         f"cannot import an object of type {type(model).__module__}.{type(model).__qualname__}; expected a path to "
-        "an ONNX file, an onnx.ModelProto, a torch.nn.Module (with example_inputs) or a Relax tvm.IRModule"
+        "an ONNX file, an onnx.ModelProto, a torch.nn.Module (with example_inputs), a torch.export.ExportedProgram "
+        "or a Relax tvm.IRModule"
     )
 
 
@@ -259,7 +265,6 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
 
 def _import_torch(module: Any, example_inputs: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedModel:
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     name = type(module).__name__
     if example_inputs is None:
@@ -279,13 +284,28 @@ def _import_torch(module: Any, example_inputs: Any, shapes: dict[str, tuple[int,
             exported = torch.export.export(module, tuple(example_inputs))
     except Exception as err:
         raise ModelImportError(f"torch.export could not trace {name}: {type(err).__name__}: {err}") from err
+    return _import_exported(exported, name, shapes)
+
+
+def _import_exported(exported: Any, name: str, shapes: dict[str, tuple[int, ...]]) -> ImportedModel:
+    """An ``ExportedProgram`` (from ``torch.export.export``) into Relax, at its traced shapes."""
+    from tvm.relax.frontend.torch import from_exported_program
+
     user_inputs = tuple(exported.graph_signature.user_inputs)
     _check_unknown_names(shapes, user_inputs)
-    for input_name, x in zip(user_inputs, example_inputs):
-        if input_name in shapes and shapes[input_name] != tuple(x.shape):
+    placeholders = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    for input_name in user_inputs:
+        value = placeholders[input_name].meta.get("val") if input_name in placeholders else None
+        traced = tuple(value.shape) if value is not None else None
+        if traced is not None and not all(isinstance(d, int) for d in traced):
+            raise ModelImportError(
+                f"the exported program {name} has a dynamic shape {traced} for input {input_name!r}; "
+                "export it with static shapes (torch.export.export without dynamic_shapes)"
+            )
+        if input_name in shapes and traced is not None and shapes[input_name] != traced:
             raise ModelImportError(
                 f"input_shapes[{input_name!r}] = {shapes[input_name]} differs from the example input's shape "
-                f"{tuple(x.shape)}; a torch module is imported at its example inputs' shapes"
+                f"{traced}; a torch module is imported at its example inputs' shapes"
             )
     try:
         mod = from_exported_program(exported, keep_params_as_input=False)
