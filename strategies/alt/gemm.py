@@ -40,11 +40,13 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
     sch.reverse_compute_at(write, no)
     sch.parallel(sch.fuse(*lead, mo, no))
     nio, nii = sch.split(ni, [None, vec])
-    sch.vectorize(nii)
+    if vec > 1:  # TVM refuses to vectorize a unit loop (an N with no small divisor, e.g. 197)
+        sch.vectorize(nii)
     sch.unroll(nio)
     sch.unroll(mi)
     sch.decompose_reduction(block, k)
-    sch.vectorize(sch.get_loops(write)[-1])
+    if vec > 1:
+        sch.vectorize(sch.get_loops(write)[-1])
     if stages:
         # Inline the epilogue DAG into its last stage, then that stage into the write-back.
         for stage in stages[:-1]:
