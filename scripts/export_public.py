@@ -1,12 +1,17 @@
-"""Export public architecture definitions (Hugging Face ``transformers``) to ONNX, for checks
-on models this project did not write.
+"""Export public architecture definitions to ONNX, for checks on models this project did not write.
 
-Models are built from their library configs with seeded random weights (no download); the
-batch-norm statistics are re-estimated on random inputs, since with the default statistics
-the activations of a deep random network underflow to denormals and every runtime slows.
-Exported with ``torch.onnx.export(..., dynamo=False, opset_version=17)`` at batch 1.
+The definitions come from packages that ship them: Hugging Face ``transformers`` (built from
+their library configs, which are the published sizes; no download), PyTorch's own
+``nn.TransformerEncoder``, and ``torchvision`` where a wheel matching the installed torch is
+importable. Weights are seeded random; batch-norm statistics are re-estimated on random
+inputs, since with the default statistics the activations of a deep random network underflow
+to denormals and every runtime slows. Each model is exported by either of PyTorch's exporters:
 
-    python scripts/export_public.py [--out-dir models/public] [--names resnet50 convnext_tiny ...]
+* ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``;
+* ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (the default since PyTorch 2.9; needs
+  ``onnxscript``).
+
+    python scripts/export_public.py [--out-dir models/public] [--names hf_resnet50 ...] [--exporter dynamo]
 """
 
 from __future__ import annotations
@@ -14,62 +19,202 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-
-def _configs() -> dict:
-    import transformers as hf
-
-    return {
-        # name: (model class, config, input shape)
-        "hf_resnet50": (hf.ResNetForImageClassification, hf.ResNetConfig(), (1, 3, 224, 224)),
-        "hf_resnet34": (hf.ResNetForImageClassification,
-                        hf.ResNetConfig(depths=[3, 4, 6, 3], hidden_sizes=[64, 128, 256, 512], layer_type="basic"),
-                        (1, 3, 224, 224)),
-        "hf_mobilenet_v2": (hf.MobileNetV2ForImageClassification, hf.MobileNetV2Config(), (1, 3, 224, 224)),
-        "hf_regnet_y_400mf": (hf.RegNetForImageClassification,
-                              hf.RegNetConfig(depths=[1, 3, 6, 6], hidden_sizes=[48, 104, 208, 440], groups_width=8,
-                                              layer_type="y"), (1, 3, 224, 224)),
-        "hf_convnext_tiny": (hf.ConvNextForImageClassification, hf.ConvNextConfig(), (1, 3, 224, 224)),
-    }
+EXPORTERS = ("torchscript", "dynamo")
 
 
-def export(name: str, out_dir: Path, *, seed: int = 0) -> Path:
-    """Build ``name`` with seeded weights, re-estimate its batch norms, export it; the path."""
+@dataclass(frozen=True)
+class PublicModel:
+    """A public architecture, ready to export.
+
+    Attributes
+    ----------
+    name : str
+        Short name (``hf_`` for ``transformers``, ``tv_`` for ``torchvision``, ``torch_`` for
+        ``torch.nn``).
+    kind : str
+        ``"cnn"`` or ``"transformer"``.
+    make : callable
+        Builds the module (``() -> torch.nn.Module`` with one tensor output), seeded by the caller.
+    input_shape : tuple of int
+        Shape of the one input.
+    input_dtype : str
+        ``"float32"`` (images, embeddings) or ``"int64"`` (token ids).
+    """
+
+    name: str
+    kind: str
+    make: Callable[[], object]
+    input_shape: tuple[int, ...]
+    input_dtype: str = "float32"
+
+    @property
+    def input_name(self) -> str:
+        return "input_ids" if self.input_dtype == "int64" else "pixel_values"
+
+
+def _hf_vision(model_class_name: str, config_name: str, output: str = "logits", **config) -> Callable[[], object]:
+    def make():
+        import torch
+        import transformers as hf
+
+        inner = getattr(hf, model_class_name)(getattr(hf, config_name)(**config))
+
+        class Vision(torch.nn.Module):
+            """One tensor output (``transformers`` returns an output object)."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, pixel_values):
+                return getattr(self.inner(pixel_values=pixel_values), output)
+
+        return Vision()
+
+    return make
+
+
+def _hf_text(model_class_name: str, config_name: str, **config) -> Callable[[], object]:
+    def make():
+        import torch
+        import transformers as hf
+
+        inner = getattr(hf, model_class_name)(getattr(hf, config_name)(**config))
+
+        class Text(torch.nn.Module):
+            """The encoder's last hidden state for a batch of token ids (no padding mask)."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids):
+                return self.inner(input_ids=input_ids).last_hidden_state
+
+        return Text()
+
+    return make
+
+
+def _torch_encoder() -> object:
     import torch
 
-    configs = _configs()
-    if name not in configs:
-        raise ValueError(f"unknown model {name!r}; choose from {sorted(configs)}")
-    model_class, config, shape = configs[name]
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)  # post-norm
+    return torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
 
-    class Logits(torch.nn.Module):
-        """The classifier with one tensor output (``transformers`` returns an output object)."""
 
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
+def _torchvision(name: str) -> Callable[[], object]:
+    def make():
+        import torchvision
 
-        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            return self.inner(pixel_values=pixel_values).logits
+        return getattr(torchvision.models, name)()
+
+    return make
+
+
+def public_models() -> dict[str, PublicModel]:
+    """Every public architecture the sweep knows, by name."""
+    image = (1, 3, 224, 224)
+    models = [
+        PublicModel("hf_resnet50", "cnn", _hf_vision("ResNetForImageClassification", "ResNetConfig"), image),
+        PublicModel("hf_resnet34", "cnn", _hf_vision(
+            "ResNetForImageClassification", "ResNetConfig", depths=[3, 4, 6, 3], hidden_sizes=[64, 128, 256, 512],
+            layer_type="basic"), image),
+        PublicModel("hf_mobilenet_v1", "cnn", _hf_vision("MobileNetV1ForImageClassification", "MobileNetV1Config"),
+                    image),
+        PublicModel("hf_mobilenet_v2", "cnn", _hf_vision("MobileNetV2ForImageClassification", "MobileNetV2Config"),
+                    image),
+        PublicModel("hf_regnet_y_400mf", "cnn", _hf_vision(
+            "RegNetForImageClassification", "RegNetConfig", depths=[1, 3, 6, 6], hidden_sizes=[48, 104, 208, 440],
+            groups_width=8, layer_type="y"), image),
+        PublicModel("hf_efficientnet_b0", "cnn", _hf_vision(
+            "EfficientNetForImageClassification", "EfficientNetConfig", width_coefficient=1.0,
+            depth_coefficient=1.0, image_size=224), image),
+        PublicModel("hf_convnext_tiny", "cnn", _hf_vision("ConvNextForImageClassification", "ConvNextConfig"), image),
+        PublicModel("hf_poolformer_s12", "cnn", _hf_vision("PoolFormerForImageClassification", "PoolFormerConfig"),
+                    image),
+        PublicModel("hf_mobilevit_small", "transformer", _hf_vision(
+            "MobileViTForImageClassification", "MobileViTConfig"), (1, 3, 256, 256)),
+        PublicModel("hf_levit_128s", "transformer", _hf_vision("LevitForImageClassification", "LevitConfig"), image),
+        PublicModel("hf_vit_b16", "transformer", _hf_vision("ViTForImageClassification", "ViTConfig"), image),
+        PublicModel("hf_deit_small", "transformer", _hf_vision(
+            "DeiTForImageClassification", "DeiTConfig", hidden_size=384, num_attention_heads=6,
+            intermediate_size=1536), image),
+        PublicModel("hf_swin_tiny", "transformer", _hf_vision("SwinForImageClassification", "SwinConfig"), image),
+        PublicModel("hf_segformer_b0", "transformer", _hf_vision(
+            "SegformerForSemanticSegmentation", "SegformerConfig"), (1, 3, 256, 256)),
+        PublicModel("hf_bert_base", "transformer", _hf_text("BertModel", "BertConfig"), (1, 128), "int64"),
+        PublicModel("hf_distilbert", "transformer", _hf_text("DistilBertModel", "DistilBertConfig"), (1, 128),
+                    "int64"),
+        PublicModel("hf_gpt2", "transformer", _hf_text("GPT2Model", "GPT2Config"), (1, 64), "int64"),
+        PublicModel("torch_encoder_postnorm", "transformer", _torch_encoder, (1, 128, 256)),
+        PublicModel("tv_shufflenet_v2_x1_0", "cnn", _torchvision("shufflenet_v2_x1_0"), image),
+        PublicModel("tv_vit_b_16", "transformer", _torchvision("vit_b_16"), image),
+        PublicModel("tv_swin_t", "transformer", _torchvision("swin_t"), image),
+    ]
+    return {m.name: m for m in models}
+
+
+def example_input(model: PublicModel, *, seed: int = 0):
+    """A seeded input of the model's shape (token ids below BERT's smallest vocabulary)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    if model.input_dtype == "int64":
+        return torch.randint(0, 1000, model.input_shape, generator=generator)
+    return torch.randn(*model.input_shape, generator=generator)
+
+
+def instantiate(model: PublicModel, *, seed: int = 0):
+    """The module in eval mode with seeded weights and re-estimated batch-norm statistics."""
+    import torch
 
     torch.manual_seed(seed)
-    model = Logits(model_class(config))
-    generator = torch.Generator().manual_seed(seed)
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # cumulative average over the calibration batches
-    model.train()
-    with torch.no_grad():
-        for _ in range(4 if norms else 0):
-            model(torch.randn(4, *shape[1:], generator=generator))
-    model.eval()
+    module = model.make()
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        generator = torch.Generator().manual_seed(seed)
+        for norm in norms:
+            norm.reset_running_stats()
+            norm.momentum = None  # cumulative average over the calibration batches
+        module.train()
+        with torch.no_grad():
+            for _ in range(4):
+                module(torch.randn(4, *model.input_shape[1:], generator=generator))
+    return module.eval()
+
+
+def export(name: str, out_dir: Path, *, exporter: str = "torchscript", seed: int = 0) -> Path:
+    """Build ``name`` with seeded weights and export it with ``exporter``; the ONNX file's path."""
+    import torch
+
+    models = public_models()
+    if name not in models:
+        raise ValueError(f"unknown model {name!r}; choose from {sorted(models)}")
+    if exporter not in EXPORTERS:
+        raise ValueError(f"unknown exporter {exporter!r}; choose from {EXPORTERS}")
+    model = models[name]
+    module = instantiate(model, seed=seed)
+    example = example_input(model, seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.onnx"
-    example = torch.randn(*shape, generator=generator)
-    torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17, input_names=["pixel_values"],
-                      output_names=["logits"])
+    suffix = "" if exporter == "torchscript" else f".{exporter}"
+    path = out_dir / f"{name}{suffix}.onnx"
+    # Not under no_grad: in eval mode without autograd, nn.TransformerEncoder takes its fused
+    # fast path, an op the TorchScript exporter cannot write.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes
+        if exporter == "torchscript":
+            torch.onnx.export(module, (example,), str(path), dynamo=False, opset_version=17,
+                              input_names=[model.input_name], output_names=["output"])
+        else:
+            program = torch.onnx.export(module, (example,), dynamo=True, verbose=False,
+                                        input_names=[model.input_name], output_names=["output"])
+            program.save(str(path))
     return path
 
 
@@ -77,13 +222,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=Path("models") / "public")
     parser.add_argument("--names", nargs="+", default=None, help="models (default: all)")
+    parser.add_argument("--exporter", choices=EXPORTERS, default="torchscript")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    names = args.names or sorted(_configs())
+    names = args.names or sorted(public_models())
     for name in names:
         started = time.perf_counter()
-        path = export(name, args.out_dir, seed=args.seed)
-        print(f"{name:20s} {path} ({path.stat().st_size / 2**20:.1f} MiB, {time.perf_counter() - started:.1f} s)")
+        path = export(name, args.out_dir, exporter=args.exporter, seed=args.seed)
+        print(f"{name:24s} {path} ({path.stat().st_size / 2**20:.1f} MiB, {time.perf_counter() - started:.1f} s)")
     return 0
 
 

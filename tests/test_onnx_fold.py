@@ -135,3 +135,32 @@ def test_a_symbolic_sequence_length_is_a_clear_error_and_builds_with_input_shape
         load_model(model)
     built = alt_tvm.build(model, input_shapes={"tokens": (1, 12, 32)})
     np.testing.assert_allclose(_outputs(built(x))[0], _ort(model, x)[0], rtol=1e-4, atol=1e-5)
+
+
+class SamePadConv(torch.nn.Module):
+    """TensorFlow-style "same" padding (asymmetric, as Hugging Face's MobileNets pad), then a
+    channel pad that is not a convolution's padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, stride=2)
+        self.second = torch.nn.Conv2d(10, 8, 1)
+
+    def forward(self, x):
+        x = self.conv(torch.nn.functional.pad(x, (0, 1, 0, 1)))
+        return self.second(torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 1)))
+
+
+def test_spatial_zero_pads_merge_into_the_conv_and_channel_pads_stay():
+    from alt_tvm.graph.onnx_fold import merge_pads_into_convs
+
+    x = np.random.default_rng(0).standard_normal((1, 4, 15, 15)).astype("float32")
+    model = _export(SamePadConv(), (torch.from_numpy(x),), input_names=["x"])
+    folded = fold_static_shapes(model, input_shapes={"x": x.shape}).model
+    assert merge_pads_into_convs(folded) == 1
+    ops = [n.op_type for n in folded.graph.node]
+    assert ops == ["Conv", "Pad", "Conv"]
+    (conv, *_) = [n for n in folded.graph.node if n.op_type == "Conv"]
+    assert list(helper.get_attribute_value(next(a for a in conv.attribute if a.name == "pads"))) == [0, 0, 1, 1]
+    built = alt_tvm.build(model)
+    np.testing.assert_allclose(_outputs(built(x))[0], _ort(model, x)[0], rtol=1e-5, atol=1e-5)

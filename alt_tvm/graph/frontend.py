@@ -28,7 +28,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .onnx_fold import fold_static_shapes
+from .onnx_fold import fold_static_shapes, merge_pads_into_convs
 
 __all__ = ["ImportedModel", "ModelImportError", "load_model"]
 
@@ -251,6 +251,7 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
         dtype_dict[inp.name] = str(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
     # Shape-computing subgraphs become constants, so every reshape has a known target shape.
     model = fold_static_shapes(model, input_shapes=shape_dict).model
+    merge_pads_into_convs(model)
     try:
         mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
     except Exception as err:

@@ -15,6 +15,11 @@ repeated until nothing more folds, since each round's constants give shape infer
 work with. Weights are never copied for shape inference (it sees only their types), and a node
 whose result would be much larger than its inputs (``Expand``, ``ConstantOfShape``, ``Tile``)
 is left to run, so the file does not grow.
+
+Once pads are constants, :func:`merge_pads_into_convs` moves a zero ``Pad`` of the spatial
+axes into the ``Conv`` that reads it (TensorFlow-style "same" padding, as Hugging Face's
+MobileNets write it), as PyTorch's dynamo exporter already does: the two exports of one model
+then reach TVM as one graph, and no padded copy of the activation is materialised.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FoldResult", "fold_static_shapes"]
+__all__ = ["FoldResult", "fold_static_shapes", "merge_pads_into_convs"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -224,3 +229,90 @@ def _run_node(node, inputs: list[np.ndarray | None], opsets: Mapping[str, int]) 
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     return list(ReferenceEvaluator(model).run(None, feeds))
+
+
+def merge_pads_into_convs(model) -> int:
+    """Merge each zero, spatial-only, constant ``Pad`` into the ``Conv`` that alone reads it.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place.
+
+    Returns
+    -------
+    int
+        The number of pads merged.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer
+                    if int(np.prod(t.dims, dtype=np.int64)) <= _SMALL}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    merged, dropped = 0, set()
+    for pad in graph.node:
+        users = readers.get(pad.output[0], []) if pad.op_type == "Pad" and pad.domain in ("", "ai.onnx") else []
+        if len(users) != 1 or users[0].op_type != "Conv" or pad.output[0] in graph_outputs:
+            continue
+        conv = users[0]
+        if conv.input[0] != pad.output[0] or pad.output[0] in conv.input[1:]:
+            continue
+        amounts = _spatial_zero_pads(pad, initializers)
+        attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+        if amounts is None or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue
+        before, after = amounts
+        old = list(attrs.get("pads", [0] * (2 * len(before))))
+        if len(old) != 2 * len(before):
+            continue
+        new = [o + p for o, p in zip(old, [*before, *after])]
+        kept = [a for a in conv.attribute if a.name != "pads"]
+        del conv.attribute[:]
+        conv.attribute.extend([*kept, helper.make_attribute("pads", new)])
+        conv.input[0] = pad.input[0]
+        dropped.add(id(pad))
+        merged += 1
+    if merged:
+        kept_nodes = [n for n in graph.node if id(n) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept_nodes)
+    return merged
+
+
+def _spatial_zero_pads(pad, constants) -> tuple[list[int], list[int]] | None:
+    """The spatial ``(before, after)`` amounts of a zero constant-mode ``Pad``, or None."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in pad.attribute}
+    if attrs.get("mode", b"constant") not in (b"constant", "constant"):
+        return None
+    if "pads" in attrs:  # opset < 11
+        pads, value = list(attrs["pads"]), float(attrs.get("value", 0.0))
+        axes = None
+    else:
+        inputs = list(pad.input) + [""] * (4 - len(pad.input))
+        if inputs[1] not in constants or (inputs[2] and inputs[2] not in constants):
+            return None
+        pads = [int(v) for v in constants[inputs[1]].reshape(-1)]
+        value = float(constants[inputs[2]].reshape(-1)[0]) if inputs[2] and constants[inputs[2]].size else 0.0
+        if inputs[3] and inputs[3] not in constants:
+            return None
+        axes = [int(v) for v in constants[inputs[3]].reshape(-1)] if inputs[3] else None
+    if value != 0.0 or len(pads) % 2 or any(p < 0 for p in pads):
+        return None
+    count = len(pads) // 2
+    axes = list(range(count)) if axes is None else axes
+    if any(a < 0 for a in axes):  # negative axes need the rank; rare, left alone
+        return None
+    rank = max(max(axes) + 1, count)
+    before, after = [0] * rank, [0] * rank
+    for i, axis in enumerate(axes):
+        before[axis], after[axis] = pads[i], pads[count + i]
+    if rank < 3 or before[0] or before[1] or after[0] or after[1]:
+        return None  # batch or channel padding is not a convolution's padding
+    return before[2:], after[2:]

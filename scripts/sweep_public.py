@@ -1,0 +1,208 @@
+"""Public-model sweep: every architecture of ``scripts/export_public.py`` through both exporters.
+
+For each model, in a child process of its own (a crash or a hang is that model's result, not
+the sweep's end): export it with PyTorch's TorchScript and dynamo exporters, build each export
+with ``alt_tvm.build`` (untuned), compare with ONNX Runtime on the same file, then time the two
+builds and ONNX Runtime in interleaved rounds (ORT's pool not spinning, the same thread count).
+Rows are appended to a JSON-lines file as models finish (``--resume`` skips finished ones) and
+the table is written as Markdown.
+
+    python scripts/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--out sweep.jsonl]
+                                   [--markdown docs/public_sweep.md] [--timeout 1200] [--resume]
+
+``torchvision`` models run only where ``import torchvision`` works; where no torchvision wheel
+matches the installed torch, ``--torchvision-src DIR`` loads its pure-Python model definitions
+from an unpacked wheel's ``torchvision`` folder without running its package initialiser
+(which loads the compiled ops these models do not use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from export_public import EXPORTERS, export, public_models  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--names", nargs="+", default=None, help="models (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("sweep_public.jsonl"))
+    parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
+    parser.add_argument("--export-dir", type=Path, default=Path("models") / "sweep")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (0: no timing)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed calls per runner and round")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per model (child process)")
+    parser.add_argument("--resume", action="store_true", help="skip models already in --out")
+    parser.add_argument("--torchvision-src", type=Path, default=None,
+                        help="a torchvision package folder to take model definitions from (see above)")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's model
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names or []) - set(public_models()))
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {sorted(public_models())}")
+    return args
+
+
+def _use_torchvision_source(folder: Path) -> None:
+    """Import ``torchvision.models`` from ``folder`` without ``torchvision/__init__.py``."""
+    import importlib.machinery
+    import types
+
+    if not (folder / "models" / "__init__.py").is_file():
+        raise SystemExit(f"--torchvision-src {folder}: no models/__init__.py there; give the torchvision folder")
+    package = types.ModuleType("torchvision")
+    package.__path__ = [str(folder)]
+    package.__spec__ = importlib.machinery.ModuleSpec("torchvision", None, is_package=True)
+    sys.modules["torchvision"] = package
+
+
+def _max_error(got, want) -> float:
+    """Largest absolute difference, relative to the reference's largest magnitude."""
+    import numpy as np
+
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"output shape {got.shape} differs from ONNX Runtime's {want.shape}")
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict:
+    """Export, build, check and time one model; its row."""
+    import warnings
+
+    from export_public import example_input
+
+    import alt_tvm
+    from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
+
+    warnings.simplefilter("ignore")
+    model = public_models()[name]
+    row = {"model": name, "kind": model.kind, "threads": args.threads, "exporters": {}}
+    x = example_input(model, seed=1).numpy()
+    runners = {}
+    for exporter in EXPORTERS:
+        entry = row["exporters"][exporter] = {}
+        try:
+            started = time.perf_counter()
+            path = export(name, args.export_dir, exporter=exporter)
+            entry["export_s"] = round(time.perf_counter() - started, 1)
+        except Exception as err:  # noqa: BLE001 - a row reports it
+            entry.update(status="export failed", error=f"{type(err).__name__}: {str(err)[:300]}")
+            continue
+        ort_runner = onnxruntime_session(path, threads=args.threads)
+        want = ort_runner(x)[0]
+        try:
+            started = time.perf_counter()
+            built = alt_tvm.build(str(path))
+            entry["build_s"] = round(time.perf_counter() - started, 1)
+            got = built(x)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            entry["max_rel_error"] = _max_error(got, want)
+        except Exception as err:  # noqa: BLE001 - a row reports it
+            entry.update(status="build failed", error=f"{type(err).__name__}: {str(err)[:300]}")
+            continue
+        report = built.report
+        strategies: dict[str, int] = {}
+        for strategy, _, _ in report.partitions:
+            strategies[strategy] = strategies.get(strategy, 0) + 1
+        entry.update(status="ok" if entry["max_rel_error"] < 1e-4 else "mismatch", partitions=strategies,
+                     fallbacks=sorted(report.failed.values()), conversions=report.conversions)
+        runners[f"alt-tvm {exporter}"] = (built, (x,))
+        if exporter == "torchscript":
+            runners["onnxruntime"] = (ort_runner, (x,))
+    if args.rounds and runners:
+        times = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat, warmup=2)
+        row["ms"] = {label: round(ms, 3) for label, (ms, _) in times.items()}
+    return row
+
+
+def _child(name: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--one", name, "--export-dir", str(args.export_dir), "--threads",
+               str(args.threads), "--rounds", str(args.rounds), "--repeat", str(args.repeat)]
+    if args.torchvision_src is not None:
+        command += ["--torchvision-src", str(args.torchvision_src)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": name, "error": f"timed out after {args.timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+        return {"model": name, "error": f"child exited with {done.returncode}: {tail}"}
+    row = json.loads(lines[-1])
+    row["wall_s"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    """The sweep's table."""
+    head = ("| model | kind | exporter | status | build s | partitions | fallbacks | conversions | max rel. error "
+            "| alt-tvm ms | ORT ms | ORT / alt-tvm |\n" + "|---" * 12 + "|\n")
+    lines = []
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | | | {row['error']} | | | | | | | | |")
+            continue
+        ms = row.get("ms", {})
+        for exporter, entry in row["exporters"].items():
+            if entry.get("status") not in ("ok", "mismatch"):
+                lines.append(f"| {row['model']} | {row['kind']} | {exporter} | {entry.get('status')}: "
+                             f"{entry.get('error', '')} | | | | | | | | |")
+                continue
+            parts = ", ".join(f"{k} {v}" for k, v in sorted(entry["partitions"].items())) or "none"
+            alt = ms.get(f"alt-tvm {exporter}")
+            ort = ms.get("onnxruntime")
+            ratio = f"{ort / alt:.2f}x" if alt and ort else ""
+            lines.append(
+                f"| {row['model']} | {row['kind']} | {exporter} | {entry['status']} | {entry['build_s']} | {parts} "
+                f"| {len(entry['fallbacks'])} | {entry['conversions']} | {entry['max_rel_error']:.1e} "
+                f"| {alt if alt is not None else ''} | {ort if ort is not None else ''} | {ratio} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.torchvision_src is not None:
+        _use_torchvision_source(args.torchvision_src)
+    if args.one is not None:
+        print(json.dumps(run_one(args.one, args)), flush=True)
+        return 0
+    names = args.names or list(public_models())
+    done = {}
+    if args.resume and args.out.exists():
+        done = {row["model"]: row for row in map(json.loads, args.out.read_text().splitlines()) if row}
+    rows = []
+    for name in names:
+        if name in done:
+            rows.append(done[name])
+            continue
+        row = _child(name, args)
+        rows.append(row)
+        with args.out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        print(markdown([row]).splitlines()[-1] if "error" in row else "\n".join(markdown([row]).splitlines()[2:]),
+              flush=True)
+    table = markdown(rows)
+    if args.markdown is not None:
+        args.markdown.write_text(table)
+    print(table)
+    failed = [r["model"] for r in rows if "error" in r or any(
+        e.get("status") != "ok" for e in r["exporters"].values())]
+    if failed:
+        print(f"not ok: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
