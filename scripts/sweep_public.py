@@ -173,9 +173,10 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.torchvision_src is not None:
-        _use_torchvision_source(args.torchvision_src)
     if args.one is not None:
+        if args.torchvision_src is not None and args.one.startswith("tv_"):
+            # Only there: transformers reads torchvision's version, which this stand-in lacks.
+            _use_torchvision_source(args.torchvision_src)
         print(json.dumps(run_one(args.one, args)), flush=True)
         return 0
     names = args.names or list(public_models())
