@@ -157,3 +157,39 @@ def test_a_compiled_model_refuses_none_as_input():
     built, _ = build()
     with pytest.raises(TypeError, match="input 'x' is None; the model expects an array of shape"):
         built(None)
+
+
+def scalar_clip_onnx() -> onnx.ModelProto:
+    """ONNX Clip whose bounds are 0-d runtime inputs (as in ONNX's own test_clip)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
+    bounds = [helper.make_tensor_value_info(name, TensorProto.FLOAT, []) for name in ("lo", "hi")]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])
+    graph = helper.make_graph([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], "g", [x, *bounds], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_compiled_model_takes_0d_inputs_and_names_a_wrong_shape_or_dtype():
+    from alt_tvm.graph.baselines import tvm_default_build
+
+    model = scalar_clip_onnx()
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    lo, hi = np.array(-1, np.float32), np.array(0.5, np.float32)
+    built, _ = build(model)
+    # 0-d inputs reach the VM 0-d (np.ascontiguousarray made them shape (1,): a raw TVM check failure)
+    np.testing.assert_array_equal(built(x, lo, hi)[0], np.clip(x, -1, 0.5))
+    np.testing.assert_array_equal(tvm_default_build(load_model(model))(x, lo, hi)[0], np.clip(x, -1, 0.5))
+    with pytest.raises(ValueError, match=r"input 'lo' has shape \(1,\), the model expects \(\)"):
+        built(x, lo.reshape(1), hi)
+    with pytest.raises(ValueError, match="input 'hi' has dtype float64, the model expects float32"):
+        built(x, lo, np.float64(0.5))
+
+
+def test_the_torch_baseline_takes_a_0d_input():
+    from alt_tvm.graph.baselines import torch_runner
+
+    class Scale(torch.nn.Module):
+        def forward(self, x, s):
+            return x.sum() * s
+
+    (out,) = torch_runner(Scale())(np.ones(3, np.float32), np.array(2, np.float32))
+    assert out.shape == () and out == 6  # a 0-d input made 1-d would give shape (1,)

@@ -179,6 +179,42 @@ def test_conv1d_conv3d_and_transposed_convs_build_with_alt():
                                                      "relax.nn.conv2d_transpose"}
 
 
+@pytest.mark.parametrize("channels, groups", [(2, 2), (4, 2), (6, 3)])
+def test_grouped_transposed_conv_lowers_with_alt_whatever_the_channels_per_group(channels, groups):
+    # With one output channel per group the output's channel tile spans groups, and the
+    # weight's O/groups tile was that tile floored: split factor 0, the strategy failed.
+    model = torch.nn.ConvTranspose2d(channels, channels, 3, stride=2, groups=groups)
+    _, report = build_and_run(model, [torch.rand(1, channels, 5, 5)], strict=True)
+    assert [p[:2] for p in report.partitions] == [("alt", "relax.nn.conv2d_transpose")]
+
+
+def batch_norm_onnx(*, training: bool):
+    """ONNX BatchNormalization (2, 3, 4, 5) with constant scale, bias and running statistics."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    stats = {"scale": rng.random(3) + 0.5, "bias": rng.random(3), "mean": rng.random(3), "var": rng.random(3) + 0.5}
+    node = helper.make_node("BatchNormalization", ["x", *stats], ["y"], epsilon=1e-3, training_mode=int(training))
+    graph = helper.make_graph([node], "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 5])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in stats.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), stats
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_uses_batch_statistics_in_training_mode_and_running_ones_otherwise(training):
+    import alt_tvm
+
+    model, stats = batch_norm_onnx(training=training)
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32) * 3 + 1
+    mean, var = (x.mean((0, 2, 3)), x.var((0, 2, 3))) if training else (stats["mean"], stats["var"])
+    shape = (1, 3, 1, 1)
+    expected = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-3) * stats["scale"].reshape(shape) \
+        + stats["bias"].reshape(shape)
+    (got,) = alt_tvm.build(model)(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_unknown_variant_and_strategy_names_are_rejected():
     with pytest.raises(ValueError, match=r"unknown variant 'alt-xx'; choose from \['alt', 'alt-wp', 'alt-ol'\]"):
         AltLayoutPass(variant="alt-xx")

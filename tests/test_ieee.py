@@ -98,6 +98,20 @@ def test_a_max_pool_window_of_minus_inf_stays_minus_inf():
     assert np.isneginf(got).all()
 
 
+@pytest.mark.parametrize("size, kernel, stride, pad", [(2, 1, 2, 0), (5, 2, 2, 1), (6, 3, 2, 1), (7, 3, 3, 0)])
+def test_max_pool_ceil_mode_has_no_window_starting_in_the_right_padding(size, kernel, stride, pad):
+    # ONNX's test_maxpool_2d_ceil_output_size_reduce_by_one (2x2, 1x1 window, stride 2) is 1x1, not 2x2:
+    # rounding up adds a window only if it starts inside the input or the left padding (as Relax infers).
+    x = np.random.default_rng(0).standard_normal((1, 2, size, size)).astype(F32)
+    data = te.placeholder(x.shape, F32, name="x")
+    pooled = ops.max_pool(data, pool_size=(kernel, kernel), strides=(stride, stride), padding=(pad,) * 4,
+                          ceil_mode=True)
+    expected = torch.nn.functional.max_pool2d(torch.from_numpy(x), kernel, stride, pad, ceil_mode=True).numpy()
+    (got,) = build_and_run([data], [pooled], [x])
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_fast_math_is_exact_on_finite_inputs(name):
     x = np.random.default_rng(3).standard_normal((2, 3, 9, 9)).astype(F32) * 4

@@ -164,3 +164,34 @@ def test_spatial_zero_pads_merge_into_the_conv_and_channel_pads_stay():
     assert list(helper.get_attribute_value(next(a for a in conv.attribute if a.name == "pads"))) == [0, 0, 1, 1]
     built = alt_tvm.build(model)
     np.testing.assert_allclose(_outputs(built(x))[0], _ort(model, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("auto_pad", ["NOTSET", "SAME_UPPER", "SAME_LOWER"])
+def test_conv_transpose_output_shape_becomes_pads_and_matches_the_onnx_reference(auto_pad):
+    from onnx.reference import ReferenceEvaluator
+
+    from alt_tvm.graph.onnx_fold import resolve_conv_transpose_output_shapes
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 2, 3, 3)).astype("float32")
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[3, 2], output_shape=[10, 8],
+                            auto_pad=auto_pad)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 10, 8])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 1, 3, 3)).astype("float32")
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert want.shape == (1, 2, 10, 8)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    if auto_pad == "SAME_UPPER":  # 10 = 3 * 3 + 1: the extra row would be at the start
+        with pytest.raises(ModelImportError, match=r"output_shape \[10, 8\] with auto_pad SAME_UPPER needs the "
+                                                   r"padding \[-1, -1\] at the start"):
+            alt_tvm.build(model)
+        return
+    assert resolve_conv_transpose_output_shapes(rewritten) == 1
+    attrs = {a.name for a in rewritten.graph.node[0].attribute}
+    assert "output_shape" not in attrs and {"pads", "output_padding"} <= attrs
+    np.testing.assert_allclose(ReferenceEvaluator(rewritten).run(None, {"x": x})[0], want, rtol=1e-6)
+    np.testing.assert_allclose(_outputs(alt_tvm.build(model)(x))[0], want, rtol=1e-5, atol=1e-6)

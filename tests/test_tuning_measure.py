@@ -27,6 +27,7 @@ from alt_tvm.tuning.measure import (
     RPCRunner,
     argument_specs,
     measure,
+    random_arguments,
 )
 
 N = 64  # matmul size: builds and runs in a fraction of a second
@@ -140,6 +141,14 @@ def test_argument_specs_come_from_buffer_typed_params():
     assert argument_specs(te.create_prim_func([x, y])) == (ArgSpec((2, 3), "int8"), ArgSpec((2, 3), "int32"))
     with pytest.raises(TypeError, match="expected a tvm.tirx.PrimFunc"):
         argument_specs("main")
+
+
+def test_random_arguments_keep_a_0d_argument_0d():
+    # np.ascontiguousarray made the 0-d values shape (1,), which copyfrom into a () tensor refuses
+    specs = [ArgSpec((), "float32"), ArgSpec((), "int8"), ArgSpec((2, 3), "float32")]
+    args = random_arguments(specs, tvm.cpu(), seed=0)
+    assert [tuple(a.shape) for a in args] == [(), (), (2, 3)]
+    assert [str(a.dtype) for a in args] == ["float32", "int8", "float32"]
 
 
 def test_bad_parameters_are_rejected_with_precise_messages():

@@ -77,7 +77,8 @@ class TVMRunner:
         self._main = self.vm["main"]
 
     def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
-        tensors = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in args]
+        # not np.ascontiguousarray: it turns a 0-d input into shape (1,), which the VM rejects
+        tensors = [tvm.runtime.tensor(np.asarray(a, order="C"), self.device) for a in args]
         return _flatten(self._main(*tensors), [])
 
 
@@ -204,7 +205,8 @@ class TorchRunner:
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         with torch.inference_mode():
-            return _flatten(self.module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in args)), [])
+            # np.asarray keeps a 0-d input 0-d (np.ascontiguousarray makes it shape (1,))
+            return _flatten(self.module(*(torch.from_numpy(np.asarray(a, order="C")) for a in args)), [])
 
 
 def torch_runner(module: Any, *, threads: int = 1) -> TorchRunner:

@@ -28,7 +28,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .onnx_fold import fold_static_shapes, merge_pads_into_convs
+from .onnx_fold import fold_static_shapes, merge_pads_into_convs, resolve_conv_transpose_output_shapes
 
 __all__ = ["ImportedModel", "ModelImportError", "load_model"]
 
@@ -227,7 +227,8 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
         tensor_type = inp.type.tensor_type
         if not inp.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
             raise ModelImportError(f"ONNX input {inp.name!r} is not a tensor of known rank")
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim]
+        # A dim_value of 0 is a static empty axis (ONNX: an unknown dim has no dim_value).
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
         names_of = [d.dim_param or "?" for d in tensor_type.shape.dim]
         given = shapes.get(inp.name)
         if given is not None:
@@ -252,6 +253,10 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
     # Shape-computing subgraphs become constants, so every reshape has a known target shape.
     model = fold_static_shapes(model, input_shapes=shape_dict).model
     merge_pads_into_convs(model)
+    try:
+        resolve_conv_transpose_output_shapes(model)
+    except ValueError as err:
+        raise ModelImportError(str(err)) from err
     try:
         mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
     except Exception as err:

@@ -20,6 +20,9 @@ Once pads are constants, :func:`merge_pads_into_convs` moves a zero ``Pad`` of t
 axes into the ``Conv`` that reads it (TensorFlow-style "same" padding, as Hugging Face's
 MobileNets write it), as PyTorch's dynamo exporter already does: the two exports of one model
 then reach TVM as one graph, and no padded copy of the activation is materialised.
+:func:`resolve_conv_transpose_output_shapes` writes a ``ConvTranspose``'s ``output_shape`` as
+the ``pads`` and ``output_padding`` the ONNX operator definition derives from it (TVM's
+importer ignores ``output_shape``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FoldResult", "fold_static_shapes", "merge_pads_into_convs"]
+__all__ = ["FoldResult", "fold_static_shapes", "merge_pads_into_convs", "resolve_conv_transpose_output_shapes"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -316,3 +319,75 @@ def _spatial_zero_pads(pad, constants) -> tuple[list[int], list[int]] | None:
     if rank < 3 or before[0] or before[1] or after[0] or after[1]:
         return None  # batch or channel padding is not a convolution's padding
     return before[2:], after[2:]
+
+
+def resolve_conv_transpose_output_shapes(model) -> int:
+    """Replace each ``ConvTranspose``'s ``output_shape`` by its ``pads`` and ``output_padding``.
+
+    The padding follows the ONNX operator definition: ``total = stride * (in - 1) +
+    output_padding + (kernel - 1) * dilation + 1 - out``, split in half (the odd element at the
+    start, or at the end with ``auto_pad="SAME_UPPER"``); a negative padding at the end is an
+    ``output_padding``. Nodes whose input shape is unknown, that also give ``pads`` (the
+    reference implementation then ignores ``output_shape``) or that would need a negative
+    padding at the start are left as they are.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        With static input shapes; rewritten in place.
+
+    Returns
+    -------
+    int
+        The number of nodes rewritten.
+
+    Raises
+    ------
+    ValueError
+        A node whose input or weight shape is unknown, or whose ``output_shape`` would need a
+        negative padding at the start of an axis (an output row no input reaches): TVM would
+        ignore ``output_shape`` and give another shape.
+    """
+    from onnx import helper
+
+    nodes = [n for n in model.graph.node if n.op_type == "ConvTranspose" and n.domain in ("", "ai.onnx")
+             and any(a.name == "output_shape" for a in n.attribute)]
+    if not nodes:
+        return 0
+    shapes = _static_shapes(model)
+    rewritten = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        data, weight = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if "pads" in attrs:
+            continue
+        if data is None or weight is None:
+            raise ValueError(f"ConvTranspose {node.name!r}: output_shape needs the static shapes of "
+                             f"{node.input[0]!r} and {node.input[1]!r}, which shape inference did not find")
+        rank = len(data) - 2
+        out = list(attrs["output_shape"])[-rank:]
+        kernel = list(attrs.get("kernel_shape", weight[2:]))
+        strides = list(attrs.get("strides", [1] * rank))
+        dilations = list(attrs.get("dilations", [1] * rank))
+        extra = list(attrs.get("output_padding", [0] * rank))
+        upper = attrs.get("auto_pad", b"NOTSET") in (b"SAME_UPPER", "SAME_UPPER")
+        before, after = [], []
+        for i in range(rank):
+            total = strides[i] * (data[i + 2] - 1) + extra[i] + (kernel[i] - 1) * dilations[i] + 1 - out[i]
+            small, large = total // 2, total - total // 2
+            start, end = (small, large) if upper else (large, small)
+            if end < 0:  # the output is longer than the padding-free result: pad the end
+                extra[i] -= end
+                end = 0
+            before.append(start)
+            after.append(end)
+        if any(p < 0 for p in before):
+            raise ValueError(f"ConvTranspose {node.name!r}: output_shape {list(attrs['output_shape'])} with "
+                             f"auto_pad {attrs.get('auto_pad', b'NOTSET').decode()} needs the padding {before} at "
+                             "the start of the spatial axes; only non-negative start padding is supported")
+        kept = [a for a in node.attribute if a.name not in ("output_shape", "auto_pad", "output_padding")]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", [*before, *after]),
+                               helper.make_attribute("output_padding", extra)])
+        rewritten += 1
+    return rewritten

@@ -99,7 +99,8 @@ def max_pool(data: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int
     padding : int or sequence of int, optional
         ``2 * spatial`` entries, all befores then all afters (Relax's order), or one int.
     ceil_mode : bool, optional
-        Round the output size up (Relax's rule: ``stride - 1`` added before the division).
+        Round the output size up (Relax's, PyTorch's and ONNX's rule: ``stride - 1`` added
+        before the division, minus one window if the last would start in the right padding).
     layout : str, optional
         One letter per axis of ``data``, no split axes.
     fast_math : bool, optional
@@ -135,6 +136,8 @@ def max_pool(data: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int
     for j, axis in enumerate(spatial):
         span = shape[axis] + before[j] + after[j] - dil[j] * (kernel[j] - 1) - 1 + (stride[j] - 1 if ceil_mode else 0)
         out_shape[axis] = span // stride[j] + 1
+        if ceil_mode and (out_shape[axis] - 1) * stride[j] >= shape[axis] + before[j]:
+            out_shape[axis] -= 1  # rounding up never adds a window that starts in the right padding
     rk = [reduce_axis(k, f"r{c}", itype) for k, c in zip(kernel, (layout[a].lower() for a in spatial))]
     reducer = ieee.max_reducer(fast_math=fast_math)
     # Padding in its own stage (as TVM's pool does): a bounds test inside the reduction kept

@@ -9,6 +9,7 @@ same loop schedule whatever the layout, so layouts can be compared at equal loop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -521,7 +522,10 @@ def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool
     ot, it = tiling.weight_ot or tiling.ot, tiling.weight_it or tiling.it
     if not transposed:
         return conv_weight_tiled(shape, out_tile=ot, in_tile=it)
-    # Transposed weights are I x O/g x K...: tile I by it and O/g by ot, O innermost.
+    # Transposed weights are I x O/g x K...: tile I by it and O/g by ot, O innermost. The
+    # output's channel tile may span groups (one output channel per group, as in a
+    # depthwise conv): the weight's O/g tile is then only what divides O/g.
+    ot, it = math.gcd(ot, shape[1]), math.gcd(it, shape[0])
     rank = len(shape) - 2
     layout = Layout(shape).split(1, [shape[1] // ot, ot]).split(0, [shape[0] // it, it])
     # Now: I/it, it, O/ot, ot, K...

@@ -196,7 +196,7 @@ def random_arguments(specs: Sequence[ArgSpec], device: Any, *, seed: int) -> lis
             values = rng.integers(0, 16, size=spec.shape)
         else:
             values = rng.uniform(-1.0, 1.0, size=spec.shape)
-        tensor.copyfrom(np.ascontiguousarray(values.astype(dtype)))
+        tensor.copyfrom(np.asarray(values.astype(dtype), order="C"))  # keeps a 0-d argument 0-d
         args.append(tensor)
     return args
 
