@@ -134,7 +134,7 @@ def public_models() -> dict[str, PublicModel]:
             groups_width=8, layer_type="y"), image),
         PublicModel("hf_efficientnet_b0", "cnn", _hf_vision(
             "EfficientNetForImageClassification", "EfficientNetConfig", width_coefficient=1.0,
-            depth_coefficient=1.0, image_size=224), image),
+            depth_coefficient=1.0, image_size=224, hidden_dim=1280), image),
         PublicModel("hf_convnext_tiny", "cnn", _hf_vision("ConvNextForImageClassification", "ConvNextConfig"), image),
         PublicModel("hf_poolformer_s12", "cnn", _hf_vision("PoolFormerForImageClassification", "PoolFormerConfig"),
                     image),

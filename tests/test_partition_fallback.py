@@ -92,3 +92,35 @@ def test_an_extent_with_no_vector_divisor_lowers_with_the_strategy():
     want = TwoMatmuls()(*(torch.from_numpy(a) for a in arrays))
     for got, expected in zip(built(*arrays), want):
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_that_fails_to_compile_falls_back_and_strict_re_raises(monkeypatch):
+    # The schedule succeeds; LLVM code generation then rejects the kernel (a pragma importing
+    # text that is not LLVM IR), so the failure shows only inside tvm.compile.
+    import tvm
+
+    from alt_tvm.strategies.alt import gemm
+
+    original = gemm.schedule_gemm
+
+    def uncompilable(func, **kwargs):
+        sch = tvm.s_tir.Schedule(original(func, **kwargs))
+        block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+        sch.annotate(sch.get_loops(block)[-1], "pragma_import_llvm", "not LLVM IR")
+        return sch.mod
+
+    monkeypatch.setattr(gemm, "schedule_gemm", uncompilable)
+    arrays = _inputs()[2:]  # the 196-token pair
+    inputs = tuple(torch.from_numpy(a) for a in arrays)
+
+    class Scores(torch.nn.Module):
+        def forward(self, q, k):
+            return torch.relu(torch.matmul(q, k))
+
+    built = alt_tvm.build(Scores().eval(), example_inputs=inputs)
+    (reason,) = built.report.failed.values()
+    assert "does not compile" in reason and "alt_matmul" in reason
+    assert not built.report.partitions
+    np.testing.assert_allclose(built(*arrays)[0], torch.relu(inputs[0] @ inputs[1]).numpy(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match="expected top-level entity"):
+        alt_tvm.build(Scores().eval(), example_inputs=inputs, strict=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import statistics
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,7 @@ class AltLayoutPass:
     def __init__(self, *, target: HardwareTarget | str | None = None, variant: str = "alt",
                  strategies: Sequence[str] | None = None, records: TunedLog | str | os.PathLike | None = None,
                  strategy_options: dict[str, Any] | None = None, fast_math: bool = False,
-                 strict: bool = False) -> None:
+                 strict: bool = False, excluded: Mapping[str, str] | None = None) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
         self.target = resolve(target)
@@ -166,6 +166,9 @@ class AltLayoutPass:
             raise TypeError(f"strict must be a bool, got {strict!r}")
         #: re-raise a strategy's failure instead of leaving its partition to TVM's legalization
         self.strict = strict
+        #: workload key -> why: partitions left to TVM's legalization whatever their strategy
+        #: (kernels that failed to compile in an earlier attempt of this build)
+        self.excluded = dict(excluded or {})
         self.report = BuildReport(log=None if records is None else records.path)
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
@@ -397,6 +400,10 @@ class _Mutator(relax.PyExprMutator):
             for used in relax.analysis.free_vars(binding.value):
                 if used in self.layouts:
                     input_layouts[used] = self.layouts[used][1]
+        excluded = self.owner.excluded.get(workload_key(partition))
+        if excluded is not None:
+            self._fall_back(partition, strategy, RuntimeError(excluded))
+            return
         try:
             context, lowered = self.owner.lower(partition, strategy, input_layouts)
         except Exception as err:  # noqa: BLE001 - one partition's failure must not take the build down
@@ -719,12 +726,48 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
                              strategy_options=strategy_options, fast_math=fast_math, strict=strict)
     mod = alt_pass(prepare(imported.mod))
     report = alt_pass.report
+    with machine.to_tvm():
+        lowered = lower_fallbacks(mod, cores=machine.num_cores, fast_math=fast_math)
+        try:
+            executable = tvm.compile(lowered, target=machine.to_tvm())
+        except Exception as err:
+            if strict:
+                raise
+            # Find the kernels that do not compile on their own and build again without them.
+            excluded = _uncompilable_partitions(lowered, report, machine.to_tvm())
+            if not excluded:
+                raise
+            alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, records=records,
+                                     strategy_options=strategy_options, fast_math=fast_math, strict=strict,
+                                     excluded=excluded)
+            mod = alt_pass(prepare(imported.mod))
+            report = alt_pass.report
+            lowered = lower_fallbacks(mod, cores=machine.num_cores, fast_math=fast_math)
+            try:
+                executable = tvm.compile(lowered, target=machine.to_tvm())
+            except Exception:
+                raise err from None
     if report.fallbacks:
         warnings.warn("alt-tvm: " + report.summary(), stacklevel=2)
     elif report.untuned:
         warnings.warn("alt-tvm: " + report.tuning_summary(), stacklevel=2)
-    with machine.to_tvm():
-        mod = lower_fallbacks(mod, cores=machine.num_cores, fast_math=fast_math)
-        executable = tvm.compile(mod, target=machine.to_tvm())
-    return CompiledModel(executable, mod, alt_pass.report, imported.input_shapes, imported.input_dtypes,
+    return CompiledModel(executable, lowered, report, imported.input_shapes, imported.input_dtypes,
                          imported.input_names)
+
+
+def _uncompilable_partitions(mod: tvm.IRModule, report: BuildReport, target: Any) -> dict[str, str]:
+    """Workload key -> the compiler's error, for each partition kernel that fails to compile alone."""
+    failing = {}
+    for kernel in report.kernels:
+        if kernel.kind != "partition" or not kernel.workload or kernel.workload in failing:
+            continue
+        gvar = next((g for g in mod.get_global_vars() if g.name_hint == kernel.name), None)
+        if gvar is None or not isinstance(mod[gvar], tvm.tirx.PrimFunc):
+            continue
+        try:
+            tvm.compile(tvm.IRModule({"main": mod[gvar].with_attr("global_symbol", "main")}), target=target)
+        except Exception as err:  # noqa: BLE001 - the error becomes the partition's fallback reason
+            lines = [line.strip() for line in str(err).splitlines() if len(line.strip()) > 3]
+            message = next((line for line in lines if "rror" in line), lines[-1] if lines else "")[:200]
+            failing[kernel.workload] = f"its kernel {kernel.name} does not compile: {type(err).__name__}: {message}"
+    return failing
