@@ -110,9 +110,9 @@ def _torch_encoder() -> object:
 
 def _torchvision(name: str) -> Callable[[], object]:
     def make():
-        import torchvision
+        import importlib
 
-        return getattr(torchvision.models, name)()
+        return getattr(importlib.import_module("torchvision.models"), name)()
 
     return make
 

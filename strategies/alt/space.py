@@ -136,7 +136,9 @@ class GemmSpace(Space):
         return self._layout
 
     def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
-        return (Knob("mt", divisors(self.m, cap=8)), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
+        # Row blocks need not divide M (the last one is partial): M is often prime (197 tokens).
+        rows = tuple(sorted(set(divisors(self.m, cap=8)) | {t for t in (2, 4, 8) if t <= self.m}))
+        return (Knob("mt", rows), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
                 Knob("kt", divisors(self.k, cap=8)))
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:

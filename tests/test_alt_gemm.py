@@ -1,0 +1,52 @@
+"""The ALT GEMM template on row counts with no small divisor (ViT's 197 tokens is prime).
+
+A row block of one re-reads the whole packed weight for every row; the template blocks 4 rows
+and lets the last block be partial, and the tuning space offers such partial blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+
+import alt_tvm
+from alt_tvm.integration import extract_tasks
+
+TOKENS, IN, OUT = 197, 64, 96
+
+
+def _linear() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(IN, OUT).eval()
+
+
+def test_a_prime_row_count_gets_a_four_row_block_and_matches_torch():
+    model = _linear()
+    x = torch.randn(1, TOKENS, IN, generator=torch.Generator().manual_seed(1))
+    built = alt_tvm.build(model, example_inputs=(x,), strict=True)
+    assert [ops for _, _, ops in built.report.partitions] == [["relax.matmul", "relax.add"]]
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    _, loop = task.space.default()
+    assert loop["mt"] == 4  # not 1, the only divisor of 197 up to 8
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mt", [1, 2, 4, 8])
+def test_every_row_block_of_the_space_lowers_and_computes_the_product(mt):
+    model = _linear()
+    x = torch.randn(1, TOKENS, IN, generator=torch.Generator().manual_seed(1))
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    (mt_knob, *_) = task.space.loop_knobs({"nt": 16})
+    assert set(mt_knob.choices) == {1, 2, 4, 8}
+    layout, loop = task.space.default()
+    lowered = task.lower(task.space.decode(layout, {**loop, "mt": mt}))
+    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
+    args = []
+    for i, (shape, dtype) in enumerate(lowered.arg_specs):
+        data = lowered.constants.get(i)
+        if data is None:
+            data = x.numpy() if shape == (1, TOKENS, IN) else np.zeros(shape, dtype)
+        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
+    func(*args)
+    np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
