@@ -126,7 +126,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     return row
 
 
-def _child(name: str, args: argparse.Namespace) -> dict:
+def run_in_child(name: str, args: argparse.Namespace) -> dict:
+    """:func:`run_one` in a child process with ``args.timeout``; a crash or hang is the row's error."""
     command = [sys.executable, __file__, "--one", name, "--export-dir", str(args.export_dir), "--threads",
                str(args.threads), "--rounds", str(args.rounds), "--repeat", str(args.repeat)]
     if args.torchvision_src is not None:
@@ -180,6 +181,11 @@ def main(argv=None) -> int:
         print(json.dumps(run_one(args.one, args)), flush=True)
         return 0
     names = args.names or list(public_models())
+    from alt_tvm.timing import measure_peak_gflops
+
+    # The ceiling of this run (machine states differ between days), before any model loads it.
+    peak = measure_peak_gflops(threads=args.threads)
+    print(f"FP32 FMA peak measured in this run: {peak:.0f} GFLOP/s on {args.threads} threads", flush=True)
     done = {}
     if args.resume and args.out.exists():
         done = {row["model"]: row for row in map(json.loads, args.out.read_text().splitlines()) if row}
@@ -188,13 +194,13 @@ def main(argv=None) -> int:
         if name in done:
             rows.append(done[name])
             continue
-        row = _child(name, args)
+        row = run_in_child(name, args)
         rows.append(row)
         with args.out.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
         print(markdown([row]).splitlines()[-1] if "error" in row else "\n".join(markdown([row]).splitlines()[2:]),
               flush=True)
-    table = markdown(rows)
+    table = f"FP32 FMA peak measured in this run: {peak:.0f} GFLOP/s on {args.threads} threads.\n\n" + markdown(rows)
     if args.markdown is not None:
         args.markdown.write_text(table)
     print(table)
