@@ -76,6 +76,17 @@ def _max_error(got, want) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
+def _reason(err: BaseException) -> str:
+    """The error and its root cause, short (exporters wrap the cause in pages of advice)."""
+    root = err
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if root is not err:
+        text += f" (caused by {type(root).__name__}: {(str(root).splitlines() or [''])[0]})"
+    return text[:400]
+
+
 def run_one(name: str, args: argparse.Namespace) -> dict:
     """Export, build, check and time one model; its row."""
     import warnings
@@ -97,7 +108,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
             path = export(name, args.export_dir, exporter=exporter)
             entry["export_s"] = round(time.perf_counter() - started, 1)
         except Exception as err:  # noqa: BLE001 - a row reports it
-            entry.update(status="export failed", error=f"{type(err).__name__}: {str(err)[:300]}")
+            entry.update(status="export failed", error=_reason(err))
             continue
         ort_runner = onnxruntime_session(path, threads=args.threads)
         want = ort_runner(x)[0]
@@ -109,7 +120,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
             got = got[0] if isinstance(got, (list, tuple)) else got
             entry["max_rel_error"] = _max_error(got, want)
         except Exception as err:  # noqa: BLE001 - a row reports it
-            entry.update(status="build failed", error=f"{type(err).__name__}: {str(err)[:300]}")
+            entry.update(status="build failed", error=_reason(err))
             continue
         report = built.report
         strategies: dict[str, int] = {}
