@@ -57,48 +57,36 @@ class PublicModel:
         return "input_ids" if self.input_dtype == "int64" else "pixel_values"
 
 
-def _hf_vision(model_class_name: str, config_name: str, output: str = "logits", **config) -> Callable[[], object]:
+def _hf(model_class_name: str, config_name: str, *, argument: str, output: str, **config) -> Callable[[], object]:
+    """A ``transformers`` model called with one keyword ``argument``, returning its ``output``
+    field (``transformers`` returns an output object; the exporters want a tensor)."""
+
     def make():
         import torch
         import transformers as hf
 
         inner = getattr(hf, model_class_name)(getattr(hf, config_name)(**config))
 
-        class Vision(torch.nn.Module):
-            """One tensor output (``transformers`` returns an output object)."""
-
+        class OneTensor(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.inner = inner
 
-            def forward(self, pixel_values):
-                return getattr(self.inner(pixel_values=pixel_values), output)
+            def forward(self, x):
+                return getattr(self.inner(**{argument: x}), output)
 
-        return Vision()
+        return OneTensor()
 
     return make
+
+
+def _hf_vision(model_class_name: str, config_name: str, output: str = "logits", **config) -> Callable[[], object]:
+    return _hf(model_class_name, config_name, argument="pixel_values", output=output, **config)
 
 
 def _hf_text(model_class_name: str, config_name: str, **config) -> Callable[[], object]:
-    def make():
-        import torch
-        import transformers as hf
-
-        inner = getattr(hf, model_class_name)(getattr(hf, config_name)(**config))
-
-        class Text(torch.nn.Module):
-            """The encoder's last hidden state for a batch of token ids (no padding mask)."""
-
-            def __init__(self) -> None:
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, input_ids):
-                return self.inner(input_ids=input_ids).last_hidden_state
-
-        return Text()
-
-    return make
+    """The encoder's last hidden state for a batch of token ids (no padding mask)."""
+    return _hf(model_class_name, config_name, argument="input_ids", output="last_hidden_state", **config)
 
 
 def _torch_encoder() -> object:
