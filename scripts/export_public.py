@@ -159,11 +159,17 @@ def example_input(model: PublicModel, *, seed: int = 0):
 
 
 def instantiate(model: PublicModel, *, seed: int = 0):
-    """The module in eval mode with seeded weights and re-estimated batch-norm statistics."""
+    """The module in eval mode with seeded weights (no all-zero linear layer) and re-estimated
+    batch-norm statistics."""
     import torch
 
     torch.manual_seed(seed)
     module = model.make()
+    for layer in module.modules():
+        # Some definitions start a classifier at zero (torchvision's ViT head): every output
+        # would be 0 and a comparison with ONNX Runtime would check nothing.
+        if isinstance(layer, torch.nn.Linear) and not layer.weight.detach().any():
+            torch.nn.init.normal_(layer.weight, std=0.02)
     norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if norms:
         generator = torch.Generator().manual_seed(seed)

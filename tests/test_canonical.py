@@ -207,3 +207,25 @@ def test_resuming_with_another_route_measures_nothing_again(tmp_path):
 
     summaries = tune(given["onnx"][0], verify=False, measure=counting, resume=True, **options)
     assert calls == [] and len(summaries) == 7
+
+
+class WholeInputPools(torch.nn.Module):
+    """Hugging Face EfficientNet's final pooling (a window far larger than the input, ceil mode),
+    a max pool of the same kind, and an average that counts explicit padding (stays a pool)."""
+
+    def forward(self, x):
+        head = torch.nn.functional.avg_pool2d(x, 64, ceil_mode=True)
+        peak = torch.nn.functional.max_pool2d(x, (7, 9), stride=(7, 9), ceil_mode=True)
+        padded = torch.nn.functional.avg_pool2d(x, 8, padding=1, count_include_pad=True)
+        return head, peak, padded
+
+
+def test_a_pool_whose_window_covers_the_input_becomes_a_global_reduction():
+    torch.manual_seed(0)
+    model, x = WholeInputPools().eval(), torch.randn(1, 5, 7, 7)
+    ops = canonical_ops(model, (x,))
+    assert ops.count("relax.mean") == 1 and ops.count("relax.max") == 1
+    assert ops.count("relax.nn.avg_pool2d") == 1 and "relax.nn.max_pool2d" not in ops
+    out = build_quietly(model, example_inputs=(x,))(x.numpy())
+    for got, want in zip(out, model(x)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)

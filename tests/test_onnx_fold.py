@@ -195,3 +195,27 @@ def test_conv_transpose_output_shape_becomes_pads_and_matches_the_onnx_reference
     assert "output_shape" not in attrs and {"pads", "output_padding"} <= attrs
     np.testing.assert_allclose(ReferenceEvaluator(rewritten).run(None, {"x": x})[0], want, rtol=1e-6)
     np.testing.assert_allclose(_outputs(alt_tvm.build(model)(x))[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_conv_auto_pad_becomes_pads_and_matches_the_onnx_reference(auto_pad):
+    from onnx.reference import ReferenceEvaluator
+
+    from alt_tvm.graph.onnx_fold import resolve_conv_auto_pads
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype("float32")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], auto_pad=auto_pad)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 3, 10, 9)).astype("float32")
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert resolve_conv_auto_pads(rewritten) == 1
+    attrs = {a.name: helper.get_attribute_value(a) for a in rewritten.graph.node[0].attribute}
+    assert "auto_pad" not in attrs
+    assert attrs["pads"] == {"SAME_UPPER": [0, 1, 1, 1], "SAME_LOWER": [1, 1, 0, 1], "VALID": [0, 0, 0, 0]}[auto_pad]
+    np.testing.assert_allclose(ReferenceEvaluator(rewritten).run(None, {"x": x})[0], want, rtol=1e-6)

@@ -28,7 +28,12 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .onnx_fold import fold_static_shapes, merge_pads_into_convs, resolve_conv_transpose_output_shapes
+from .onnx_fold import (
+    fold_static_shapes,
+    merge_pads_into_convs,
+    resolve_conv_auto_pads,
+    resolve_conv_transpose_output_shapes,
+)
 
 __all__ = ["ImportedModel", "ModelImportError", "load_model"]
 
@@ -252,6 +257,7 @@ def _import_onnx(model: Any, shapes: dict[str, tuple[int, ...]]) -> ImportedMode
         dtype_dict[inp.name] = str(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
     # Shape-computing subgraphs become constants, so every reshape has a known target shape.
     model = fold_static_shapes(model, input_shapes=shape_dict).model
+    resolve_conv_auto_pads(model)  # before merging pads: a merge needs explicit conv pads
     merge_pads_into_convs(model)
     try:
         resolve_conv_transpose_output_shapes(model)

@@ -20,7 +20,9 @@ Once pads are constants, :func:`merge_pads_into_convs` moves a zero ``Pad`` of t
 axes into the ``Conv`` that reads it (TensorFlow-style "same" padding, as Hugging Face's
 MobileNets write it), as PyTorch's dynamo exporter already does: the two exports of one model
 then reach TVM as one graph, and no padded copy of the activation is materialised.
-:func:`resolve_conv_transpose_output_shapes` writes a ``ConvTranspose``'s ``output_shape`` as
+:func:`resolve_conv_auto_pads` writes a ``Conv``'s ``auto_pad`` (the TorchScript exporter's
+spelling of ``padding="same"``) as explicit ``pads``, the dynamo exporter's spelling, before
+pads are merged. :func:`resolve_conv_transpose_output_shapes` writes a ``ConvTranspose``'s ``output_shape`` as
 the ``pads`` and ``output_padding`` the ONNX operator definition derives from it (TVM's
 importer ignores ``output_shape``).
 """
@@ -33,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FoldResult", "fold_static_shapes", "merge_pads_into_convs", "resolve_conv_transpose_output_shapes"]
+__all__ = ["FoldResult", "fold_static_shapes", "merge_pads_into_convs", "resolve_conv_auto_pads",
+           "resolve_conv_transpose_output_shapes"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ _NOT_FOLDABLE = frozenset({
 # Initializers up to this many elements are shown to shape inference with their values, so
 # that its data propagation can read small shape constants; larger ones only by their type.
 _SMALL = 64
-_MAX_ROUNDS = 8
+_MAX_ROUNDS = 64  # each round can unlock one more block of a deep model (Swin-T: about 20)
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,56 @@ def _spatial_zero_pads(pad, constants) -> tuple[list[int], list[int]] | None:
     if rank < 3 or before[0] or before[1] or after[0] or after[1]:
         return None  # batch or channel padding is not a convolution's padding
     return before[2:], after[2:]
+
+
+def resolve_conv_auto_pads(model) -> int:
+    """Replace each ``Conv``'s ``auto_pad`` (``SAME_UPPER``, ``SAME_LOWER``, ``VALID``) by ``pads``.
+
+    ONNX's definition: with ``SAME_*`` the output has ``ceil(in / stride)`` elements and the
+    total padding ``max((out - 1) * stride + (kernel - 1) * dilation + 1 - in, 0)`` is split in
+    half, the odd element at the end (``SAME_UPPER``) or the start (``SAME_LOWER``); ``VALID``
+    pads nothing. Nodes whose input shape is unknown are left as they are.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        With static input shapes; rewritten in place.
+
+    Returns
+    -------
+    int
+        The number of nodes rewritten.
+    """
+    from onnx import helper
+
+    nodes = [n for n in model.graph.node if n.op_type == "Conv" and n.domain in ("", "ai.onnx") and any(
+        a.name == "auto_pad" and helper.get_attribute_value(a) not in (b"NOTSET", "NOTSET") for a in n.attribute)]
+    if not nodes:
+        return 0
+    shapes = _static_shapes(model)
+    rewritten = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        data, weight = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if data is None or weight is None:
+            continue
+        rank = len(data) - 2
+        mode = attrs["auto_pad"].decode() if isinstance(attrs["auto_pad"], bytes) else attrs["auto_pad"]
+        kernel = list(attrs.get("kernel_shape", weight[2:]))
+        strides = list(attrs.get("strides", [1] * rank))
+        dilations = list(attrs.get("dilations", [1] * rank))
+        before, after = [0] * rank, [0] * rank
+        if mode != "VALID":
+            for i in range(rank):
+                out = -(-data[i + 2] // strides[i])
+                total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - data[i + 2], 0)
+                small, large = total // 2, total - total // 2
+                before[i], after[i] = (small, large) if mode == "SAME_UPPER" else (large, small)
+        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", [*before, *after])])
+        rewritten += 1
+    return rewritten
 
 
 def resolve_conv_transpose_output_shapes(model) -> int:
