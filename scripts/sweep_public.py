@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,7 +85,7 @@ def _reason(err: BaseException) -> str:
     text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     if root is not err:
         text += f" (caused by {type(root).__name__}: {(str(root).splitlines() or [''])[0]})"
-    return text[:400]
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)[:400]  # no terminal colours in a table
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:
