@@ -324,6 +324,13 @@ def _spatial_zero_pads(pad, constants) -> tuple[list[int], list[int]] | None:
     return before[2:], after[2:]
 
 
+def _window(attrs: Mapping, data: tuple[int, ...], weight: tuple[int, ...]) -> tuple[int, list, list, list]:
+    """A (transposed) convolution's spatial rank, kernel, strides and dilations, defaults filled in."""
+    rank = len(data) - 2
+    return (rank, list(attrs.get("kernel_shape", weight[2:])), list(attrs.get("strides", [1] * rank)),
+            list(attrs.get("dilations", [1] * rank)))
+
+
 def resolve_conv_auto_pads(model) -> int:
     """Replace each ``Conv``'s ``auto_pad`` (``SAME_UPPER``, ``SAME_LOWER``, ``VALID``) by ``pads``.
 
@@ -355,11 +362,8 @@ def resolve_conv_auto_pads(model) -> int:
         data, weight = shapes.get(node.input[0]), shapes.get(node.input[1])
         if data is None or weight is None:
             continue
-        rank = len(data) - 2
+        rank, kernel, strides, dilations = _window(attrs, data, weight)
         mode = attrs["auto_pad"].decode() if isinstance(attrs["auto_pad"], bytes) else attrs["auto_pad"]
-        kernel = list(attrs.get("kernel_shape", weight[2:]))
-        strides = list(attrs.get("strides", [1] * rank))
-        dilations = list(attrs.get("dilations", [1] * rank))
         before, after = [0] * rank, [0] * rank
         if mode != "VALID":
             for i in range(rank):
@@ -380,9 +384,8 @@ def resolve_conv_transpose_output_shapes(model) -> int:
     The padding follows the ONNX operator definition: ``total = stride * (in - 1) +
     output_padding + (kernel - 1) * dilation + 1 - out``, split in half (the odd element at the
     start, or at the end with ``auto_pad="SAME_UPPER"``); a negative padding at the end is an
-    ``output_padding``. Nodes whose input shape is unknown, that also give ``pads`` (the
-    reference implementation then ignores ``output_shape``) or that would need a negative
-    padding at the start are left as they are.
+    ``output_padding``. Nodes that also give ``pads`` are left as they are (the reference
+    implementation then ignores ``output_shape``, and so does TVM).
 
     Parameters
     ----------
@@ -417,11 +420,8 @@ def resolve_conv_transpose_output_shapes(model) -> int:
         if data is None or weight is None:
             raise ValueError(f"ConvTranspose {node.name!r}: output_shape needs the static shapes of "
                              f"{node.input[0]!r} and {node.input[1]!r}, which shape inference did not find")
-        rank = len(data) - 2
+        rank, kernel, strides, dilations = _window(attrs, data, weight)
         out = list(attrs["output_shape"])[-rank:]
-        kernel = list(attrs.get("kernel_shape", weight[2:]))
-        strides = list(attrs.get("strides", [1] * rank))
-        dilations = list(attrs.get("dilations", [1] * rank))
         extra = list(attrs.get("output_padding", [0] * rank))
         upper = attrs.get("auto_pad", b"NOTSET") in (b"SAME_UPPER", "SAME_UPPER")
         before, after = [], []
