@@ -11,7 +11,13 @@ to denormals and every runtime slows. Each model is exported by either of PyTorc
 * ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (the default since PyTorch 2.9; needs
   ``onnxscript``).
 
-    python scripts/export_public.py [--out-dir models/public] [--names hf_resnet50 ...] [--exporter dynamo]
+    python scripts/export_public.py [--out-dir models/public] [--names hf_resnet50 ...] [--kind cnn]
+                                    [--exporter dynamo] [--torchvision-src DIR]
+
+``--names`` takes model names and group names (:data:`GROUPS`, e.g. ``issue17``: the
+torchvision CNNs of issue 17); ``--kind`` keeps the models of one kind. Where no torchvision
+wheel matches the installed torch, ``--torchvision-src DIR`` loads its pure-Python model
+definitions from an unpacked wheel's ``torchvision`` folder (see :func:`use_torchvision_source`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EXPORTERS = ("torchscript", "dynamo")
+KINDS = ("cnn", "transformer")
 
 
 @dataclass(frozen=True)
@@ -96,13 +103,32 @@ def _torch_encoder() -> object:
     return torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
 
 
-def _torchvision(name: str) -> Callable[[], object]:
+def _torchvision(name: str, **kwargs) -> Callable[[], object]:
+    """``torchvision.models.<name>(**kwargs)``: no pretrained weights (``weights=None``, the
+    default of every builder)."""
+
     def make():
         import importlib
 
-        return getattr(importlib.import_module("torchvision.models"), name)()
+        return getattr(importlib.import_module("torchvision.models"), name)(**kwargs)
 
     return make
+
+
+def use_torchvision_source(folder: Path) -> None:
+    """Import ``torchvision.models`` from ``folder`` (an unpacked wheel's ``torchvision``
+    folder) without running ``torchvision/__init__.py``, which loads compiled ops these models
+    do not use. Only for ``tv_`` models: ``transformers`` reads torchvision's version, which
+    this stand-in lacks, so a ``transformers`` model built after this call fails."""
+    import importlib.machinery
+    import types
+
+    if not (folder / "models" / "__init__.py").is_file():
+        raise SystemExit(f"--torchvision-src {folder}: no models/__init__.py there; give the torchvision folder")
+    package = types.ModuleType("torchvision")
+    package.__path__ = [str(folder)]
+    package.__spec__ = importlib.machinery.ModuleSpec("torchvision", None, is_package=True)
+    sys.modules["torchvision"] = package
 
 
 def public_models() -> dict[str, PublicModel]:
@@ -144,8 +170,53 @@ def public_models() -> dict[str, PublicModel]:
         PublicModel("tv_shufflenet_v2_x1_0", "cnn", _torchvision("shufflenet_v2_x1_0"), image),
         PublicModel("tv_vit_b_16", "transformer", _torchvision("vit_b_16"), image),
         PublicModel("tv_swin_t", "transformer", _torchvision("swin_t"), image),
+        # The CNNs of issue 17 (GROUPS["issue17"]).
+        PublicModel("tv_resnet18", "cnn", _torchvision("resnet18"), image),
+        PublicModel("tv_resnet50", "cnn", _torchvision("resnet50"), image),
+        PublicModel("tv_mobilenet_v2", "cnn", _torchvision("mobilenet_v2"), image),
+        PublicModel("tv_mobilenet_v3_large", "cnn", _torchvision("mobilenet_v3_large"), image),
+        PublicModel("tv_efficientnet_b0", "cnn", _torchvision("efficientnet_b0"), image),
+        PublicModel("tv_squeezenet1_1", "cnn", _torchvision("squeezenet1_1"), image),
+        PublicModel("tv_densenet121", "cnn", _torchvision("densenet121"), image),
+        PublicModel("tv_regnet_y_400mf", "cnn", _torchvision("regnet_y_400mf"), image),
+        PublicModel("tv_mnasnet1_0", "cnn", _torchvision("mnasnet1_0"), image),
+        # Without the auxiliary heads (used in training only; in train mode, as when batch
+        # norm is re-estimated, they would run); init_weights=True is the default that
+        # torchvision warns it will change.
+        PublicModel("tv_googlenet", "cnn", _torchvision("googlenet", aux_logits=False, init_weights=True), image),
+        PublicModel("tv_convnext_tiny", "cnn", _torchvision("convnext_tiny"), image),
     ]
     return {m.name: m for m in models}
+
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    # The CNNs of issue 17, as torchvision defines them.
+    "issue17": ("tv_resnet18", "tv_resnet50", "tv_mobilenet_v2", "tv_mobilenet_v3_large", "tv_efficientnet_b0",
+                "tv_squeezenet1_1", "tv_densenet121", "tv_regnet_y_400mf", "tv_mnasnet1_0", "tv_googlenet",
+                "tv_convnext_tiny"),
+}
+"""Named groups of models, which ``--names`` takes besides model names."""
+
+
+def select(names=None, kind: str | None = None) -> list[str]:
+    """The model names that ``names`` (model and :data:`GROUPS` names; ``None``: every model)
+    and ``kind`` (``None``: any) select, each once, in the order given.
+
+    Raises
+    ------
+    ValueError
+        For a name that is neither a model nor a group, or an unknown kind; the message lists
+        the choices.
+    """
+    models = public_models()
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
+    unknown = [n for n in names or () if n not in models and n not in GROUPS]
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; choose from the groups {sorted(GROUPS)} "
+                         f"or the models {sorted(models)}")
+    expanded = [m for n in names for m in GROUPS.get(n, (n,))] if names else list(models)
+    return [n for n in dict.fromkeys(expanded) if kind is None or models[n].kind == kind]
 
 
 def example_input(model: PublicModel, *, seed: int = 0):
@@ -215,12 +286,27 @@ def export(name: str, out_dir: Path, *, exporter: str = "torchscript", seed: int
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=Path("models") / "public")
-    parser.add_argument("--names", nargs="+", default=None, help="models (default: all)")
+    parser.add_argument("--names", nargs="+", default=None,
+                        help=f"models or groups ({', '.join(sorted(GROUPS))}); default: all")
+    parser.add_argument("--kind", choices=KINDS, default=None, help="only the models of this kind")
     parser.add_argument("--exporter", choices=EXPORTERS, default="torchscript")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--torchvision-src", type=Path, default=None,
+                        help="a torchvision package folder to take model definitions from (see above)")
     args = parser.parse_args(argv)
-    names = args.names or sorted(public_models())
+    try:
+        names = select(args.names, args.kind)
+    except ValueError as err:
+        parser.error(str(err))
+    if not names:
+        parser.error(f"no {args.kind} model among --names {' '.join(args.names)}")
+    if args.names is None:
+        names.sort()
+    if args.torchvision_src is not None:
+        names.sort(key=lambda name: name.startswith("tv_"))  # transformers models before the stand-in
     for name in names:
+        if args.torchvision_src is not None and name.startswith("tv_") and "torchvision" not in sys.modules:
+            use_torchvision_source(args.torchvision_src)
         started = time.perf_counter()
         path = export(name, args.out_dir, exporter=args.exporter, seed=args.seed)
         print(f"{name:24s} {path} ({path.stat().st_size / 2**20:.1f} MiB, {time.perf_counter() - started:.1f} s)")

@@ -7,8 +7,11 @@ builds and ONNX Runtime in interleaved rounds (ORT's pool not spinning, the same
 Rows are appended to a JSON-lines file as models finish (``--resume`` skips finished ones) and
 the table is written as Markdown.
 
-    python scripts/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--out sweep.jsonl]
+    python scripts/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--kind cnn] [--out sweep.jsonl]
                                    [--markdown docs/public_sweep.md] [--timeout 1200] [--resume]
+
+``--names`` takes model names and group names of ``export_public.GROUPS`` (``issue17``: the
+torchvision CNNs of issue 17); ``--kind`` keeps the models of one kind.
 
 ``torchvision`` models run only where ``import torchvision`` works; where no torchvision wheel
 matches the installed torch, ``--torchvision-src DIR`` loads its pure-Python model definitions
@@ -30,12 +33,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from export_public import EXPORTERS, export, public_models  # noqa: E402
+from export_public import EXPORTERS, GROUPS, KINDS, export, public_models, select, use_torchvision_source  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--names", nargs="+", default=None, help="models (default: all)")
+    parser.add_argument("--names", nargs="+", default=None,
+                        help=f"models or groups ({', '.join(sorted(GROUPS))}); default: all")
+    parser.add_argument("--kind", choices=KINDS, default=None, help="only the models of this kind")
     parser.add_argument("--out", type=Path, default=Path("sweep_public.jsonl"))
     parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
     parser.add_argument("--export-dir", type=Path, default=Path("models") / "sweep")
@@ -48,23 +53,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="a torchvision package folder to take model definitions from (see above)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's model
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.names or []) - set(public_models()))
-    if unknown:
-        parser.error(f"unknown models {unknown}; choose from {sorted(public_models())}")
+    if args.one is None:  # the model names, groups expanded and --kind applied
+        try:
+            names = select(args.names, args.kind)
+        except ValueError as err:
+            parser.error(str(err))
+        if not names:
+            parser.error(f"no {args.kind} model among --names {' '.join(args.names)}")
+        args.names = names
     return args
-
-
-def _use_torchvision_source(folder: Path) -> None:
-    """Import ``torchvision.models`` from ``folder`` without ``torchvision/__init__.py``."""
-    import importlib.machinery
-    import types
-
-    if not (folder / "models" / "__init__.py").is_file():
-        raise SystemExit(f"--torchvision-src {folder}: no models/__init__.py there; give the torchvision folder")
-    package = types.ModuleType("torchvision")
-    package.__path__ = [str(folder)]
-    package.__spec__ = importlib.machinery.ModuleSpec("torchvision", None, is_package=True)
-    sys.modules["torchvision"] = package
 
 
 def _max_error(got, want) -> float:
@@ -189,10 +186,10 @@ def main(argv=None) -> int:
     if args.one is not None:
         if args.torchvision_src is not None and args.one.startswith("tv_"):
             # Only there: transformers reads torchvision's version, which this stand-in lacks.
-            _use_torchvision_source(args.torchvision_src)
+            use_torchvision_source(args.torchvision_src)
         print(json.dumps(run_one(args.one, args)), flush=True)
         return 0
-    names = args.names or list(public_models())
+    names = args.names
     from alt_tvm.graph.build import use_runtime_threads
     from alt_tvm.timing import measure_peak_gflops
 

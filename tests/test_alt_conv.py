@@ -92,3 +92,29 @@ def test_default_tiling_follows_registers_and_l1():
     assert small_l1.spatial[0] * small_l1.spatial[1] * 16 * 4 <= 2 * 1024 < big.spatial[0] * big.spatial[1] * 64
     few_regs = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=8, registers=16, l1_bytes=32 * 1024)
     assert few_regs.spatial[0] * few_regs.reg <= 12 and few_regs.ot == 8
+
+
+def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():
+    from alt_tvm.strategies.alt.tiling import default_conv_tiling, register_block
+
+    assert register_block(28, 6) == 4  # a divisor that fills 4 of 6 accumulators: kept
+    assert register_block(7, 6) == 4  # divisors 1 and 7: 4 + 3 instead of 1 accumulator
+    assert register_block(14, 6) == 5  # 5 + 5 + 4 instead of 2
+    assert register_block(7, 12) == 7 and register_block(7, 1) == 1
+    # ResNet-50's last stage (7x7, 512 channels = 2 AVX2 vectors): 8 accumulators, not 2.
+    late = default_conv_tiling((1, 512, 7, 7), 512, 512, lanes=8, registers=16)
+    assert late.spatial == (1, 7) and late.ot == 16 and late.reg == 4
+
+
+@pytest.mark.parametrize("size", [7, 14])
+def test_ragged_register_block_conv_matches_pytorch_in_a_model(size):
+    """A conv whose register block does not divide its tile (a predicated tail) is exact."""
+    from alt_tvm.graph.build import build
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(256, 256, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(256, 256, 1)).eval()
+    x = torch.randn(1, 256, size, size)
+    built = build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

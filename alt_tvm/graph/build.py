@@ -46,7 +46,7 @@ from .baselines import flatten_outputs
 from .canonical import canonicalize
 from .ieee import legalize_overrides
 from .partition import consumers, plan_partitions
-from .profile import KernelProfile, profile_vm
+from .profile import KernelInfo, KernelProfile, profile_vm
 
 VARIANTS = ("alt", "alt-wp", "alt-ol")
 #: PrimFunc attribute marking kernels that alt-tvm scheduled itself.
@@ -70,12 +70,18 @@ class Kernel:
         conversion, its producer for a conversion back to the canonical layout); "" if none.
     detail
         For a conversion: the tensor shape and the two layouts.
+    ops
+        The Relax operators it computes, in program order.
+    layout
+        The layout of its output ("" for the canonical one).
     """
 
     name: str
     kind: str
     workload: str = ""
     detail: str = ""
+    ops: tuple[str, ...] = ()
+    layout: str = ""
 
 
 @dataclass
@@ -275,6 +281,11 @@ class AltLayoutPass:
         return wanted
 
 
+def _stored(layout: Layout | None) -> str:
+    """A layout as the shape it stores, e.g. ``1x8x56x56x8`` ("" when canonical)."""
+    return "" if layout is None or layout.is_identity else "x".join(str(int(d)) for d in layout.shape)
+
+
 def _standalone_elementwise(binding: relax.VarBinding, users: dict) -> bool:
     name = op_name(binding.value)
     return (name in UNARY_EPILOGUE or name in BINARY_EPILOGUE) and len(users.get(binding.var, [])) == 1 \
@@ -335,7 +346,8 @@ class _Mutator(relax.PyExprMutator):
         self.owner.report.conversions += 1
         self.count += 1
         name = f"layout_convert{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "conversion", workload, f"{tuple(shape)} {src} -> {dst}"))
+        self.owner.report.kernels.append(Kernel(name, "conversion", workload, f"{tuple(shape)} {src} -> {dst}",
+                                                ("layout_transform",), _stored(dst)))
         return self._emit_call(sch.mod["main"], name, [value], dst.shape, dtype)
 
     def _canonical_arg(self, var: relax.Var) -> None:
@@ -388,7 +400,7 @@ class _Mutator(relax.PyExprMutator):
         func = _parallelize(te.create_prim_func([*inputs, result[out]]), self.owner.target.num_cores)
         self.count += 1
         name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "elementwise"))
+        self.owner.report.kernels.append(Kernel(name, "elementwise", ops=(op_name(call),), layout=_stored(layout)))
         new_var = self._emit_call(func, name, args, layout.shape, dtype_of(binding.var))
         self.layouts[binding.var] = (new_var, layout)
         self.owner.report.partitions.append(("alt", op_name(call), [op_name(call)]))
@@ -425,7 +437,9 @@ class _Mutator(relax.PyExprMutator):
             args.append(arg)
         self.count += 1
         name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "partition", context.workload_key))
+        layout = lowered.output_layout
+        self.owner.report.kernels.append(Kernel(name, "partition", context.workload_key, ops=tuple(partition.ops),
+                                                layout=_stored(layout)))
         out = partition.output
         if lowered.packed_func is not None:
             call = relax.call_dps_packed(lowered.packed_func, args,
@@ -507,6 +521,7 @@ class CompiledModel:
         self.input_names = list(input_names)
         self.device = device or tvm.cpu()
         self.vm = relax.VirtualMachine(executable, self.device)
+        self._kernel_info: dict[str, KernelInfo] | None = None
 
     def _arguments(self, arrays: Sequence[np.ndarray]) -> list:
         if len(arrays) != len(self.input_shapes):
@@ -531,13 +546,43 @@ class CompiledModel:
     def profile(self, *arrays: np.ndarray, repeat: int = 5) -> KernelProfile:
         """Time every kernel inside ``repeat`` runs of the whole model (after one warm-up run).
 
-        ``report.kernels`` says what each kernel alt-tvm emitted is for;
+        ``print(profile.table())`` shows every kernel with its operators, layout, time, share
+        and GFLOP/s; ``report.kernels`` says what each kernel alt-tvm emitted is for;
         ``profile.by_workload(report.kernels)`` gives each partition's time in the model,
         conversions it caused included, and ``report.summary(profile)`` lists the conversions
         with their cost.
         """
         vm = relax.VirtualMachine(self.executable, self.device)  # the instrument stays on this VM only
-        return profile_vm(vm, self._arguments(arrays), repeat=repeat)
+        return profile_vm(vm, self._arguments(arrays), repeat=repeat).with_info(self.kernel_info())
+
+    def kernel_info(self) -> dict[str, KernelInfo]:
+        """Kernel name -> what it computes (operators, output layout, FLOPs, bytes), for
+        every PrimFunc of the built module."""
+        if self._kernel_info is None:
+            emitted = {k.name: k for k in self.report.kernels}
+            info = {}
+            for gvar in self.mod.get_global_vars():
+                func = self.mod[gvar]
+                if not isinstance(func, tvm.tirx.PrimFunc):
+                    continue
+                # The VM reports a kernel by its symbol; a global var may have been renamed apart.
+                name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs \
+                    else gvar.name_hint
+                kernel = emitted.get(name)
+                try:
+                    flops = float(tvm.s_tir.analysis.estimate_tir_flops(func.body))
+                except Exception:  # noqa: BLE001 - opaque or extern bodies: rate left at 0
+                    flops = 0.0
+                buffers = [param.ty for param in func.params if hasattr(param.ty, "shape")]
+                size = sum(int(np.prod([int(d) for d in buf.shape])) * tvm.DataType(buf.dtype).bits // 8
+                           for buf in buffers if all(hasattr(d, "value") for d in buf.shape))
+                if kernel is None:
+                    info[name] = KernelInfo("tvm", (name.removeprefix("fused_").rstrip("0123456789").rstrip("_"),),
+                                            "", flops, size)
+                else:
+                    info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size)
+            self._kernel_info = info
+        return self._kernel_info
 
     def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
         """(min, median) latency in ms of one call, VM overhead included."""

@@ -13,11 +13,52 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from tvm import relax
 
-__all__ = ["KernelProfile", "profile_vm"]
+__all__ = ["KernelInfo", "KernelProfile", "KernelRow", "profile_vm"]
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What a kernel of a built model computes, for reading its time.
+
+    Attributes
+    ----------
+    kind
+        ``"partition"``, ``"conversion"`` or ``"elementwise"`` for kernels alt-tvm emitted
+        (:class:`~alt_tvm.graph.build.Kernel`), ``"tvm"`` for ops TVM's legalization lowered.
+    ops
+        The operators it covers, in program order.
+    layout
+        The layout it writes its output in ("" for the canonical row-major layout).
+    flops
+        Floating-point operations of one call (TVM's ``estimate_tir_flops``; a
+        multiply-add counts 2).
+    bytes
+        Bytes of its arguments and result: what it must read and write at least once.
+    """
+
+    kind: str
+    ops: tuple[str, ...] = ()
+    layout: str = ""
+    flops: float = 0.0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One line of :meth:`KernelProfile.rows`: a kernel's median time in the model and its rates."""
+
+    kernel: str
+    kind: str
+    ops: tuple[str, ...]
+    layout: str
+    ms: float
+    share: float  # of the model's median run time
+    gflops: float  # GFLOP/s achieved (0 when it computes nothing)
+    gbytes: float  # GB/s of the minimum traffic (arguments and result once)
 
 
 @dataclass(frozen=True)
@@ -35,6 +76,47 @@ class KernelProfile:
 
     times_ms: Mapping[str, tuple[float, ...]]
     totals_ms: tuple[float, ...]
+    #: kernel name -> what it computes (filled by :meth:`CompiledModel.profile`)
+    info: Mapping[str, KernelInfo] = field(default_factory=dict)
+
+    def with_info(self, info: Mapping[str, KernelInfo]) -> KernelProfile:
+        """This profile, with ``info`` describing its kernels."""
+        return replace(self, info=dict(info))
+
+    def rows(self) -> list[KernelRow]:
+        """Every kernel the model called, slowest first."""
+        total = statistics.median(self.totals_ms) if self.totals_ms else 0.0
+        rows = []
+        for name in self.times_ms:
+            ms = self.median(name)
+            info = self.info.get(name, KernelInfo("tvm" if self.info else "", (name,)))
+            seconds = ms * 1e-3
+            rows.append(KernelRow(name, info.kind, info.ops or (name,), info.layout, ms,
+                                  ms / total if total else 0.0,
+                                  info.flops / seconds * 1e-9 if seconds > 0 else 0.0,
+                                  info.bytes / seconds * 1e-9 if seconds > 0 else 0.0))
+        return sorted(rows, key=lambda r: -r.ms)
+
+    def table(self, *, limit: int | None = None) -> str:
+        """The per-kernel table as text: kernel, kind, operators, output layout, median ms,
+        share of a run, GFLOP/s and GB/s; a last line sums the rows by kind."""
+        rows = self.rows()
+        total = statistics.median(self.totals_ms) if self.totals_ms else 0.0
+        lines = [f"{'kernel':28s} {'kind':11s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>6s}  "
+                 f"operators / output layout"]
+        for row in rows[:limit]:
+            ops = "+".join(op.removeprefix("relax.").removeprefix("nn.") for op in row.ops)
+            lines.append(f"{row.kernel[:28]:28s} {row.kind:11s} {row.ms:8.3f} {row.share * 100:5.1f}% "
+                         f"{row.gflops:8.1f} {row.gbytes:6.1f}  {ops}" + (f" -> {row.layout}" if row.layout else ""))
+        if limit is not None and len(rows) > limit:
+            rest = rows[limit:]
+            lines.append(f"... {len(rest)} more kernels: {sum(r.ms for r in rest):.3f} ms")
+        kinds: dict[str, float] = {}
+        for row in rows:
+            kinds[row.kind] = kinds.get(row.kind, 0.0) + row.ms
+        lines.append(f"model {total:.3f} ms per run; " + ", ".join(
+            f"{kind or 'kernels'} {ms:.3f} ms ({sum(r.kind == kind for r in rows)})" for kind, ms in kinds.items()))
+        return "\n".join(lines)
 
     def median(self, name: str) -> float:
         """Median time (ms) of kernel ``name`` per run; 0.0 if the model never called it."""

@@ -75,7 +75,9 @@ class ConvSpace(Space):
         outer = int(np.prod([layout[f"s{d}"] for d in range(self.rank - 1)])) if self.rank > 1 else 1
         vectors = -(-layout["ot"] // self.lanes)
         budget = max(1, self.registers - 4) // max(1, outer * vectors)
-        return (Knob("reg", divisors(last, cap=max(1, budget))),
+        # Even blocks with a partial last one (register_block) as well as the divisors.
+        blocks = sorted({-(-last // count) for count in range(1, last + 1)} & set(range(1, max(1, budget) + 1)))
+        return (Knob("reg", tuple(blocks)),
                 Knob("rc_split", divisors(self._i_extent, cap=4 * self.lanes)),
                 Knob("parallel_channels", (False, True)),
                 Knob("unroll_window", (False, True)),

@@ -11,7 +11,7 @@ from typing import Any
 
 from alt_tvm.strategies.base import tiles_for
 
-__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling"]
+__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling", "register_block"]
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,24 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
                     best = (score, lead, wt)
     _, lead, wt = best
     vectors = -(-ot // lanes)
-    reg = max(_divisors_upto(wt, max(1, budget // (lead * vectors))))
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
-    return DefaultConvTiling(tuple(tiles), ot, it, reg)
+    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)))
+
+
+def register_block(extent: int, cap: int) -> int:
+    """Output positions per register block along a tile of ``extent``, at most ``cap``.
+
+    A divisor of ``extent`` when one keeps at least two thirds of the ``cap``
+    accumulators busy. Otherwise (7- and 14-wide maps: a divisor would leave 1-2
+    accumulators, too few to hide the FMA latency) the fewest blocks of at most ``cap``,
+    as even as possible; the last one is partial (a predicated tail).
+    """
+    cap = max(1, min(cap, extent))
+    divisor = max(_divisors_upto(extent, cap))
+    if 3 * divisor >= 2 * cap:
+        return divisor
+    blocks = -(-extent // cap)
+    return -(-extent // blocks)
 
 
 def channel_tile(channels: int, lanes: int) -> int:

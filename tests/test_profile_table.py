@@ -1,0 +1,34 @@
+"""The per-kernel table of a built model: what each kernel computes, its time and rate."""
+
+import numpy as np
+import torch
+
+from alt_tvm.graph.build import build
+
+
+def test_profile_rows_name_operators_layouts_and_exact_flops():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 10)).eval()
+    x = torch.randn(1, 8, 16, 16)
+    built = build(model, example_inputs=[x])
+    profile = built.profile(x.numpy(), repeat=2)
+    rows = profile.rows()
+    assert {r.kernel for r in rows} == set(profile.times_ms)
+    assert [r.ms for r in rows] == sorted((r.ms for r in rows), reverse=True)
+    assert 0.0 < sum(r.share for r in rows) <= 1.0
+    conv = next(r for r in rows if r.kind == "partition" and "relax.nn.conv2d" in r.ops)
+    assert conv.ops[:2] == ("relax.nn.conv2d", "relax.add") and "relax.nn.relu" in conv.ops
+    assert conv.layout and conv.layout != "1x16x16x16"  # a tiled layout, written as the shape it stores
+    info = built.kernel_info()[conv.kernel]
+    assert info.flops >= 2 * 16 * 8 * 9 * 16 * 16  # a multiply-add counts 2; epilogue adds a little
+    assert info.flops <= 2 * 16 * 8 * 9 * 16 * 16 * 1.1
+    assert info.bytes == 4 * (8 * 18 * 18 + 16 * 8 * 9 + 16 + 16 * 16 * 16) or info.bytes == 4 * (
+        8 * 16 * 16 + 16 * 8 * 9 + 16 + 16 * 16 * 16)
+    assert conv.gflops > 0 and conv.gbytes > 0
+    # Ops TVM lowered (here the max pool, if no strategy took it) are rows too, of kind "tvm".
+    assert all(r.kind in {"partition", "conversion", "elementwise", "tvm"} for r in rows)
+    text = profile.table(limit=3)
+    assert text.splitlines()[0].split()[:3] == ["kernel", "kind", "ms"]
+    assert "more kernels" in text and text.splitlines()[-1].startswith("model ")
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
