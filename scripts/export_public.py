@@ -14,8 +14,8 @@ to denormals and every runtime slows. Each model is exported by either of PyTorc
     python scripts/export_public.py [--out-dir models/public] [--names hf_resnet50 ...] [--kind cnn]
                                     [--exporter dynamo] [--torchvision-src DIR]
 
-``--names`` takes model names and group names (:data:`GROUPS`, e.g. ``issue17``: the
-torchvision CNNs of issue 17); ``--kind`` keeps the models of one kind. Where no torchvision
+``--names`` takes model names and group names (:data:`GROUPS`, e.g. ``cnn_suite``: the
+torchvision CNN suite); ``--kind`` keeps the models of one kind. Where no torchvision
 wheel matches the installed torch, ``--torchvision-src DIR`` loads its pure-Python model
 definitions from an unpacked wheel's ``torchvision`` folder (see :func:`use_torchvision_source`).
 """
@@ -170,7 +170,7 @@ def public_models() -> dict[str, PublicModel]:
         PublicModel("tv_shufflenet_v2_x1_0", "cnn", _torchvision("shufflenet_v2_x1_0"), image),
         PublicModel("tv_vit_b_16", "transformer", _torchvision("vit_b_16"), image),
         PublicModel("tv_swin_t", "transformer", _torchvision("swin_t"), image),
-        # The CNNs of issue 17 (GROUPS["issue17"]).
+        # The torchvision CNN suite (GROUPS["cnn_suite"]).
         PublicModel("tv_resnet18", "cnn", _torchvision("resnet18"), image),
         PublicModel("tv_resnet50", "cnn", _torchvision("resnet50"), image),
         PublicModel("tv_mobilenet_v2", "cnn", _torchvision("mobilenet_v2"), image),
@@ -190,8 +190,8 @@ def public_models() -> dict[str, PublicModel]:
 
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    # The CNNs of issue 17, as torchvision defines them.
-    "issue17": ("tv_resnet18", "tv_resnet50", "tv_mobilenet_v2", "tv_mobilenet_v3_large", "tv_efficientnet_b0",
+    # Common CNN architectures, as torchvision defines them.
+    "cnn_suite": ("tv_resnet18", "tv_resnet50", "tv_mobilenet_v2", "tv_mobilenet_v3_large", "tv_efficientnet_b0",
                 "tv_squeezenet1_1", "tv_densenet121", "tv_regnet_y_400mf", "tv_mnasnet1_0", "tv_googlenet",
                 "tv_convnext_tiny"),
 }

@@ -10,8 +10,8 @@ the table is written as Markdown.
     python scripts/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--kind cnn] [--out sweep.jsonl]
                                    [--markdown docs/public_sweep.md] [--timeout 1200] [--resume]
 
-``--names`` takes model names and group names of ``export_public.GROUPS`` (``issue17``: the
-torchvision CNNs of issue 17); ``--kind`` keeps the models of one kind.
+``--names`` takes model names and group names of ``export_public.GROUPS`` (``cnn_suite``: the
+torchvision CNN suite); ``--kind`` keeps the models of one kind.
 
 ``torchvision`` models run only where ``import torchvision`` works; where no torchvision wheel
 matches the installed torch, ``--torchvision-src DIR`` loads its pure-Python model definitions

@@ -45,9 +45,9 @@ def test_every_public_architecture_builds_and_matches_onnx_runtime(name, tmp_pat
         assert entry["max_rel_error"] < 1e-4 and not entry["fallbacks"]
 
 
-def test_issue17_group_names_torchvision_cnns_of_the_zoo():
+def test_cnn_suite_group_names_torchvision_cnns_of_the_zoo():
     models = export_public.public_models()
-    group = export_public.GROUPS["issue17"]
+    group = export_public.GROUPS["cnn_suite"]
     assert len(group) == 11 and len(set(group)) == 11
     for name in group:
         assert name in models, name
@@ -56,25 +56,25 @@ def test_issue17_group_names_torchvision_cnns_of_the_zoo():
 
 
 def test_names_take_groups_and_kind_filters():
-    group = list(export_public.GROUPS["issue17"])
-    assert sweep_public.parse_args(["--names", "issue17"]).names == group
+    group = list(export_public.GROUPS["cnn_suite"])
+    assert sweep_public.parse_args(["--names", "cnn_suite"]).names == group
     # A group and a name in it, once each, in the order given.
-    assert sweep_public.parse_args(["--names", "tv_googlenet", "issue17"]).names == (
+    assert sweep_public.parse_args(["--names", "tv_googlenet", "cnn_suite"]).names == (
         ["tv_googlenet"] + [n for n in group if n != "tv_googlenet"])
     cnns = sweep_public.parse_args(["--kind", "cnn"]).names
     models = export_public.public_models()
     assert set(group) <= set(cnns) and all(models[n].kind == "cnn" for n in cnns)
-    assert sweep_public.parse_args(["--names", "hf_vit_b16", "issue17", "--kind", "transformer"]).names == [
+    assert sweep_public.parse_args(["--names", "hf_vit_b16", "cnn_suite", "--kind", "transformer"]).names == [
         "hf_vit_b16"]
 
 
 def test_unknown_names_error_with_the_choices(capsys):
-    with pytest.raises(ValueError, match=r"unknown models \['issue_17'\].*issue17.*tv_resnet18"):
-        export_public.select(["issue_17"])
+    with pytest.raises(ValueError, match=r"unknown models \['cnn-suite'\].*cnn_suite.*tv_resnet18"):
+        export_public.select(["cnn-suite"])
     with pytest.raises(SystemExit):
         sweep_public.parse_args(["--names", "tv_resnet18", "no_such_model"])
     assert "unknown models ['no_such_model']" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # the group has no transformer
-        sweep_public.parse_args(["--names", "issue17", "--kind", "transformer"])
+        sweep_public.parse_args(["--names", "cnn_suite", "--kind", "transformer"])
     with pytest.raises(SystemExit):
-        export_public.main(["--names", "issue_17"])
+        export_public.main(["--names", "cnn-suite"])

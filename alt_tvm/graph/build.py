@@ -45,6 +45,7 @@ from alt_tvm.target import HardwareTarget, resolve
 from .baselines import flatten_outputs
 from .canonical import canonicalize
 from .ieee import legalize_overrides
+from .in_layout import legalize_alone, parallelize, relayout, schedule_in_layout
 from .partition import consumers, plan_partitions
 from .profile import KernelInfo, KernelProfile, profile_vm
 
@@ -62,8 +63,10 @@ class Kernel:
     name
         Its function name in the built module (what per-kernel timing reports).
     kind
-        ``"partition"`` (a strategy's kernel), ``"conversion"`` (a layout conversion) or
-        ``"elementwise"`` (an element-wise op computed in its consumer's layout).
+        ``"partition"`` (a strategy's kernel), ``"conversion"`` (a layout conversion),
+        ``"elementwise"`` (an element-wise op computed in its consumer's layout) or
+        ``"operator"`` (an op without a strategy, legalized by TVM and computed in its
+        operands' layouts: :mod:`alt_tvm.graph.in_layout`).
     workload
         The workload key of the partition it computes or, for a conversion, of the
         partition whose layout choice made it necessary (its consumer for an input
@@ -74,6 +77,9 @@ class Kernel:
         The Relax operators it computes, in program order.
     layout
         The layout of its output ("" for the canonical one).
+    boundary
+        For a conversion: it converts a model input or output (the user's row-major
+        arrays), not a value between two kernels.
     """
 
     name: str
@@ -82,6 +88,7 @@ class Kernel:
     detail: str = ""
     ops: tuple[str, ...] = ()
     layout: str = ""
+    boundary: bool = False
 
 
 @dataclass
@@ -132,7 +139,12 @@ class BuildReport:
     def summary(self, profile: KernelProfile | None = None) -> str:
         """What the build did; with a ``profile`` (:meth:`CompiledModel.profile`), every layout
         conversion is listed with its measured time in the model."""
-        lines = [f"{len(self.partitions)} partitions ({self.tuned} tuned), {self.conversions} layout conversions"]
+        boundary = sum(k.boundary for k in self.kernels)
+        lines = [f"{len(self.partitions)} partitions ({self.tuned} tuned), {self.conversions} layout conversions"
+                 + (f" ({boundary} of model inputs/outputs)" if boundary else "")]
+        in_layout = sum(k.kind == "operator" for k in self.kernels)
+        if in_layout:
+            lines[0] += f", {in_layout} ops without a strategy computed in their operands' layouts"
         if self.log is not None:
             lines.append(self.tuning_summary())
         for op, reasons in sorted(self.fallbacks.items()):
@@ -258,15 +270,24 @@ class AltLayoutPass:
         producers = {b.var: b for block in func.body.blocks for b in block.bindings}
         members = {b.var for p in partitions for b in p.bindings}
         wanted: dict = {}
+        preferred: dict = {}  # var -> the layouts the partitions reading it as data prefer
         for partition in partitions:
             data = partition.anchor.value.args[0]
-            producer = producers.get(data)
-            if producer is None or data in members or not _standalone_elementwise(producer, users):
-                continue
             strategy = selected[partition.anchor.var]
-            context = self.context_for(partition, strategy, {})
-            layout = strategy.preferred_input_layout(partition.anchor, context)
-            if layout is None or layout.expands_data or equivalent(layout, None, static_shape(data)):
+            layout = strategy.preferred_input_layout(partition.anchor, self.context_for(partition, strategy, {}))
+            preferred.setdefault(data, []).append(layout)
+        for data, layouts in preferred.items():
+            producer = producers.get(data)
+            layout = layouts[0]
+            if (producer is None or data in members or layout is None or layout.expands_data
+                    or equivalent(layout, None, static_shape(data)) or any(other != layout for other in layouts)):
+                continue
+            if not _standalone_elementwise(producer, users):
+                # Another op (a max pool, a concatenation): _emit_in_layout writes the layout
+                # every partition reading it prefers (its other readers read any layout).
+                # Not propagated further up.
+                if isinstance(data, relax.DataflowVar):
+                    wanted[data] = layout
                 continue
             shape = static_shape(data)
             stack = [data]
@@ -335,7 +356,8 @@ class _Mutator(relax.PyExprMutator):
         return self.builder_.emit(call, name)
 
     def _convert(self, value: relax.Var, src: Layout | None, dst: Layout | None, shape, dtype: str, *,
-                 workload: str) -> relax.Var:
+                 workload: str, boundary: bool) -> relax.Var:
+        """Emit a conversion of ``value`` (``boundary``: of a model input or output)."""
         src = src or Layout(shape)
         dst = dst or Layout(shape)
         placeholder = te.placeholder(src.shape, dtype=dtype, name="src")
@@ -347,16 +369,19 @@ class _Mutator(relax.PyExprMutator):
         self.count += 1
         name = f"layout_convert{self.count}"
         self.owner.report.kernels.append(Kernel(name, "conversion", workload, f"{tuple(shape)} {src} -> {dst}",
-                                                ("layout_transform",), _stored(dst)))
+                                                ("layout_transform",), _stored(dst),
+                                                boundary=boundary))
         return self._emit_call(sch.mod["main"], name, [value], dst.shape, dtype)
 
-    def _canonical_arg(self, var: relax.Var) -> None:
-        """Before a default (non-partition) use, make ``var`` available in canonical layout."""
+    def _canonical_arg(self, var: relax.Var, *, boundary: bool = False) -> None:
+        """Before a default (non-partition) use, make ``var`` available in canonical layout
+        (``boundary``: the use is the model's output)."""
         if var not in self.layouts or var in self.canonical:
             return
         new_var, layout = self.layouts[var]
         self.canonical[var] = self._convert(new_var, layout, None, static_shape(var), dtype_of(var),
-                                            workload=self.owners.get(var, ""))
+                                            workload=self.owners.get(var, ""),
+                                            boundary=boundary or not isinstance(var, relax.DataflowVar))
         self.set_var_remap(var, self.canonical[var])
 
     # ---------------------------------------------------------------- bindings
@@ -367,15 +392,56 @@ class _Mutator(relax.PyExprMutator):
         if var in self.final:
             self._emit_partition(self.final[var])
             return
-        if var in self.backward:
+        if var in self.backward and op_name(binding.value) in {*UNARY_EPILOGUE, *BINARY_EPILOGUE}:
             self._emit_elementwise(binding, self.backward[var])
             return
-        for used in relax.analysis.free_vars(binding.value):
-            self._canonical_arg(used)
         name = op_name(binding.value)
         if name is not None and name not in self.owner.report.fallbacks:
             self.owner.report.fallbacks[name] = [] if name in registry.strategy_ops() else ["no alt-tvm strategy"]
+        if self._emit_in_layout(binding):
+            return
+        for used in relax.analysis.free_vars(binding.value):
+            # A tuple or an alias of values (not a call) is how the model returns them.
+            self._canonical_arg(used, boundary=not isinstance(binding.value, relax.Call))
         super().visit_var_binding_(binding)
+
+    def _emit_in_layout(self, binding: relax.VarBinding) -> bool:
+        """Emit an op no strategy implements, TVM-legalized but reading its operands in the
+        layouts their producers wrote (and writing the layout its consumers want): no
+        conversion kernel around it. False (nothing emitted) when it cannot be."""
+        var, call = binding.var, binding.value
+        wanted = self.backward.get(var)
+        tiled = [v for v in relax.analysis.free_vars(call) if v in self.layouts and v not in self.canonical]
+        if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or (not tiled and wanted is None):
+            return False
+        if wanted is None:
+            # Forward (ALT §4.2): an output of an operand's shape keeps that operand's layout.
+            wanted = next((self.layouts[v][1] for v in tiled if static_shape(v) == static_shape(var)), None)
+        if any(not self.layouts[v][1].is_bijective for v in tiled) or (wanted is not None and not wanted.is_bijective):
+            return False
+        legal = legalize_alone(call, module=self.builder_.get(), fast_math=self.owner.fast_math)
+        if legal is None:
+            return False
+        args, inputs = [], []
+        for arg in legal.args:
+            current = self.layouts.get(arg) if isinstance(arg, relax.Var) and arg not in self.canonical else None
+            args.append(current[0] if current else self.visit_expr(arg))
+            inputs.append(current[1] if current else None)
+        try:
+            func = schedule_in_layout(relayout(legal.func, inputs, wanted), cores=self.owner.target.num_cores,
+                                      output=wanted)
+        except Exception:  # noqa: BLE001 - a layout TIR cannot express: convert instead
+            return False
+        self.count += 1
+        name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
+        self.owner.report.kernels.append(Kernel(name, "operator", ops=(op_name(call),), layout=_stored(wanted)))
+        shape = static_shape(var) if wanted is None else wanted.shape
+        new_var = self._emit_call(func, name, args, shape, dtype_of(var))
+        if wanted is None:
+            self._rebind(var, new_var)
+        else:
+            self.layouts[var] = (new_var, wanted)
+        return True
 
     def _emit_elementwise(self, binding: relax.VarBinding, layout: Layout) -> None:
         """An element-wise op computed directly in ``layout`` (backward propagation)."""
@@ -397,7 +463,7 @@ class _Mutator(relax.PyExprMutator):
         layouts[out] = layout
         result = rewrite([out], layouts=layouts)
         inputs = [result[t] for t in operands if t is not None]
-        func = _parallelize(te.create_prim_func([*inputs, result[out]]), self.owner.target.num_cores)
+        func = parallelize(te.create_prim_func([*inputs, result[out]]), self.owner.target.num_cores)
         self.count += 1
         name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
         self.owner.report.kernels.append(Kernel(name, "elementwise", ops=(op_name(call),), layout=_stored(layout)))
@@ -429,7 +495,8 @@ class _Mutator(relax.PyExprMutator):
                 if arg in context.conversions:
                     current = self.layouts[arg] if arg in self.layouts else (self.visit_expr(arg), None)
                     arg = self._convert(current[0], current[1], context.conversions[arg], static_shape(arg),
-                                        dtype_of(arg), workload=context.workload_key)
+                                        dtype_of(arg), workload=context.workload_key,
+                                        boundary=not isinstance(arg, relax.DataflowVar))
                 elif arg in self.layouts:
                     arg = self.layouts[arg][0]
                 else:
@@ -671,32 +738,8 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -
         func = mod[gvar]
         if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and ALT_KERNEL_ATTR in func.attrs):
             continue
-        mod[gvar] = _parallelize(func, cores)
+        mod[gvar] = parallelize(func, cores)
     return mod
-
-
-def _parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
-    """Run the outer spatial loops of each top-level block nest in parallel (best effort)."""
-    sch = tvm.s_tir.Schedule(func)
-    try:
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except Exception:  # no root block: an already lowered or opaque function
-        return func
-    for block in blocks:
-        try:
-            loops = sch.get_loops(block)
-            outer, extent = [], 1
-            for loop in loops:
-                loop_extent = sch.get(loop).extent
-                if not hasattr(loop_extent, "value") or extent >= 4 * cores:
-                    break
-                outer.append(loop)
-                extent *= int(loop_extent.value)
-            if extent >= 2 * cores and outer:
-                sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        except Exception:  # reductions, non-affine nests: leave those serial
-            continue
-    return sch.mod["main"]
 
 
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:

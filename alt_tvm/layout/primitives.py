@@ -316,8 +316,11 @@ class Unfold(Primitive):
                     f"unfold(dim={self.dim}, tile_size={self.tile_size}, stride={self.stride}) "
                     f"leaves gaps between tiles, so only sliding-window accesses "
                     f"stride*i + r can be mapped into it")
-            tile = index_min(x // self.stride, self.num_tiles(shape[self.dim]) - 1)
-            mapped = (tile, x - tile * self.stride)
+            if self.tile_size == self.stride and shape[self.dim] % self.stride == 0:
+                mapped = (x // self.stride, x % self.stride)  # tiles that partition the dim: a split
+            else:
+                tile = index_min(x // self.stride, self.num_tiles(shape[self.dim]) - 1)
+                mapped = (tile, x - tile * self.stride)
         return list(index[: self.dim]) + list(mapped) + list(index[self.dim + 1:])
 
     def backward(self, index, shape):

@@ -508,7 +508,11 @@ class AltConvStrategy(Strategy):
         if chosen.weight is not None:
             layouts[weight] = chosen.weight
         if source.same_as(data):
-            context.require_layout(data, chosen.source)  # no pad stage to convert for free
+            current = context.input_layouts.get(context.source_of(data))
+            if not (current is not None and current.is_bijective and current.shape[-1] == chosen.source.shape[-1]):
+                # No pad stage to convert for free. (A strided 1x1 conv reads its producer's
+                # tiles directly when they end in the same channel vector: no conversion.)
+                context.require_layout(data, chosen.source)
             pad_stage = None
         else:
             layouts[source] = chosen.source  # the pad stage writes the conv's input layout

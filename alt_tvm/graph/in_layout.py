@@ -1,0 +1,225 @@
+"""Operators no strategy implements, computed directly in their operands' layouts.
+
+A max pool after a convolution, the global mean before the classifier, a concatenation
+of tiled branches, a squeeze-excitation product: TVM legalizes each into a PrimFunc over
+row-major buffers, which would need a layout conversion kernel before it (and one after
+it, for a consumer that wants a tiled layout). Instead, the legalized PrimFunc's
+buffers are re-laid out with TIR's ``transform_layout``: each input to the layout its
+producer wrote, and the output to the layout its consumers read. The conversion becomes
+the operator's own loads and stores: the ALT paper's propagation of layouts through
+operators (§4.2), applied to every operator TVM can legalize.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, tirx
+
+from alt_tvm.layout import Layout
+from alt_tvm.strategies.base import dtype_of, static_shape
+
+from .ieee import legalize_overrides
+
+__all__ = ["LegalizedOp", "legalize_alone", "parallelize", "relayout", "schedule_in_layout"]
+
+
+@dataclass(frozen=True)
+class LegalizedOp:
+    """One Relax call legalized on its own.
+
+    Attributes
+    ----------
+    func
+        The PrimFunc (destination-passing: inputs, then the output).
+    args
+        What to pass for each input parameter: the Relax variable of the original call
+        it stands for, or a constant the legalization lifted.
+    """
+
+    func: tirx.PrimFunc
+    args: tuple[relax.Expr, ...]
+
+
+def legalize_alone(call: relax.Call, *, module: tvm.IRModule | None = None,
+                   fast_math: bool = False) -> LegalizedOp | None:
+    """Legalize ``call`` alone, with each of its tensor variables as a parameter.
+
+    A ``call_tir`` (a frontend's ``emit_te``) is already legal: its PrimFunc is looked up
+    in ``module``. Returns None when the legalization is not one ``call_tir`` on those
+    variables (an op that legalizes to several kernels, or to none).
+    """
+    if str(call.op.name).startswith("relax.call_"):
+        if (call.op.name != "relax.call_tir" or module is None or len(call.args) != 2
+                or static_shape(call) is None or call.args[0] not in module.get_global_vars()):
+            return None
+        func = module[call.args[0]]
+        return LegalizedOp(func, tuple(call.args[1].fields)) if isinstance(func, tirx.PrimFunc) else None
+    params: dict = {}  # original var -> parameter of the one-op function
+
+    def parameter(expr: relax.Expr) -> relax.Expr:
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([parameter(field) for field in expr.fields])
+        if isinstance(expr, relax.Var):
+            shape = static_shape(expr)
+            if shape is None:
+                raise _NotAlone
+            if expr not in params:
+                params[expr] = relax.Var(f"p{len(params)}", relax.TensorType(shape, dtype_of(expr)))
+            return params[expr]
+        return expr
+
+    try:
+        args = [parameter(a) for a in call.args]
+    except _NotAlone:
+        return None
+    if static_shape(call) is None:
+        return None
+    builder = relax.BlockBuilder()
+    with builder.function("main", list(params.values())):
+        with builder.dataflow():
+            out = builder.emit_output(relax.Call(call.op, args, call.attrs, call.ty_args))
+        builder.emit_func_output(out)
+    try:
+        legalized = relax.transform.LegalizeOps(customize_legalize_map=legalize_overrides(fast_math=fast_math))(
+            builder.get())
+    except Exception:  # noqa: BLE001 - an op TVM cannot legalize alone stays as it was
+        return None
+    bindings = [b for block in legalized["main"].body.blocks for b in block.bindings]
+    calls = [b.value for b in bindings if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_tir"]
+    if len(calls) != 1 or len(bindings) != 1:
+        return None
+    gvar, tir_args = calls[0].args[0], calls[0].args[1]
+    originals = {param: var for var, param in params.items()}
+    passed = []
+    for arg in tir_args.fields:
+        if isinstance(arg, relax.Var) and arg not in originals:
+            return None
+        passed.append(originals.get(arg, arg))
+    return LegalizedOp(legalized[gvar], tuple(passed))
+
+
+class _NotAlone(Exception):
+    """A call argument without a static shape: the op is not legalized on its own."""
+
+
+def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layout | None) -> tirx.PrimFunc:
+    """``func`` reading its k-th input in ``inputs[k]`` and writing its output in ``output``.
+
+    None leaves a buffer row-major. An input layout must be one its producer stores every
+    element in once (:attr:`Layout.is_bijective`, or a non-overlapping unfold); so must the
+    output layout, which is written by ``func``'s own stores.
+
+    Raises
+    ------
+    ValueError
+        If a layout's original shape is not its buffer's shape, or it cannot be written
+        as a TIR index map.
+    """
+    sch = tvm.s_tir.Schedule(func)
+    blocks = _all_blocks(sch)
+    names = [param.name for param in func.params]
+    for name, layout in [*zip(names[: len(inputs)], inputs), (names[-1], output)]:
+        if layout is None or layout.is_identity:
+            continue
+        block = next((b for b in blocks if any(r.source.name == name for r in
+                                               [*sch.get(b).reads, *sch.get(b).writes])), None)
+        if block is None:
+            continue  # a buffer the function never touches
+        sch.transform_layout(block, name, _index_map(layout))
+        if name == names[-1] and all(int(v.iter_type) == 0 for v in sch.get(block).iter_vars):
+            # Iterate in the stored order, so the output is written contiguously.
+            sch.transform_block_layout(block, _index_map(layout))
+    return sch.mod["main"]
+
+
+def parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
+    """Run the outer spatial loops of each top-level block nest in parallel (best effort)."""
+    sch = tvm.s_tir.Schedule(func)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # no root block: an already lowered or opaque function
+        return func
+    for block in blocks:
+        try:
+            loops = sch.get_loops(block)
+            outer, extent = [], 1
+            for loop in loops:
+                loop_extent = sch.get(loop).extent
+                if not hasattr(loop_extent, "value") or extent >= 4 * cores:
+                    break
+                outer.append(loop)
+                extent *= int(loop_extent.value)
+            if extent >= 2 * cores and outer:
+                sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        except Exception:  # reductions, non-affine nests: leave those serial
+            continue
+    return sch.mod["main"]
+
+
+def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None = None) -> tirx.PrimFunc:
+    """A minimal schedule for a legalized op (after :func:`relayout`).
+
+    Padding and other injective stages are inlined into their consumers. In each loop
+    nest the reduction loops move inside the spatial ones, the innermost spatial loop is
+    vectorised and the outer ones run in parallel. A reduction writing ``output`` (a
+    layout ending in a channel vector, as a pool writing a tiled map) first has that
+    vector's loop split off and moved innermost, so it reads and writes whole vectors.
+    """
+    sch = tvm.s_tir.Schedule(func)
+    name = func.params[-1].name
+    for block in _all_blocks(sch):
+        if any(w.source.name == name for w in sch.get(block).writes):
+            continue
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001 - not inlinable (a reduction): it stays a stage
+            continue
+    vector = _innermost_dim(output) if output is not None and not output.is_identity else None
+    for block in _all_blocks(sch):
+        stmt = sch.get(block)
+        kinds = [int(v.iter_type) for v in stmt.iter_vars]  # 0: spatial, 2: reduction
+        loops = sch.get_loops(block)
+        if len(loops) != len(kinds) or 0 not in kinds:
+            continue
+        try:
+            spatial = [loop for loop, kind in zip(loops, kinds) if kind == 0]
+            reduce = [loop for loop, kind in zip(loops, kinds) if kind != 0]
+            writes_output = any(w.source.name == name for w in stmt.writes)
+            if reduce and writes_output and vector is not None and vector[0] < len(spatial):
+                dim, lanes = vector
+                outer, inner = sch.split(spatial[dim], [None, lanes])
+                spatial = [*spatial[:dim], outer, *spatial[dim + 1:], inner]
+            if reduce:
+                sch.reorder(*spatial[:-1], *reduce, spatial[-1])
+            extent = sch.get(spatial[-1]).extent
+            if hasattr(extent, "value") and 1 < int(extent.value) <= 64 and len(spatial) > 1:
+                sch.vectorize(spatial[-1])  # (a reduction keeps its init: parallel needs it)
+        except Exception:  # noqa: BLE001 - leave this nest scalar
+            continue
+    return parallelize(sch.mod["main"], cores)
+
+
+def _innermost_dim(layout: Layout) -> tuple[int, int] | None:
+    """(original dim, extent) of the innermost stored dim, if it is a tile of one original dim."""
+    index = [0] * len(layout.shape)
+    index[-1] = 1
+    moved = [i for i, v in enumerate(layout.backward(index)) if v != 0]
+    return (moved[0], int(layout.shape[-1])) if len(moved) == 1 else None
+
+
+def _index_map(layout: Layout) -> tirx.IndexMap:
+    rank = len(layout.orig_shape)
+    return tirx.IndexMap.from_func(lambda *index: layout.forward(list(index)), ndim=rank)
+
+
+def _all_blocks(sch: tvm.s_tir.Schedule) -> list:
+    found = []
+    stack = list(sch.get_child_blocks(sch.get_sblock("root")))
+    while stack:
+        block = stack.pop(0)
+        found.append(block)
+        stack.extend(sch.get_child_blocks(block))
+    return found

@@ -1,0 +1,121 @@
+"""Operators without a strategy computed in their producers' tiled layouts: no conversion kernels.
+
+Each model is a CNN pattern from a public architecture; each build must match PyTorch
+and must have no layout conversion (a conversion of the graph input is allowed, as the
+first convolution reads the user's row-major array).
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from alt_tvm.graph.build import build
+
+
+class _MaxPoolThenTwo1x1(nn.Module):  # ResNet's stem: pool feeding the block and its shortcut
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.a, self.b = nn.Conv2d(16, 16, 1), nn.Conv2d(16, 32, 1)
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.stem(x)))
+        return self.a(y).sum(1, keepdim=True) + self.b(y).mean(1, keepdim=True)
+
+
+class _StridedShortcut(nn.Module):  # ResNet's downsampling 1x1 conv, stride 2, no padding
+    def __init__(self):
+        super().__init__()
+        self.c1, self.down = nn.Conv2d(8, 32, 3, padding=1), nn.Conv2d(32, 64, 1, stride=2)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.c1(x)))
+
+
+class _SqueezeExcite(nn.Module):  # EfficientNet / MobileNet-V3: mean, two 1x1 convs, scale, project
+    def __init__(self):
+        super().__init__()
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.reduce, self.expand = nn.Conv2d(32, 8, 1), nn.Conv2d(8, 32, 1)
+        self.project = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = nn.functional.hardswish(self.dw(x))
+        s = torch.sigmoid(self.expand(torch.relu(self.reduce(y.mean((2, 3), keepdim=True)))))
+        return self.project(y * s)
+
+
+class _Inception(nn.Module):  # GoogLeNet / SqueezeNet / DenseNet: branches concatenated, read by 1x1 convs
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.b1, self.b2 = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, 1, 1)
+        self.next1, self.next2 = nn.Conv2d(32, 16, 1), nn.Conv2d(32, 8, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        cat = torch.cat([self.b1(y), self.b2(y), self.pool(y)], 1)
+        return torch.cat([self.next1(cat), self.next2(self.pool(cat))], 1)
+
+
+class _ConvNeXtBlock(nn.Module):  # depthwise 7x7, layer norm over channels between permutes
+    def __init__(self):
+        super().__init__()
+        self.dw = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 32)
+
+    def forward(self, x):
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        return self.fc(y).permute(0, 3, 1, 2)
+
+
+class _Classifier(nn.Module):  # global pooling and flatten before the linear head
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 32, 3, padding=1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1))
+
+
+CASES = {
+    "max_pool_read_by_two_1x1_convs": (_MaxPoolThenTwo1x1, (1, 3, 32, 32)),
+    "strided_1x1_conv": (_StridedShortcut, (1, 8, 28, 28)),
+    "squeeze_excitation": (_SqueezeExcite, (1, 32, 14, 14)),
+    "concatenated_branches": (_Inception, (1, 3, 28, 28)),
+    "layer_norm_between_permutes": (_ConvNeXtBlock, (1, 16, 14, 14)),
+    "global_pool_flatten_classifier": (_Classifier, (1, 8, 14, 14)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cnn_pattern_builds_without_layout_conversions(case):
+    make, shape = CASES[case]
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(*shape)
+    built = build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    inner = [k for k in built.report.kernels if k.kind == "conversion" and not k.boundary]
+    assert inner == [], [k.detail[:120] for k in inner]
+    operators = [k for k in built.report.kernels if k.kind == "operator"]
+    if case != "strided_1x1_conv":  # (that one is two convs: the second reads the first's tiles)
+        assert operators, "the pattern's ops without a strategy should run in the producers' layouts"
+
+
+def test_max_pool_writes_the_layout_its_1x1_consumers_read():
+    """Backward propagation to a non-element-wise op: the pool's output is stored tiled."""
+    torch.manual_seed(0)
+    model = _MaxPoolThenTwo1x1().eval()
+    built = build(model, example_inputs=[torch.randn(1, 3, 32, 32)])
+    pool = next(k for k in built.report.kernels if k.ops == ("relax.nn.max_pool2d",))
+    assert pool.kind == "operator" and pool.layout and pool.layout != "1x16x16x16"
+    func = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == pool.name)
+    shapes = [tuple(int(d) for d in p.ty.shape) for p in func.params]
+    assert all(len(s) > 4 for s in shapes), shapes  # reads and writes tiled buffers
