@@ -31,8 +31,8 @@ _BINARY = {
 
 
 _UNARY_TIR = {
-    "relax.erf": tirx.erf,
-    "relax.exp": tirx.exp,
+    "relax.erf": ops.erf_expr,
+    "relax.exp": ops.exp_expr,
     "relax.sqrt": tirx.sqrt,
     "relax.negative": lambda x: -x,
     "relax.abs": tirx.abs,
