@@ -19,7 +19,8 @@ from tvm.ir.expr import Call, TensorLoad, Var
 _BINARY = tuple(
     getattr(prim.expr, name)
     for name in ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max",
-                 "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or")
+                 "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "LShift", "RShift", "BitwiseAnd",
+                 "BitwiseOr", "BitwiseXor")
 )
 _LEAVES = (prim.expr.IntImm, prim.expr.FloatImm, tvm.ir.expr.StringImm)
 
@@ -62,8 +63,8 @@ def rebuild(expr: Any, *, vmap: Mapping[Var, Any] | None = None, load: LoadFn | 
             if all(x.same_as(y) for x, y in zip(args, node.args)):
                 return node
             return Call(node.op, args, attrs=node.attrs, ty_args=node.ty_args, ret_ty=node.ty)
-        if isinstance(node, prim.expr.Not):
-            return prim.expr.Not(visit(node.a))
+        if isinstance(node, (prim.expr.Not, prim.expr.BitwiseNot)):
+            return type(node)(visit(node.a))
         if isinstance(node, prim.expr.Select):
             return prim.expr.Select(visit(node.condition), visit(node.true_value), visit(node.false_value))
         if isinstance(node, prim.expr.Cast):
