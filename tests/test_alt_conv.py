@@ -118,3 +118,18 @@ def test_ragged_register_block_conv_matches_pytorch_in_a_model(size):
     built = build(model, example_inputs=[x])
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kernel,stride", [(3, 1), (3, 2), (5, 2), (7, 1)])
+def test_depthwise_conv_padding_per_tile_matches_pytorch(kernel, stride):
+    """Depthwise convs pad each output tile's window inside the tile loop (pad_in_tile)."""
+    from alt_tvm.graph.build import build
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(48, 48, kernel, stride=stride, padding=kernel // 2, groups=48),
+                                torch.nn.ReLU6()).eval()
+    x = torch.randn(1, 48, 28, 28)
+    built = build(model, example_inputs=[x])
+    assert not built.report.failed
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

@@ -225,14 +225,17 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
                         channel_tile: int = 1, cores: int = 2,
                         parallel_channels: bool | None = None, two_level: bool = False,
                         unroll_window: bool = False, window_outer: bool = False,
-                        epilogue_in_block: bool = False) -> tvm.IRModule:
+                        epilogue_in_block: bool = False, pad_in_tile: bool = False) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
     layout's tiles are then whole extents, e.g. channels-last): the ALT-OL ablation.
     ``two_level`` says the output layout is :func:`conv_output_two_level` (one more level
     of tile loops between the parallel blocks and the register tiles). The other flags are
-    the loop knobs of :class:`DefaultConvTiling`.
+    the loop knobs of :class:`DefaultConvTiling`; ``pad_in_tile`` computes the pad stage
+    per output channel tile. That suits depthwise convs, whose channel tile reads only its
+    own input channels: 2x faster with stride 2, up to 1.2x with stride 1. A dense conv
+    would pad all input channels once per output channel tile: 1.3x slower.
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
@@ -295,7 +298,11 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         final = sch.get_sblock(stages[-1].op.name)
         sch.reverse_compute_at(final, last_o if epilogue_in_block else (middle[-1] if middle else oo))
         sch.vectorize(sch.get_loops(final)[-1])
-    if source is not None:
+    if source is not None and pad_in_tile:
+        # Pad each output tile's window right before it is read (it stays in L1): the
+        # input is streamed once instead of copied whole first.
+        sch.compute_at(sch.get_sblock(source.op.name), oo)
+    elif source is not None:
         pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
         sch.parallel(sch.fuse(*pad_loops[:2]))
     return sch.mod
@@ -470,7 +477,8 @@ class AltConvStrategy(Strategy):
             loop_tiles=loop_tiles, channel_tile=(tiling.rc_split or tiling.it) if loop_tiles is None else 1,
             cores=context.target.num_cores, parallel_channels=tiling.parallel_channels,
             two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
-            window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block)
+            window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block,
+            pad_in_tile=geometry.in_per_group == 1 and geometry.out_per_group == 1)
 
     def implement(self, anchor, context) -> Any:
         call = anchor.value
