@@ -45,7 +45,7 @@ from alt_tvm.target import HardwareTarget, resolve
 from .baselines import flatten_outputs
 from .canonical import canonicalize
 from .ieee import legalize_overrides
-from .in_layout import legalize_alone, parallelize, relayout, schedule_in_layout
+from .in_layout import channel_blocked, legalize_alone, parallelize, relayout, schedule_in_layout
 from .partition import consumers, plan_partitions
 from .profile import KernelInfo, KernelProfile, profile_vm
 
@@ -417,6 +417,10 @@ class _Mutator(relax.PyExprMutator):
         if wanted is None:
             # Forward (ALT §4.2): an output of an operand's shape keeps that operand's layout.
             wanted = next((self.layouts[v][1] for v in tiled if static_shape(v) == static_shape(var)), None)
+        if wanted is None and tiled and any(word in op_name(call) for word in ("pool", "concat")):
+            # A pooled or concatenated map stays in channel vectors (NCHWc), so its window
+            # loads are whole vectors; its consumers read that layout directly.
+            wanted = channel_blocked(static_shape(var), self.owner.target.vector_lanes(dtype_of(var)))
         if any(not self.layouts[v][1].is_bijective for v in tiled) or (wanted is not None and not wanted.is_bijective):
             return False
         legal = legalize_alone(call, module=self.builder_.get(), fast_math=self.owner.fast_math)
