@@ -34,3 +34,26 @@ def test_profile_rows_name_operators_layouts_and_exact_flops():
     assert text.splitlines()[0].split()[:3] == ["kernel", "kind", "ms"]
     assert "more kernels" in text and text.splitlines()[-1].startswith("model ")
     np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_time_interleaved_warms_each_turn_after_a_pause():
+    """Every turn starts with a pause and an untimed call (a runtime that ran just before
+    may leave its thread pool spinning), and rounds rotate which runner goes first."""
+    import time
+
+    from alt_tvm.graph.baselines import time_interleaved
+
+    calls = {"a": [], "b": []}
+
+    def runner(label):
+        def run():
+            calls[label].append(time.perf_counter())
+        return run
+
+    times = time_interleaved({"a": (runner("a"), ()), "b": (runner("b"), ())}, rounds=3, repeat=2, warmup=1,
+                             pause_s=0.01)
+    assert set(times) == {"a", "b"} and all(len(rounds) == 3 for _, rounds in times.values())
+    assert len(calls["a"]) == len(calls["b"]) == 1 + 3 * (1 + 2)  # warm-up, then per round: 1 untimed + 2
+    turn_starts = sorted(c[1 + 3 * k] for c in calls.values() for k in range(3))
+    first_calls = sorted(c[0] for c in calls.values())
+    assert min(turn_starts) - max(first_calls) >= 0.009  # the pause before the first turn

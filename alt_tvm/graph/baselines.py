@@ -269,11 +269,15 @@ def round_order(count: int, round_index: int) -> list[int]:
 
 
 def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]], *, rounds: int = 7,
-                     repeat: int = 10, warmup: int = 3) -> dict[str, tuple[float, list[float]]]:
+                     repeat: int = 10, warmup: int = 3, pause_s: float = 0.02) -> dict[str, tuple[float, list[float]]]:
     """Time several runners in interleaved rounds, so drifts of the machine's load hit all alike.
 
     Each round times every runner once (``repeat`` calls, their median), starting with a
     different runner each round; the result per runner is the median over the rounds.
+    Each turn starts with a pause of ``pause_s`` and one untimed call: right after TVM's
+    thread pool ran, its spinning worker slows the next runtime's calls (ONNX Runtime's
+    MobileNet-V2 measured 9.5 ms instead of 5.3 ms for its next ~60 ms of calls; a 1 ms
+    pause was enough).
 
     Parameters
     ----------
@@ -281,6 +285,8 @@ def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[An
         Label -> (callable, its positional arguments).
     rounds, repeat, warmup
         Rounds; timed calls per runner and round; untimed calls per runner before round 1.
+    pause_s
+        Seconds of sleep before each runner's turn.
 
     Returns
     -------
@@ -298,5 +304,6 @@ def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[An
     for r in range(rounds):
         for label in (labels[i] for i in round_order(len(labels), r)):
             fn, args = runners[label]
-            samples[label].append(time_callable(fn, args, warmup=0, repeat=repeat)[1])
+            time.sleep(pause_s)
+            samples[label].append(time_callable(fn, args, warmup=1, repeat=repeat)[1])
     return {label: (statistics.median(values), values) for label, values in samples.items()}
