@@ -154,6 +154,9 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    from alt_tvm.graph.baselines import quiet_tvm_pool
+
+    quiet_tvm_pool()  # TVM's spinning pool would slow the ONNX Runtime turns timed beside it
     if args.fast_math_compare:
         from alt_tvm.models import MODEL_NAMES
 

@@ -171,15 +171,9 @@ def public_models() -> dict[str, PublicModel]:
         PublicModel("tv_vit_b_16", "transformer", _torchvision("vit_b_16"), image),
         PublicModel("tv_swin_t", "transformer", _torchvision("swin_t"), image),
         # The torchvision CNN suite (GROUPS["cnn_suite"]).
-        PublicModel("tv_resnet18", "cnn", _torchvision("resnet18"), image),
-        PublicModel("tv_resnet50", "cnn", _torchvision("resnet50"), image),
-        PublicModel("tv_mobilenet_v2", "cnn", _torchvision("mobilenet_v2"), image),
-        PublicModel("tv_mobilenet_v3_large", "cnn", _torchvision("mobilenet_v3_large"), image),
-        PublicModel("tv_efficientnet_b0", "cnn", _torchvision("efficientnet_b0"), image),
-        PublicModel("tv_squeezenet1_1", "cnn", _torchvision("squeezenet1_1"), image),
-        PublicModel("tv_densenet121", "cnn", _torchvision("densenet121"), image),
-        PublicModel("tv_regnet_y_400mf", "cnn", _torchvision("regnet_y_400mf"), image),
-        PublicModel("tv_mnasnet1_0", "cnn", _torchvision("mnasnet1_0"), image),
+        *(PublicModel(f"tv_{name}", "cnn", _torchvision(name), image) for name in (
+            "resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "squeezenet1_1",
+            "densenet121", "regnet_y_400mf", "mnasnet1_0")),
         # Without the auxiliary heads (used in training only; in train mode, as when batch
         # norm is re-estimated, they would run); init_weights=True is the default that
         # torchvision warns it will change.
@@ -217,6 +211,17 @@ def select(names=None, kind: str | None = None) -> list[str]:
                          f"or the models {sorted(models)}")
     expanded = [m for n in names for m in GROUPS.get(n, (n,))] if names else list(models)
     return [n for n in dict.fromkeys(expanded) if kind is None or models[n].kind == kind]
+
+
+def select_or_exit(parser, names, kind: str | None) -> list[str]:
+    """:func:`select` for a command line: a bad or empty selection is ``parser.error``."""
+    try:
+        chosen = select(names, kind)
+    except ValueError as err:
+        parser.error(str(err))
+    if not chosen:
+        parser.error(f"no {kind} model among --names {' '.join(names)}")
+    return chosen
 
 
 def example_input(model: PublicModel, *, seed: int = 0):
@@ -294,12 +299,7 @@ def main(argv=None) -> int:
     parser.add_argument("--torchvision-src", type=Path, default=None,
                         help="a torchvision package folder to take model definitions from (see above)")
     args = parser.parse_args(argv)
-    try:
-        names = select(args.names, args.kind)
-    except ValueError as err:
-        parser.error(str(err))
-    if not names:
-        parser.error(f"no {args.kind} model among --names {' '.join(args.names)}")
+    names = select_or_exit(parser, args.names, args.kind)
     if args.names is None:
         names.sort()
     if args.torchvision_src is not None:

@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-case-study", action="store_true")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    from alt_tvm.graph.baselines import quiet_tvm_pool
+
+    quiet_tvm_pool()  # TVM's spinning pool would slow the ONNX Runtime turns timed beside it
 
     import numpy as np
 

@@ -33,7 +33,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from export_public import EXPORTERS, GROUPS, KINDS, export, public_models, select, use_torchvision_source  # noqa: E402
+from export_public import (  # noqa: E402
+    EXPORTERS,
+    GROUPS,
+    KINDS,
+    export,
+    public_models,
+    select_or_exit,
+    use_torchvision_source,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,16 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="skip models already in --out")
     parser.add_argument("--torchvision-src", type=Path, default=None,
                         help="a torchvision package folder to take model definitions from (see above)")
+    parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS),
+                        help="which of PyTorch's ONNX exporters to export with (default: both)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's model
     args = parser.parse_args(argv)
     if args.one is None:  # the model names, groups expanded and --kind applied
-        try:
-            names = select(args.names, args.kind)
-        except ValueError as err:
-            parser.error(str(err))
-        if not names:
-            parser.error(f"no {args.kind} model among --names {' '.join(args.names)}")
-        args.names = names
+        args.names = select_or_exit(parser, args.names, args.kind)
     return args
 
 
@@ -99,7 +103,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     row = {"model": name, "kind": model.kind, "threads": args.threads, "exporters": {}}
     x = example_input(model, seed=1).numpy()
     runners = {}
-    for exporter in EXPORTERS:
+    for exporter in args.exporters:
         entry = row["exporters"][exporter] = {}
         try:
             started = time.perf_counter()
@@ -127,7 +131,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         entry.update(status="ok" if entry["max_rel_error"] < 1e-4 else "mismatch", partitions=strategies,
                      fallbacks=sorted(report.failed.values()), conversions=report.conversions)
         runners[f"alt-tvm {exporter}"] = (built, (x,))
-        if exporter == "torchscript":
+        if "onnxruntime" not in runners:  # one ONNX Runtime runner, on the first export
             runners["onnxruntime"] = (ort_runner, (x,))
     if args.rounds and runners:
         times = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat, warmup=2)
@@ -138,7 +142,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
 def run_in_child(name: str, args: argparse.Namespace) -> dict:
     """:func:`run_one` in a child process with ``args.timeout``; a crash or hang is the row's error."""
     command = [sys.executable, __file__, "--one", name, "--export-dir", str(args.export_dir), "--threads",
-               str(args.threads), "--rounds", str(args.rounds), "--repeat", str(args.repeat)]
+               str(args.threads), "--rounds", str(args.rounds), "--repeat", str(args.repeat),
+               "--exporters", *args.exporters]
     if args.torchvision_src is not None:
         command += ["--torchvision-src", str(args.torchvision_src)]
     started = time.perf_counter()
@@ -184,6 +189,9 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.one is not None:
+        from alt_tvm.graph.baselines import quiet_tvm_pool
+
+        quiet_tvm_pool()  # before TVM's pool starts: a spinning pool slows ONNX Runtime's turns
         if args.torchvision_src is not None and args.one.startswith("tv_"):
             # Only there: transformers reads torchvision's version, which this stand-in lacks.
             use_torchvision_source(args.torchvision_src)

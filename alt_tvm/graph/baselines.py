@@ -24,7 +24,9 @@ __all__ = [
     "TVMRunner",
     "TorchRunner",
     "onnxruntime_session",
+    "quiet_tvm_pool",
     "time_callable",
+    "time_interleaved",
     "torch_runner",
     "tvm_default_build",
 ]
@@ -261,6 +263,19 @@ def time_callable(fn: Callable[..., Any], args: Sequence[Any], *, warmup: int = 
     return min(times), statistics.median(times)
 
 
+def quiet_tvm_pool() -> None:
+    """Stop TVM's thread pool from spin-waiting (``TVM_THREAD_POOL_SPIN_COUNT=0``) unless
+    the user set it, for timing TVM beside another runtime in one process.
+
+    TVM's pool reads the variable when it starts (its first parallel kernel). A spinning
+    worker is pinned to its core and holds it after each model call: ONNX Runtime, timed
+    next, then runs its two threads on one core (MobileNet-V2 at batch 1 on a 2-vCPU VM:
+    8.75 ms instead of 4.85 ms). Without spinning, alt-tvm itself is about 6% slower
+    (5.55 ms instead of 5.2 ms), so comparisons made this way understate alt-tvm.
+    """
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+
 def round_order(count: int, round_index: int) -> list[int]:
     """Indices ``0..count-1`` in the order round ``round_index`` runs them: rotated by one each
     round, so no runner always goes first (after another runner, or after a pause)."""
@@ -274,10 +289,11 @@ def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[An
 
     Each round times every runner once (``repeat`` calls, their median), starting with a
     different runner each round; the result per runner is the median over the rounds.
-    Each turn starts with a pause of ``pause_s`` and one untimed call: right after TVM's
-    thread pool ran, its spinning worker slows the next runtime's calls (ONNX Runtime's
-    MobileNet-V2 measured 9.5 ms instead of 5.3 ms for its next ~60 ms of calls; a 1 ms
-    pause was enough).
+    Each turn starts with a pause of ``pause_s`` and one untimed call, so no runner pays
+    for the caches or the threads another left behind. That is not enough next to a TVM
+    model whose pool spins: its worker, pinned to a core, keeps ONNX Runtime's second
+    thread off it (ORT's MobileNet-V2: 8.75 ms instead of 4.85 ms). Run such comparisons
+    with :func:`quiet_tvm_pool` set before TVM's first parallel kernel.
 
     Parameters
     ----------
