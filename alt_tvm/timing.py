@@ -207,3 +207,45 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
     module["main"](*args)
     result = module.time_evaluator("main", dev, number=10, repeat=repeat)(*args)
     return 2.0 * threads * accumulators * lanes * steps / min(result.results) / 1e9
+
+
+def measure_memory_bandwidth(*, threads: int, target=None, megabytes: int = 64, repeat: int = 7) -> float:
+    """Measured memory bandwidth (GB/s) of this machine with ``threads`` parallel workers.
+
+    A vectorised scaled copy ``b = 2 * a`` of two ``megabytes`` float32 arrays (far beyond
+    the caches), counting the bytes read and written once; the best of ``repeat`` runs.
+    The ceiling that memory-bound kernels (depthwise convs, element-wise ops) are read
+    against, as the FMA peak (:func:`measure_peak_gflops`) is for compute-bound ones.
+
+    Raises
+    ------
+    ValueError
+        If ``threads < 1`` or ``megabytes < 1``, or TVM's pool has fewer than ``threads``
+        workers.
+    """
+    from tvm import te
+
+    from alt_tvm.target import host
+
+    if threads < 1 or megabytes < 1:
+        raise ValueError(f"threads and megabytes must be >= 1, got threads={threads}, megabytes={megabytes}")
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    if threads > pool:
+        raise ValueError(f"TVM's thread pool has {pool} thread(s), fewer than threads={threads}: set "
+                         f"TVM_NUM_THREADS={threads} before TVM runs its first parallel kernel")
+    machine = host()
+    lanes = machine.vector_lanes("float32")
+    rows = megabytes * (1 << 20) // (4 * 1024)
+    a = te.placeholder((rows, 1024), name="a")
+    b = te.compute((rows, 1024), lambda i, j: a[i, j] * tvm.tirx.const(2.0, "float32"), name="b")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    sch.parallel(i)
+    sch.vectorize(sch.split(j, [None, lanes])[1])
+    module = tvm.compile(sch.mod, target=target or machine.to_tvm()).jit()
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ones((rows, 1024), np.float32), dev),
+            tvm.runtime.tensor(np.zeros((rows, 1024), np.float32), dev)]
+    module["main"](*args)
+    result = module.time_evaluator("main", dev, number=3, repeat=repeat)(*args)
+    return 2.0 * rows * 1024 * 4 / min(result.results) / 1e9

@@ -3,8 +3,8 @@
 Builds the model (an ONNX file, or a reference model name of ``alt_tvm.models``), runs it
 ``--repeat`` times with every kernel timed by the Relax VM's instrument, and prints the
 table of :meth:`alt_tvm.graph.profile.KernelProfile.table`: kernel, kind, median ms,
-share of a run, GFLOP/s and GB/s (minimum traffic), operators and output layout. The FP32
-FMA peak of this machine is measured first, so GFLOP/s can be read as a share of it.
+share of a run, GFLOP/s and GB/s (minimum traffic), how close it is to the nearer roof
+(FMA peak or memory bandwidth, both measured first in this run), operators and output layout.
 
     python scripts/profile_model.py models/public/tv_resnet50.onnx [--limit 25] [--records LOG]
         [--markdown docs/profile_resnet50.md]
@@ -39,11 +39,12 @@ def main(argv=None) -> int:
     import alt_tvm
     from alt_tvm.graph.build import use_runtime_threads
     from alt_tvm.target import host
-    from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.timing import measure_memory_bandwidth, measure_peak_gflops
 
     threads = args.threads or host().num_cores
     use_runtime_threads(threads)
     peak = measure_peak_gflops(threads=threads)
+    bandwidth = measure_memory_bandwidth(threads=threads)
     model = args.model
     inputs = None
     if not Path(model).exists():
@@ -60,9 +61,9 @@ def main(argv=None) -> int:
     profile = built.profile(*arrays, repeat=args.repeat)
     _, median_ms = built.time(*arrays, number=10, repeat=5)
     head = (f"{args.model}: built in {build_s:.1f} s; {built.report.summary().splitlines()[0]}\n"
-            f"latency {median_ms:.3f} ms (median, no instrument); FP32 FMA peak measured now: {peak:.0f} GFLOP/s "
-            f"on {threads} threads")
-    table = profile.table(limit=args.limit)
+            f"latency {median_ms:.3f} ms (median, no instrument); measured now on {threads} threads: FP32 FMA "
+            f"peak {peak:.0f} GFLOP/s, memory bandwidth {bandwidth:.0f} GB/s (the 'roof' column: the nearer roof)")
+    table = profile.table(limit=args.limit, peak_gflops=peak, bandwidth_gbs=bandwidth)
     print(head)
     print(table)
     if args.markdown is not None:

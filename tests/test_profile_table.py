@@ -1,6 +1,7 @@
 """The per-kernel table of a built model: what each kernel computes, its time and rate."""
 
 import numpy as np
+import pytest
 import torch
 
 from alt_tvm.graph.build import build
@@ -57,3 +58,26 @@ def test_time_interleaved_warms_each_turn_after_a_pause():
     turn_starts = sorted(c[1 + 3 * k] for c in calls.values() for k in range(3))
     first_calls = sorted(c[0] for c in calls.values())
     assert min(turn_starts) - max(first_calls) >= 0.009  # the pause before the first turn
+
+
+def test_roof_column_reads_each_kernel_against_the_nearer_roof():
+    from alt_tvm.graph.profile import KernelInfo, KernelProfile
+
+    profile = KernelProfile({"conv": (1.0, 1.0), "copy": (2.0, 2.0)}, (3.0, 3.0),
+                            {"conv": KernelInfo("partition", ("relax.nn.conv2d",), "", 1e8, 1e6),
+                             "copy": KernelInfo("operator", ("relax.concat",), "", 0.0, 4e7)})
+    lines = profile.table(peak_gflops=200.0, bandwidth_gbs=40.0).splitlines()
+    assert lines[0].split()[:7] == ["kernel", "kind", "ms", "share", "GFLOP/s", "GB/s", "roof"]
+    # conv: 100 GFLOP/s of 200 (50%) beats 1 GB/s of 40; copy: 20 GB/s of 40 (50%)
+    assert {line.split()[0]: line.split()[6] for line in lines[1:3]} == {"conv": "50%", "copy": "50%"}
+    assert "roof" not in profile.table().splitlines()[0]
+
+
+def test_memory_bandwidth_is_measured_in_gb_per_s():
+    from alt_tvm.graph.build import use_runtime_threads
+    from alt_tvm.timing import measure_memory_bandwidth
+
+    threads = use_runtime_threads(1)
+    assert 0.5 < measure_memory_bandwidth(threads=threads, megabytes=8, repeat=2) < 2000
+    with pytest.raises(ValueError, match="megabytes"):
+        measure_memory_bandwidth(threads=1, megabytes=0)

@@ -97,17 +97,27 @@ class KernelProfile:
                                   info.bytes / seconds * 1e-9 if seconds > 0 else 0.0))
         return sorted(rows, key=lambda r: -r.ms)
 
-    def table(self, *, limit: int | None = None) -> str:
+    def table(self, *, limit: int | None = None, peak_gflops: float | None = None,
+              bandwidth_gbs: float | None = None) -> str:
         """The per-kernel table as text: kernel, kind, operators, output layout, median ms,
-        share of a run, GFLOP/s and GB/s; a last line sums the rows by kind."""
+        share of a run, GFLOP/s and GB/s; a last line sums the rows by kind.
+
+        With the machine's measured FMA peak and memory bandwidth
+        (:func:`~alt_tvm.timing.measure_peak_gflops`, :func:`~alt_tvm.timing.measure_memory_bandwidth`),
+        a ``roof`` column gives how close each kernel is to the nearer of the two roofs:
+        ``max(GFLOP/s / peak, GB/s / bandwidth)``.
+        """
         rows = self.rows()
         total = statistics.median(self.totals_ms) if self.totals_ms else 0.0
-        lines = [f"{'kernel':28s} {'kind':11s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>6s}  "
-                 f"operators / output layout"]
+        roofs = peak_gflops is not None and bandwidth_gbs is not None
+        lines = [f"{'kernel':28s} {'kind':11s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>6s} "
+                 + (f"{'roof':>5s} " if roofs else "") + " operators / output layout"]
         for row in rows[:limit]:
             ops = "+".join(op.removeprefix("relax.").removeprefix("nn.") for op in row.ops)
+            roof = f"{max(row.gflops / peak_gflops, row.gbytes / bandwidth_gbs) * 100:4.0f}% " if roofs else ""
+            layout = f" -> {row.layout}" if row.layout else ""
             lines.append(f"{row.kernel[:28]:28s} {row.kind:11s} {row.ms:8.3f} {row.share * 100:5.1f}% "
-                         f"{row.gflops:8.1f} {row.gbytes:6.1f}  {ops}" + (f" -> {row.layout}" if row.layout else ""))
+                         f"{row.gflops:8.1f} {row.gbytes:6.1f} {roof} {ops}{layout}")
         if limit is not None and len(rows) > limit:
             rest = rows[limit:]
             lines.append(f"... {len(rest)} more kernels: {sum(r.ms for r in rest):.3f} ms")
