@@ -179,10 +179,7 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
 
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    pool = int(tvm.get_global_func("runtime.NumThreads")())
-    if threads > pool:
-        raise ValueError(f"TVM's thread pool has {pool} thread(s), fewer than threads={threads}: set "
-                         f"TVM_NUM_THREADS={threads} before TVM runs its first parallel kernel")
+    _check_pool(threads)
     machine = host()
     lanes = lanes or machine.vector_lanes("float32")
     x = te.placeholder((threads, accumulators, lanes), name="x")
@@ -229,10 +226,7 @@ def measure_memory_bandwidth(*, threads: int, target=None, megabytes: int = 64, 
 
     if threads < 1 or megabytes < 1:
         raise ValueError(f"threads and megabytes must be >= 1, got threads={threads}, megabytes={megabytes}")
-    pool = int(tvm.get_global_func("runtime.NumThreads")())
-    if threads > pool:
-        raise ValueError(f"TVM's thread pool has {pool} thread(s), fewer than threads={threads}: set "
-                         f"TVM_NUM_THREADS={threads} before TVM runs its first parallel kernel")
+    _check_pool(threads)
     machine = host()
     lanes = machine.vector_lanes("float32")
     rows = megabytes * (1 << 20) // (4 * 1024)
@@ -249,3 +243,11 @@ def measure_memory_bandwidth(*, threads: int, target=None, megabytes: int = 64, 
     module["main"](*args)
     result = module.time_evaluator("main", dev, number=3, repeat=repeat)(*args)
     return 2.0 * rows * 1024 * 4 / min(result.results) / 1e9
+
+
+def _check_pool(threads: int) -> None:
+    """A measurement with ``threads`` workers needs TVM's pool to have that many."""
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    if threads > pool:
+        raise ValueError(f"TVM's thread pool has {pool} thread(s), fewer than threads={threads}: set "
+                         f"TVM_NUM_THREADS={threads} before TVM runs its first parallel kernel")
