@@ -119,3 +119,20 @@ def test_max_pool_writes_the_layout_its_1x1_consumers_read():
     func = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == pool.name)
     shapes = [tuple(int(d) for d in p.ty.shape) for p in func.params]
     assert all(len(s) > 4 for s in shapes), shapes  # reads and writes tiled buffers
+
+
+def test_relayout_rejects_a_layout_of_another_shape():
+    from tvm import relax
+
+    from alt_tvm.graph.in_layout import legalize_alone, relayout
+    from alt_tvm.layout import Layout
+
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        builder.emit_func_output(builder.emit(relax.op.nn.max_pool2d(x, (2, 2), (2, 2))))
+    call = builder.get()["main"].body.blocks[0].bindings[0].value  # normalized: its type is known
+    legal = legalize_alone(call)
+    assert legal is not None and legal.args == (x,)
+    with pytest.raises(ValueError, match=r"layout .* is for shape \(1, 16, 4, 4\), but buffer"):
+        relayout(legal.func, [Layout((1, 16, 4, 4)).split(1, [2, 8])], None)

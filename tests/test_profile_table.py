@@ -81,3 +81,10 @@ def test_memory_bandwidth_is_measured_in_gb_per_s():
     assert 0.5 < measure_memory_bandwidth(threads=threads, megabytes=8, repeat=2) < 2000
     with pytest.raises(ValueError, match="megabytes"):
         measure_memory_bandwidth(threads=1, megabytes=0)
+
+
+def test_roof_column_needs_both_roofs():
+    from alt_tvm.graph.profile import KernelProfile
+
+    with pytest.raises(ValueError, match="needs both peak_gflops and bandwidth_gbs"):
+        KernelProfile({"k": (1.0,)}, (1.0,)).table(peak_gflops=100.0)

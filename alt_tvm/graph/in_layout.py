@@ -115,8 +115,8 @@ def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layou
     Raises
     ------
     ValueError
-        If a layout's original shape is not its buffer's shape, or it cannot be written
-        as a TIR index map.
+        If a layout's original shape is not its buffer's shape. (A layout TIR cannot write as
+        an affine index map raises TVM's own error from ``transform_layout``.)
     """
     sch = tvm.s_tir.Schedule(func)
     blocks = _all_blocks(sch)
@@ -124,6 +124,10 @@ def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layou
     for name, layout in [*zip(names[: len(inputs)], inputs), (names[-1], output)]:
         if layout is None or layout.is_identity:
             continue
+        buffer = next(param for param in func.params if param.name == name)
+        if tuple(int(d) for d in buffer.ty.shape) != tuple(layout.orig_shape):
+            raise ValueError(f"relayout: layout {layout} is for shape {tuple(layout.orig_shape)}, but buffer "
+                             f"{name!r} has shape {tuple(int(d) for d in buffer.ty.shape)}")
         block = next((b for b in blocks if any(r.source.name == name for r in
                                                [*sch.get(b).reads, *sch.get(b).writes])), None)
         if block is None:

@@ -331,6 +331,21 @@ def _window(attrs: Mapping, data: tuple[int, ...], weight: tuple[int, ...]) -> t
             list(attrs.get("dilations", [1] * rank)))
 
 
+def _nodes_with(model, op_type: str, attribute_test) -> list:
+    """The default-domain ``op_type`` nodes with an attribute passing ``attribute_test``."""
+    return [n for n in model.graph.node if n.op_type == op_type and n.domain in ("", "ai.onnx")
+            and any(attribute_test(a) for a in n.attribute)]
+
+
+def _replace_attributes(node, dropped: tuple[str, ...], **new) -> None:
+    """Drop ``node``'s attributes named in ``dropped`` and add ``new`` ones."""
+    from onnx import helper
+
+    kept = [a for a in node.attribute if a.name not in dropped]
+    del node.attribute[:]
+    node.attribute.extend([*kept, *(helper.make_attribute(name, value) for name, value in new.items())])
+
+
 def resolve_conv_auto_pads(model) -> int:
     """Replace each ``Conv``'s ``auto_pad`` (``SAME_UPPER``, ``SAME_LOWER``, ``VALID``) by ``pads``.
 
@@ -351,8 +366,8 @@ def resolve_conv_auto_pads(model) -> int:
     """
     from onnx import helper
 
-    nodes = [n for n in model.graph.node if n.op_type == "Conv" and n.domain in ("", "ai.onnx") and any(
-        a.name == "auto_pad" and helper.get_attribute_value(a) not in (b"NOTSET", "NOTSET") for a in n.attribute)]
+    nodes = _nodes_with(model, "Conv", lambda a: a.name == "auto_pad"
+                        and helper.get_attribute_value(a) not in (b"NOTSET", "NOTSET"))
     if not nodes:
         return 0
     shapes = _static_shapes(model)
@@ -371,9 +386,7 @@ def resolve_conv_auto_pads(model) -> int:
                 total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - data[i + 2], 0)
                 small, large = total // 2, total - total // 2
                 before[i], after[i] = (small, large) if mode == "SAME_UPPER" else (large, small)
-        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
-        del node.attribute[:]
-        node.attribute.extend([*kept, helper.make_attribute("pads", [*before, *after])])
+        _replace_attributes(node, ("auto_pad", "pads"), pads=[*before, *after])
         rewritten += 1
     return rewritten
 
@@ -406,8 +419,7 @@ def resolve_conv_transpose_output_shapes(model) -> int:
     """
     from onnx import helper
 
-    nodes = [n for n in model.graph.node if n.op_type == "ConvTranspose" and n.domain in ("", "ai.onnx")
-             and any(a.name == "output_shape" for a in n.attribute)]
+    nodes = _nodes_with(model, "ConvTranspose", lambda a: a.name == "output_shape")
     if not nodes:
         return 0
     shapes = _static_shapes(model)
@@ -438,9 +450,7 @@ def resolve_conv_transpose_output_shapes(model) -> int:
             raise ValueError(f"ConvTranspose {node.name!r}: output_shape {list(attrs['output_shape'])} with "
                              f"auto_pad {attrs.get('auto_pad', b'NOTSET').decode()} needs the padding {before} at "
                              "the start of the spatial axes; only non-negative start padding is supported")
-        kept = [a for a in node.attribute if a.name not in ("output_shape", "auto_pad", "output_padding")]
-        del node.attribute[:]
-        node.attribute.extend([*kept, helper.make_attribute("pads", [*before, *after]),
-                               helper.make_attribute("output_padding", extra)])
+        _replace_attributes(node, ("output_shape", "auto_pad", "output_padding"), pads=[*before, *after],
+                            output_padding=extra)
         rewritten += 1
     return rewritten

@@ -106,10 +106,18 @@ class KernelProfile:
         (:func:`~alt_tvm.timing.measure_peak_gflops`, :func:`~alt_tvm.timing.measure_memory_bandwidth`),
         a ``roof`` column gives how close each kernel is to the nearer of the two roofs:
         ``max(GFLOP/s / peak, GB/s / bandwidth)``.
+
+        Raises
+        ------
+        ValueError
+            If only one of ``peak_gflops`` and ``bandwidth_gbs`` is given.
         """
+        if (peak_gflops is None) != (bandwidth_gbs is None):
+            raise ValueError(f"the roof column needs both peak_gflops and bandwidth_gbs, got "
+                             f"peak_gflops={peak_gflops!r}, bandwidth_gbs={bandwidth_gbs!r}")
         rows = self.rows()
         total = statistics.median(self.totals_ms) if self.totals_ms else 0.0
-        roofs = peak_gflops is not None and bandwidth_gbs is not None
+        roofs = peak_gflops is not None
         lines = [f"{'kernel':28s} {'kind':11s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>6s} "
                  + (f"{'roof':>5s} " if roofs else "") + " operators / output layout"]
         for row in rows[:limit]:
