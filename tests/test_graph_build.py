@@ -117,16 +117,17 @@ class NoStrategyOps(torch.nn.Module):
 
     def forward(self, x, y):
         z = torch.relu(self.conv(x)).flatten(1)
-        # A float64 matmul and a softmax: alt-tvm has no strategy for either.
+        # A float64 matmul: alt-tvm's GEMM strategies are float32 only. (The importer
+        # computes the softmax after the cast back to float32: a row kernel of alt-tvm's.)
         return torch.softmax(z.to(torch.float64) @ y.to(torch.float64), dim=-1).to(torch.float32)
 
 
 def test_ops_without_strategy_fall_back_and_are_reported():
     mod, report = build_and_run(NoStrategyOps(), [torch.rand(1, 4, 4, 4), torch.rand(128, 5)])
     assert report.fallbacks["relax.matmul"] == ["alt: dtypes ('float64', 'float64') (needs float32)"]
-    assert report.fallbacks["relax.nn.softmax"] == ["no alt-tvm strategy"]
+    assert "relax.nn.softmax" not in report.fallbacks
     assert "fell back to TVM's legalization: relax.matmul (alt: dtypes" in report.summary()
-    assert [op for _, op, _ in report.partitions] == ["relax.nn.conv2d"]
+    assert [op for _, op, _ in report.partitions] == ["relax.nn.conv2d", "relax.nn.softmax"]
 
 
 class SmallNet(torch.nn.Module):

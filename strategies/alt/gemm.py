@@ -8,6 +8,7 @@ already "N innermost" and needs no conversion around LayerNorm/softmax in transf
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import tvm
@@ -20,31 +21,52 @@ from alt_tvm.strategies.registry import register_strategy
 
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
-                  vec: int, kt: int = 1) -> tvm.IRModule:
+                  vec: int, kt: int = 1, fold_batch: bool = False, pad: te.Tensor | None = None) -> tvm.IRModule:
     """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers.
 
     ``kt > 1`` splits ``k`` and unrolls ``kt`` steps of it (more independent loads in flight).
+    ``fold_batch`` takes the batch dimensions as more rows (a weight shared by every batch
+    entry): ``[197, 1, 768] x [768, 2304]`` then has 197 rows in blocks of ``mt``, not 197
+    one-row products that each re-read the whole weight.
+
+    ``pad`` is a stage that copies the right-hand side with its columns zero-padded to a
+    multiple of ``nt`` (:func:`padded_columns`). The product then exists only as one
+    ``mt x nt`` tile in registers, and ``stages[0]`` (its copy to the unpadded output, then
+    the epilogue) writes the tile's valid columns: whole vectors for any ``N``.
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(gemm.op.name)
     loops = sch.get_loops(block)
     lead, m, n, k = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 2]
+    if fold_batch and lead:
+        lead, m = [], sch.fuse(*lead, m)
     mo, mi = sch.split(m, [None, mt])
     no, ni = sch.split(n, [None, nt])
     k_loops = list(sch.split(k, [None, kt])) if kt > 1 else [k]
-    sch.reorder(*lead, mo, no, *k_loops, mi, ni)
+    sch.reorder(*lead, no, mo, *k_loops, mi, ni)
     if kt > 1:
         sch.unroll(k_loops[1])
     k = k_loops[0]
-    write = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write, no)
-    sch.parallel(sch.fuse(*lead, mo, no))
+    if pad is None:
+        write = sch.cache_write(block, 0, "local")
+    else:
+        sch.set_scope(block, 0, "local")
+        for stage in stages[:-1]:
+            sch.compute_inline(sch.get_sblock(stage.op.name))
+        write = sch.get_sblock(stages[-1].op.name)
+    sch.reverse_compute_at(write, mo)
+    sch.parallel(sch.fuse(*lead, no, mo))
     nio, nii = sch.split(ni, [None, vec])
     if vec > 1:  # TVM refuses to vectorize a unit loop (an N with no small divisor, e.g. 197)
         sch.vectorize(nii)
     sch.unroll(nio)
     sch.unroll(mi)
     sch.decompose_reduction(block, k)
+    if pad is not None:
+        # Per batch entry and k row: one parallel copy of a padded row (small next to the product).
+        pad_loops = sch.get_loops(sch.get_sblock(pad.op.name))
+        sch.parallel(sch.fuse(*pad_loops[:-1]))
+        return sch.mod
     if vec > 1:
         sch.vectorize(sch.get_loops(write)[-1])
     if stages:
@@ -61,6 +83,15 @@ def row_tile(m: int, preferred: int) -> int:
     ViT's tokens, is prime) re-reads the whole weight for every row: 3x slower than 4 rows."""
     tile = tiles_for(m, preferred)
     return tile if 2 * tile >= min(preferred, m) else min(preferred, m)
+
+
+def padded_columns(n: int, lanes: int, registers: int) -> int:
+    """Columns per register block for an ``n`` that no vector divides (197 tokens): the block
+    of two or three vectors that pads ``n`` least (ties: three). One vector per block would
+    leave the FMA units half idle; a scalar block (the unpadded alternative) runs at 5% of
+    peak."""
+    widths = [w * lanes for w in (3, 2) if 4 * w + w < registers] or [lanes]
+    return min(widths, key=lambda width: -(-n // width) * width)
 
 
 def column_tile(n: int, lanes: int, registers: int) -> int:
@@ -97,20 +128,22 @@ class AltGemmStrategy(Strategy):
         """``{"nt", "mt", "vec", "kt"}``: ``nt`` tiles the packed weight, the rest are loop tiles."""
         if context.params is not None:
             return context.params
-        m, n, _ = _gemm_extents(anchor)
+        m, n, _ = _gemm_extents(anchor, fold_batch=True)
         return self._defaults(m, n, context)
 
     def schedule(self, *, anchor: Any, gemm: te.Tensor, stages: list, batch: int, params: dict[str, int],
                  context: Any) -> Any:
         """The loop schedule: ``PrimFunc -> IRModule``."""
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
-        return lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=batch, mt=mt, nt=nt, vec=vec, kt=kt)
+        return lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=batch, mt=mt, nt=nt, vec=vec, kt=kt,
+                                       fold_batch=True)
 
     def implement(self, anchor, context) -> Any:
         call = anchor.value
         a = context.te_input(call.args[0], "a")
         b = context.te_input(call.args[1], "b")
         *lead, m, kdim = (int(s) for s in a.shape)
+        rows = m * math.prod(lead)
         n = int(b.shape[1])
         k = te.reduce_axis((0, kdim), "k")
         gemm = te.compute((*lead, m, n), lambda *i: te.sum(a(*i[:-1], k) * b(k, i[-1]), axis=k),
@@ -119,9 +152,9 @@ class AltGemmStrategy(Strategy):
         final = stages[-1] if stages else gemm
         params = self.layout_params(anchor, context)
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
-        if n % nt or nt % vec or kdim % kt or not 1 <= mt <= m:
-            raise ValueError(f"GEMM parameters {params} do not fit M={m}, N={n}, K={kdim} (nt must divide N, vec "
-                             "nt and kt K; 1 <= mt <= M, the last row block may be partial)")
+        if n % nt or nt % vec or kdim % kt or not 1 <= mt <= rows:
+            raise ValueError(f"GEMM parameters {params} do not fit M={rows}, N={n}, K={kdim} (nt must divide N, "
+                             "vec nt and kt K; 1 <= mt <= M, the last row block may be partial)")
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
         return context.finish(output=final, layouts=layouts, strategy=self.name,
                               schedule=self.schedule(anchor=anchor, gemm=gemm, stages=stages, batch=len(lead),
@@ -136,15 +169,16 @@ class AltGemmStrategy(Strategy):
     def space(self, anchor, context) -> Any:
         from .space import GemmSpace
 
-        m, n, k = _gemm_extents(anchor)
+        m, n, k = _gemm_extents(anchor, fold_batch=True)
         return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, context),
                          lanes=context.target.vector_lanes("float32"))
 
 
-def _gemm_extents(anchor: Any) -> tuple[int, int, int]:
-    """``(M, N, K)`` of a matmul anchor."""
+def _gemm_extents(anchor: Any, *, fold_batch: bool = False) -> tuple[int, int, int]:
+    """``(M, N, K)`` of a matmul anchor; ``fold_batch``: M counts the rows of every batch entry."""
     a_shape, b_shape = static_shape(anchor.value.args[0]), static_shape(anchor.value.args[1])
-    return a_shape[-2], b_shape[-1], a_shape[-1]
+    m = math.prod(a_shape[:-1]) if fold_batch else a_shape[-2]
+    return m, b_shape[-1], a_shape[-1]
 
 
 register_strategy(AltGemmStrategy())
@@ -177,17 +211,30 @@ class AltBatchMatmulStrategy(Strategy):
         *lead, m, kdim = (int(s) for s in a.shape)
         n = int(b.shape[-1])
         k = te.reduce_axis((0, kdim), "k")
-        gemm = te.compute((*lead, m, n), lambda *i: te.sum(a(*i[:-1], k) * b(*i[:-2], k, i[-1]), axis=k),
-                          name="batch_matmul", tag="batch_matmul")
-        stages = context.epilogue_te(gemm)
-        final = stages[-1] if stages else gemm
         lanes = context.target.vector_lanes("float32")
-        nt = column_tile(n, lanes, context.target.vector_registers or 16)
+        registers = context.target.vector_registers or 16
         mt = row_tile(m, 4)
+        if n % lanes == 0 or lanes == 1:
+            nt, pad = column_tile(n, lanes, registers), None
+            gemm = te.compute((*lead, m, n), lambda *i: te.sum(a(*i[:-1], k) * b(*i[:-2], k, i[-1]), axis=k),
+                              name="batch_matmul", tag="batch_matmul")
+            stages = context.epilogue_te(gemm)
+        else:
+            nt = padded_columns(n, lanes, registers)
+            width = -(-n // nt) * nt
+            pad = te.compute((*lead, kdim, width),
+                             lambda *i: tvm.tirx.if_then_else(i[-1] < n, b(*i), tvm.tirx.const(0, b.dtype)),
+                             name="rhs_padded")
+            gemm = te.compute((*lead, m, width),
+                              lambda *i: te.sum(a(*i[:-1], k) * pad(*i[:-2], k, i[-1]), axis=k),
+                              name="batch_matmul", tag="batch_matmul")
+            unpadded = te.compute((*lead, m, n), lambda *i: gemm(*i), name="unpad")
+            stages = [unpadded, *context.epilogue_te(unpadded)]
+        final = stages[-1] if stages else gemm
         return context.finish(
             output=final, layouts=TensorMap(), strategy=self.name,
             schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=mt, nt=nt,
-                                             vec=tiles_for(nt, lanes)))
+                                             vec=tiles_for(nt, lanes), pad=pad))
 
 
 register_strategy(AltBatchMatmulStrategy())

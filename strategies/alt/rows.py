@@ -1,0 +1,117 @@
+"""Row kernels on CPUs: softmax and layer norm over the last axis, epilogue fused.
+
+The computation is :mod:`alt_tvm.ops.rows` (rows padded to whole vectors, one partial per
+lane). The schedule runs rows in parallel and keeps each row's intermediate values in a
+buffer of one row, inside the loop over rows: the row is read from memory once and every
+later pass over it hits the L1 cache. An operand stored in a tiled layout is read in that
+layout (the rewriter maps the accesses), so these ops need no layout conversion.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+
+from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.ops.rows import RowKernel, layer_norm_rows, softmax_rows
+from alt_tvm.strategies.base import OpInfo, Strategy
+from alt_tvm.strategies.registry import register_strategy
+
+#: Longest row kept in one buffer (64 KiB of float32): a row lives on a thread's stack.
+MAX_ROW = 16384
+
+
+def schedule_rows(func: tvm.tirx.PrimFunc, *, kernel: RowKernel, stages: list) -> tvm.IRModule:
+    """Rows in parallel; per row, its stages computed in order into row buffers.
+
+    Padded rows are written and read as whole vectors; each lane partial keeps ``lanes``
+    accumulators in one vector register over the row's vectors.
+    """
+    sch = tvm.s_tir.Schedule(func)
+    chain = [kernel.output, *stages]
+    for stage in chain[:-1]:
+        sch.compute_inline(sch.get_sblock(stage.op.name))
+    rank = len(kernel.output.shape)
+    row = None
+    if rank > 1:
+        loops = sch.get_loops(sch.get_sblock(chain[-1].op.name))
+        row = sch.fuse(*loops[:rank - 1]) if rank > 2 else loops[0]
+        sch.parallel(row)
+    for stage in reversed(kernel.row_stages):
+        if row is not None:
+            sch.compute_at(sch.get_sblock(stage.op.name), row, preserve_unit_loops=True)
+    lanes = kernel.lanes
+    for stage in kernel.row_stages:
+        block = sch.get_sblock(stage.op.name)
+        if int(stage.shape[-1]) != lanes or lanes == 1:
+            continue  # a per-row scalar, or a reduction over the lanes
+        if isinstance(stage.op.body[0], tvm.tirx.Reduce):
+            *_, lane, vector = sch.get_loops(block)
+            sch.reorder(vector, lane)
+            sch.vectorize(lane)
+            sch.decompose_reduction(block, vector)  # the initialisation keeps the vector loop
+        else:
+            sch.vectorize(sch.get_loops(block)[-1])
+    return sch.mod
+
+
+def _float32_last_axis(info: OpInfo, axes: list[int]) -> str | None:
+    if not info.input_dtypes or info.input_dtypes[0] != "float32":
+        return f"dtype {info.input_dtypes[0] if info.input_dtypes else None!r} (needs float32)"
+    rank = len(info.input_shapes[0])
+    if rank == 0 or [a % rank for a in axes] != [rank - 1]:
+        return f"axes {axes} of a rank-{rank} input (needs the last axis alone)"
+    if info.input_shapes[0][-1] > MAX_ROW:
+        return f"row of {info.input_shapes[0][-1]} elements (at most {MAX_ROW})"
+    return None
+
+
+class AltSoftmaxStrategy(Strategy):
+    """``relax.nn.softmax`` over the last axis (attention scores, classifier outputs)."""
+
+    name = "alt"
+    ops = ("relax.nn.softmax",)
+    target_kinds = ("llvm",)
+    priority = 10
+
+    def applicable(self, info: OpInfo) -> str | None:
+        return _float32_last_axis(info, [int(info.attrs.get("axis", -1))])
+
+    def implement(self, anchor, context) -> Any:
+        data = context.te_input(anchor.value.args[0], "data")
+        kernel = softmax_rows(data, lanes=context.target.vector_lanes("float32"))
+        stages = context.epilogue_te(kernel.output)
+        return context.finish(output=stages[-1] if stages else kernel.output, layouts=TensorMap(),
+                              strategy=self.name, schedule=lambda f: schedule_rows(f, kernel=kernel, stages=stages))
+
+
+class AltLayerNormStrategy(Strategy):
+    """``relax.nn.layer_norm`` over the last axis (transformers; ConvNeXt after its permute)."""
+
+    name = "alt"
+    ops = ("relax.nn.layer_norm",)
+    target_kinds = ("llvm",)
+    priority = 10
+
+    def applicable(self, info: OpInfo) -> str | None:
+        why = _float32_last_axis(info, [int(a) for a in info.attrs.get("axes", [])])
+        if why is None and any(d != "float32" for d in info.input_dtypes):
+            return f"dtypes {info.input_dtypes} (needs float32)"
+        return why
+
+    def implement(self, anchor, context) -> Any:
+        call = anchor.value
+        data = context.te_input(call.args[0], "data")
+        attrs = call.attrs
+        gamma = context.te_input(call.args[1], "gamma") if bool(attrs.scale) else None
+        beta = context.te_input(call.args[2], "beta") if bool(attrs.center) else None
+        kernel = layer_norm_rows(data, gamma, beta, epsilon=float(attrs.epsilon),
+                                 lanes=context.target.vector_lanes("float32"))
+        stages = context.epilogue_te(kernel.output)
+        return context.finish(output=stages[-1] if stages else kernel.output, layouts=TensorMap(),
+                              strategy=self.name, schedule=lambda f: schedule_rows(f, kernel=kernel, stages=stages))
+
+
+register_strategy(AltSoftmaxStrategy())
+register_strategy(AltLayerNormStrategy())

@@ -1,0 +1,115 @@
+"""Transformer kernels: row kernels (softmax, layer norm), GEMMs over batched rows,
+attention products whose width no vector divides. Each checked against PyTorch, and
+against the program the strategy lowers (which kernel took the op, what it computes in)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from torch import nn
+from tvm import te
+
+import alt_tvm
+from alt_tvm.integration import extract_tasks
+from alt_tvm.ops.rows import layer_norm_rows, softmax_rows
+from alt_tvm.strategies.alt.rows import schedule_rows
+
+
+def _run_rows(kernel, inputs: list[np.ndarray], placeholders: list) -> np.ndarray:
+    func = te.create_prim_func([*placeholders, kernel.output])
+    lib = tvm.compile(schedule_rows(func, kernel=kernel, stages=[]), target="llvm")
+    out = tvm.runtime.tensor(np.zeros([int(s) for s in kernel.output.shape], "float32"))
+    lib(*[tvm.runtime.tensor(x) for x in inputs], out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("n", [1, 8, 30, 197, 1000])
+def test_softmax_rows_match_torch_for_rows_no_vector_divides(n):
+    data = np.random.default_rng(n).standard_normal((3, 5, n)).astype("float32") * 8
+    x = te.placeholder(data.shape, name="x")
+    out = _run_rows(softmax_rows(x, lanes=8), [data], [x])
+    np.testing.assert_allclose(out, torch.softmax(torch.from_numpy(data), -1).numpy(), rtol=2e-6, atol=1e-7)
+
+
+def test_softmax_rows_keep_nan_to_its_row_and_do_not_overflow():
+    data = np.random.default_rng(0).standard_normal((4, 197)).astype("float32")
+    data[1, 7] = np.nan
+    data[2] *= 1e4  # exp(x) alone would overflow
+    x = te.placeholder(data.shape, name="x")
+    out = _run_rows(softmax_rows(x, lanes=8), [data], [x])
+    assert np.isnan(out[1]).all() and not np.isnan(out[[0, 2, 3]]).any()
+    np.testing.assert_allclose(out[[0, 2, 3]], torch.softmax(torch.from_numpy(data[[0, 2, 3]]), -1).numpy(),
+                               rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [30, 197, 768])
+def test_layer_norm_rows_match_float64_even_with_a_large_mean(n):
+    rng = np.random.default_rng(n)
+    data = (rng.standard_normal((6, n)) + np.array([[0], [0], [0], [1e4], [-3e3], [0]])).astype("float32")
+    gamma, beta = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+    x, g, b = te.placeholder(data.shape, name="x"), te.placeholder((n,), name="g"), te.placeholder((n,), name="b")
+    out = _run_rows(layer_norm_rows(x, g, b, epsilon=1e-5, lanes=8), [data, gamma, beta], [x, g, b])
+    d = data.astype("float64")
+    ref = (d - d.mean(-1, keepdims=True)) / np.sqrt(d.var(-1, keepdims=True) + 1e-5) * gamma + beta
+    # E[x^2] - E[x]^2 in float32 would lose every digit of the 1e4-mean rows (errors of
+    # ~1e3); the plain two passes are off by 3e-3, PyTorch's layer_norm by up to 1e-3.
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_row_kernels_reject_what_they_cannot_compute():
+    with pytest.raises(ValueError, match="float32"):
+        softmax_rows(te.placeholder((4, 8), dtype="float64"), lanes=8)
+    with pytest.raises(ValueError, match=r"gamma must have shape \[8\]"):
+        layer_norm_rows(te.placeholder((4, 8)), te.placeholder((4,)), None, epsilon=1e-5, lanes=8)
+
+
+class _Encoder(nn.Module):
+    """Pre-norm attention over 197 tokens (ViT's count, prime), sequence first as
+    ``nn.MultiheadAttention`` computes internally: softmax rows of 197, a ``[197, 1, 64]``
+    input to the packed QKV projection."""
+
+    def __init__(self, dim: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.attention = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return self.attention(y, y, y, need_weights=False)[0] + x
+
+
+def test_attention_over_a_prime_token_count_runs_every_op_in_an_alt_kernel():
+    torch.manual_seed(0)
+    model, x = _Encoder().eval(), torch.randn(1, 197, 64)
+    built = alt_tvm.build(model, example_inputs=(x,), strict=True)
+    anchors = [op for _, op, _ in built.report.partitions]
+    assert anchors.count("relax.nn.softmax") == 1 and anchors.count("relax.nn.layer_norm") == 1
+    assert anchors.count("relax.matmul") == 4  # QKV, scores, context, output projection
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
+    scripts = [f.script() for _, f in built.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    # The score product pads its right-hand side to whole vectors (197 -> a multiple of 16).
+    assert any('"rhs_padded"' in s for s in scripts)
+
+
+class _SeqFirstLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 48)
+
+    def forward(self, x):
+        return self.linear(x.transpose(0, 1))  # [tokens, 1, features]
+
+
+def test_a_linear_layer_over_sequence_first_tokens_blocks_rows_across_the_batch_dims():
+    torch.manual_seed(0)
+    model, x = _SeqFirstLinear().eval(), torch.randn(1, 197, 32)
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    # 197 rows of one shared weight, blocked by 4: not 197 products of one row each.
+    assert task.space.m == 197
+    assert task.space.default()[1]["mt"] == 4
+    built = alt_tvm.build(model, example_inputs=(x,), strict=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
