@@ -163,6 +163,10 @@ def public_models() -> dict[str, PublicModel]:
         PublicModel("hf_segformer_b0", "transformer", _hf_vision(
             "SegformerForSemanticSegmentation", "SegformerConfig"), (1, 3, 256, 256)),
         PublicModel("hf_bert_base", "transformer", _hf_text("BertModel", "BertConfig"), (1, 128), "int64"),
+        # BERT-tiny's published size (google/bert_uncased_L-2_H-128_A-2).
+        PublicModel("hf_bert_tiny", "transformer", _hf_text(
+            "BertModel", "BertConfig", hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=512), (1, 128), "int64"),
         PublicModel("hf_distilbert", "transformer", _hf_text("DistilBertModel", "DistilBertConfig"), (1, 128),
                     "int64"),
         PublicModel("hf_gpt2", "transformer", _hf_text("GPT2Model", "GPT2Config"), (1, 64), "int64"),
@@ -188,6 +192,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "cnn_suite": ("tv_resnet18", "tv_resnet50", "tv_mobilenet_v2", "tv_mobilenet_v3_large", "tv_efficientnet_b0",
                 "tv_squeezenet1_1", "tv_densenet121", "tv_regnet_y_400mf", "tv_mnasnet1_0", "tv_googlenet",
                 "tv_convnext_tiny"),
+    # Encoders and a decoder of the published sizes: ViT-B/16, Swin-T, BERT-base, BERT-tiny,
+    # GPT-2 small (64 tokens).
+    "transformer_suite": ("tv_vit_b_16", "tv_swin_t", "hf_bert_base", "hf_bert_tiny", "hf_gpt2"),
 }
 """Named groups of models, which ``--names`` takes besides model names."""
 

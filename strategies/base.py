@@ -315,6 +315,8 @@ class PartitionContext:
         relax_args = []
         for source, tensor in self.placeholders:
             data = const_value(source)
+            if data is not None and tensor not in result.tensors:
+                continue  # a constant no stage reads (an exponent an epilogue spelled as products)
             layout = layouts.get(tensor)
             if data is not None:
                 packed = layout.apply(data) if layout is not None else data

@@ -13,12 +13,14 @@ from tvm import relax, te, tirx
 
 from alt_tvm import ops
 
+from .base import const_value
+
 #: Element-wise Relax ops an epilogue may contain (binary ones broadcast their other operand).
 UNARY_EPILOGUE = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
                   "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.exp",
                   "relax.sqrt", "relax.negative", "relax.abs")
 BINARY_EPILOGUE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
-                   "relax.minimum")
+                   "relax.minimum", "relax.power")
 
 _BINARY = {
     "relax.add": ops.add,
@@ -51,6 +53,30 @@ def _nan_free(arg: relax.Expr) -> bool:
     return hasattr(value, "numpy") and not np.isnan(value.numpy()).any()
 
 
+def joinable(call: relax.Call) -> bool:
+    """Whether an epilogue can compute ``call``: an op above, and ``power`` only with a
+    constant scalar exponent (GPT-2's GELU cubes its input)."""
+    name = str(getattr(getattr(call, "op", None), "name", ""))
+    if name == "relax.power":
+        exponent = const_value(call.args[1])
+        return exponent is not None and exponent.size == 1
+    return name in UNARY_EPILOGUE or name in BINARY_EPILOGUE
+
+
+def _power(base: te.Tensor, exponent: float, name: str) -> te.Tensor:
+    """``base ** exponent``: repeated products for a small whole exponent (vector code, within
+    an ulp or two of ``pow``), else ``pow`` itself."""
+    if exponent == int(exponent) and 1 <= exponent <= 4:
+        def body(*i):
+            value = base(*i)
+            for _ in range(int(exponent) - 1):
+                value = value * base(*i)
+            return value
+        return te.compute(base.shape, body, name=name, tag="elemwise")
+    return te.compute(base.shape, lambda *i: tirx.power(base(*i), tirx.const(exponent, base.dtype)), name=name,
+                      tag="elemwise")
+
+
 def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], *, index: int,
                 fast_math: bool = False) -> te.Tensor:
     """TE of one epilogue op given the TE tensors of its tensor arguments (None for scalars).
@@ -78,6 +104,8 @@ def epilogue_te(call: relax.Call, operands: Sequence[te.Tensor | None], *, index
         lhs, rhs = operands
         nan_free = tuple(_nan_free(arg) for arg in call.args)
         return _BINARY[name](lhs, rhs, name=stage, fast_math=fast_math, nan_free=nan_free)
+    if name == "relax.power":
+        return _power(chain, float(const_value(call.args[1])), stage)
     if name in _BINARY:
         lhs, rhs = operands
         return _BINARY[name](lhs, rhs, name=stage)

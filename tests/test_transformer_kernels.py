@@ -4,6 +4,8 @@ against the program the strategy lowers (which kernel took the op, what it compu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -113,3 +115,42 @@ def test_a_linear_layer_over_sequence_first_tokens_blocks_rows_across_the_batch_
     built = alt_tvm.build(model, example_inputs=(x,), strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+class _Gpt2Mlp(nn.Module):
+    """GPT-2's feed-forward layer as Hugging Face writes it: GELU's tanh form spelled out."""
+
+    def __init__(self, exponent: float = 3.0) -> None:
+        super().__init__()
+        self.fc, self.proj, self.exponent = nn.Linear(32, 128), nn.Linear(128, 32), exponent
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, self.exponent))))
+        return self.proj(h)
+
+
+def _onnx(model: nn.Module, x: torch.Tensor, tmp_path) -> str:
+    path = str(tmp_path / "model.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    return path
+
+
+def test_gpt2_gelu_becomes_one_gelu_tanh_in_the_projection_epilogue(tmp_path):
+    torch.manual_seed(0)
+    model, x = _Gpt2Mlp().eval(), torch.randn(1, 64, 32)
+    built = alt_tvm.build(_onnx(model, x, tmp_path), strict=True)
+    assert [ops for _, _, ops in built.report.partitions][0] == ["relax.matmul", "relax.add", "relax.nn.gelu_tanh"]
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_power_with_a_constant_exponent_joins_the_epilogue(tmp_path):
+    # 2.0 is no GELU: the chain stays spelled out, power and all, in the GEMM's epilogue.
+    torch.manual_seed(0)
+    model, x = _Gpt2Mlp(exponent=2.0).eval(), torch.randn(1, 64, 32)
+    built = alt_tvm.build(_onnx(model, x, tmp_path), strict=True)
+    first = [ops for _, _, ops in built.report.partitions][0]
+    assert first[:3] == ["relax.matmul", "relax.add", "relax.power"] and "relax.tanh" in first
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)

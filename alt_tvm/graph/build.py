@@ -39,7 +39,7 @@ from alt_tvm.strategies.base import (
     static_shape,
     workload_key,
 )
-from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE, epilogue_te
+from alt_tvm.strategies.epilogue import epilogue_te, joinable
 from alt_tvm.target import HardwareTarget, resolve
 
 from .baselines import flatten_outputs
@@ -308,8 +308,7 @@ def _stored(layout: Layout | None) -> str:
 
 
 def _standalone_elementwise(binding: relax.VarBinding, users: dict) -> bool:
-    name = op_name(binding.value)
-    return (name in UNARY_EPILOGUE or name in BINARY_EPILOGUE) and len(users.get(binding.var, [])) == 1 \
+    return joinable(binding.value) and len(users.get(binding.var, [])) == 1 \
         and isinstance(binding.var, relax.DataflowVar)
 
 
@@ -392,7 +391,7 @@ class _Mutator(relax.PyExprMutator):
         if var in self.final:
             self._emit_partition(self.final[var])
             return
-        if var in self.backward and op_name(binding.value) in {*UNARY_EPILOGUE, *BINARY_EPILOGUE}:
+        if var in self.backward and joinable(binding.value):
             self._emit_elementwise(binding, self.backward[var])
             return
         name = op_name(binding.value)

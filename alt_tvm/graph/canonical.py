@@ -18,7 +18,8 @@ difference to a single form, chosen to be the one that fuses best:
   original rank computes the same values in the same order), which also lets an
   activation after the reshape join the matmul's epilogue.
 * ``merge_gelu``: GELU exported to ONNX opsets without ``Gelu`` is
-  ``x * 0.5 * (1 + erf(x / sqrt(2)))``: it becomes ``nn.gelu`` (the erf form) again.
+  ``x * 0.5 * (1 + erf(x / sqrt(2)))``: it becomes ``nn.gelu`` (the erf form) again, and
+  GPT-2's ``x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`` ``nn.gelu_tanh``.
 * ``global_pools``: a pooling window that covers the whole input from its first element and
   yields one output per channel is a global pool (``mean`` or ``max`` over the spatial
   axes). Hugging Face's EfficientNet writes its final pooling as ``AvgPool2d(1280,
@@ -316,10 +317,9 @@ def _unflattened(graph: _Graph, arg: relax.Expr) -> relax.Expr | None:
 
 def _elementwise_step(call: relax.Call, current: relax.Var, shape: tuple[int, ...]) -> bool:
     """Is ``call`` an element-wise op of ``current`` whose other operands are constants of rank <= 2?"""
-    from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE
+    from alt_tvm.strategies.epilogue import joinable
 
-    name = op_name(call)
-    if name not in UNARY_EPILOGUE and name not in BINARY_EPILOGUE:
+    if not joinable(call):
         return False
     for arg in call.args:
         if arg.same_as(current):
@@ -336,7 +336,8 @@ def _elementwise_step(call: relax.Call, current: relax.Var, shape: tuple[int, ..
 
 
 def merge_gelu(mod: tvm.IRModule) -> tvm.IRModule:
-    """``x * 0.5 * (1 + erf(x / sqrt(2)))`` (any association of the products) becomes ``nn.gelu(x)``."""
+    """``x * 0.5 * (1 + erf(x / sqrt(2)))`` (any association of the products) becomes ``nn.gelu(x)``,
+    and the tanh approximation (:func:`_tanh_term`) ``nn.gelu_tanh(x)``."""
     return _apply(mod, _gelus)
 
 
@@ -348,14 +349,17 @@ def _gelus(graph: _Graph) -> Iterator[_Match]:
         if len(factors) != 3:
             continue
         halves = [f for f in factors if _scalar(f) == 0.5]
-        erfs = [f for f in factors if _erf_term(graph, f) is not None]
-        if len(halves) != 1 or len(erfs) != 1:
+        terms = [(f, term, op) for f in factors for term, op in ((_erf_term, relax.op.nn.gelu),
+                                                                 (_tanh_term, relax.op.nn.gelu_tanh))
+                 if term(graph, f) is not None]
+        if len(halves) != 1 or len(terms) != 1:
             continue
-        x, members = _erf_term(graph, erfs[0])
-        (rest,) = [f for f in factors if f is not halves[0] and f is not erfs[0]]
+        factor, term, gelu = terms[0]
+        x, members = term(graph, factor)
+        (rest,) = [f for f in factors if f is not halves[0] and f is not factor]
         if not rest.same_as(x) or static_shape(x) != static_shape(var):
             continue
-        yield _Match(var, lambda visit, x=x: relax.op.nn.gelu(visit(x)), (*inner, *members))
+        yield _Match(var, lambda visit, x=x, gelu=gelu: gelu(visit(x)), (*inner, *members))
 
 
 def _factors(graph: _Graph, call: relax.Call) -> tuple[list[relax.Expr], list[relax.Var]]:
@@ -388,6 +392,34 @@ def _erf_term(graph: _Graph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.V
         call = graph.producer(scaled, op)
         if call is not None and _close(_scalar(call.args[1]), factor):
             return call.args[0], [expr, erf_var, scaled]
+    return None
+
+
+def _tanh_term(graph: _Graph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.Var]] | None:
+    """``(x, its vars)`` if ``expr`` is ``1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))`` (GPT-2's
+    GELU, the cube as ``power(x, 3)``), else None."""
+    add = graph.producer(expr, "relax.add")
+    if add is None or graph.only_user(expr) is None:
+        return None
+    tanh_var = next((a for a in add.args if graph.producer(a, "relax.tanh") is not None), None)
+    one = next((a for a in add.args if tanh_var is not None and not a.same_as(tanh_var)), None)
+    if tanh_var is None or one is None or _scalar(one) != 1.0 or graph.only_user(tanh_var) is None:
+        return None
+    scaled = graph.values[tanh_var].args[0]
+    outer = graph.producer(scaled, "relax.multiply")
+    if outer is None or graph.only_user(scaled) is None or not _close(_scalar(outer.args[1]), math.sqrt(2 / math.pi)):
+        return None
+    inner_sum = graph.producer(outer.args[0], "relax.add")
+    if inner_sum is None or graph.only_user(outer.args[0]) is None:
+        return None
+    for x, cubic in (inner_sum.args, inner_sum.args[::-1]):
+        term = graph.producer(cubic, "relax.multiply")
+        cube = term.args[0] if term is not None else None
+        power = graph.producer(cube, "relax.power") if cube is not None else None
+        if (power is not None and graph.only_user(cubic) is not None and graph.only_user(cube) is not None
+                and _close(_scalar(term.args[1]), 0.044715) and power.args[0].same_as(x)
+                and _scalar(power.args[1]) == 3.0):
+            return x, [expr, tanh_var, scaled, outer.args[0], cubic, cube]
     return None
 
 

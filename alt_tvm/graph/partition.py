@@ -27,7 +27,7 @@ from alt_tvm.strategies.base import (
     static_shape,
     workload_key,
 )
-from alt_tvm.strategies.epilogue import BINARY_EPILOGUE, UNARY_EPILOGUE
+from alt_tvm.strategies.epilogue import UNARY_EPILOGUE, joinable
 from alt_tvm.strategies.registry import select, strategy_ops
 from alt_tvm.target import HardwareTarget
 
@@ -48,7 +48,7 @@ def consumers(func: relax.Function) -> dict:
 def _joins(binding: relax.VarBinding, region: set, shape: tuple[int, ...]) -> bool:
     """Can ``binding`` join an epilogue region (element-wise, same shape, reads the region)?"""
     name = op_name(binding.value)
-    if name not in UNARY_EPILOGUE and name not in BINARY_EPILOGUE:
+    if not joinable(binding.value):
         return False
     if static_shape(binding.var) != shape:
         return False
