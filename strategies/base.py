@@ -28,6 +28,8 @@ from alt_tvm.layout import Layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.target import HardwareTarget
 
+from .constants import const_value
+
 
 def op_name(expr: relax.Expr) -> str | None:
     if isinstance(expr, relax.Call) and hasattr(expr.op, "name"):
@@ -60,10 +62,13 @@ class Partition:
     epilogue: list[relax.VarBinding] = field(default_factory=list)
     #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
     prologue: list[relax.VarBinding] = field(default_factory=list)
+    #: attention's softmax over the epilogue's last axis and the matmul of its result, when the
+    #: anchor's strategy :attr:`Strategy.fuses_attention`
+    tail: list[relax.VarBinding] = field(default_factory=list)
 
     @property
     def bindings(self) -> list[relax.VarBinding]:
-        return [*self.prologue, self.anchor, *self.epilogue]
+        return [*self.prologue, self.anchor, *self.epilogue, *self.tail]
 
     @property
     def output(self) -> relax.Var:
@@ -71,8 +76,8 @@ class Partition:
 
     @property
     def ops(self) -> list[str]:
-        """Anchor op first, then the epilogue ops (an absorbed pad is not listed)."""
-        return [op_name(b.value) for b in (self.anchor, *self.epilogue)]
+        """Anchor op first, then the epilogue and tail ops (an absorbed pad is not listed)."""
+        return [op_name(b.value) for b in (self.anchor, *self.epilogue, *self.tail)]
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,10 @@ class Strategy(abc.ABC):
     #: (a TT-factorised weight) set False: they are never chosen for a partition by
     #: measured speed, only when the user asks for them.
     exact: bool = True
+    #: The partition may go on through a softmax over the last axis of its epilogue's result
+    #: and a matmul taking the softmax as its left operand (``Partition.tail``): attention
+    #: computed per query block, the scores never stored whole.
+    fuses_attention: bool = False
 
     @abc.abstractmethod
     def applicable(self, info: OpInfo) -> str | None:
@@ -158,14 +167,6 @@ class Strategy(abc.ABC):
         stage it absorbs writes any layout for free).
         """
         return None
-
-
-def const_value(expr: relax.Expr) -> np.ndarray | None:
-    """The NumPy data of a Relax constant, or None for anything else."""
-    value = getattr(expr, "value", None)
-    if value is None or not hasattr(value, "numpy"):
-        return None
-    return value.numpy()
 
 
 def equivalent(a: Layout | None, b: Layout | None, shape: Sequence[int]) -> bool:
@@ -385,6 +386,8 @@ def workload_key(partition: Partition) -> str:
     ONNX export gets the same key. Format::
 
         <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
+
+    and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``.
     """
     anchor = partition.anchor
     call = anchor.value
@@ -396,4 +399,12 @@ def workload_key(partition: Partition) -> str:
     ops = [str(b.value.op.name).removeprefix("relax.") for b in partition.epilogue]
     return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
             f"{json.dumps(attrs, sort_keys=True, separators=(',', ':'), default=str)}|"
-            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}")
+            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}{_tail_key(partition)}")
+
+
+def _tail_key(partition: Partition) -> str:
+    if not partition.tail:
+        return ""
+    ops = "+".join(str(b.value.op.name).removeprefix("relax.") for b in partition.tail)
+    rhs = partition.tail[-1].value.args[1]
+    return f"|then={ops}:{static_shape(rhs)}:{dtype_of(rhs)}"

@@ -13,7 +13,7 @@ from tvm import relax, te, tirx
 
 from alt_tvm import ops
 
-from .base import const_value
+from .constants import const_value
 
 #: Element-wise Relax ops an epilogue may contain (binary ones broadcast their other operand).
 UNARY_EPILOGUE = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
@@ -49,8 +49,8 @@ def _scalar(value: Any) -> float:
 
 def _nan_free(arg: relax.Expr) -> bool:
     """True for a constant argument without NaN (a max/min with it needs no NaN test)."""
-    value = getattr(arg, "value", None)
-    return hasattr(value, "numpy") and not np.isnan(value.numpy()).any()
+    data = const_value(arg)
+    return data is not None and not np.isnan(data).any()
 
 
 def joinable(call: relax.Call) -> bool:

@@ -154,3 +154,34 @@ def test_a_power_with_a_constant_exponent_joins_the_epilogue(tmp_path):
     assert first[:3] == ["relax.matmul", "relax.add", "relax.power"] and "relax.tanh" in first
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _MaskedAttention(nn.Module):
+    """Attention written out as BERT writes it: scaled scores, an additive mask, softmax, V."""
+
+    def __init__(self, tokens: int, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.qkv, self.heads, self.dim = nn.Linear(dim, 3 * dim), heads, dim
+        mask = torch.zeros(1, 1, 1, tokens)
+        mask[..., -3:] = -1e4  # padding keys
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = (y.reshape(b, t, self.heads, -1).transpose(1, 2) for y in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.dim // self.heads) + self.mask
+        return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, t, self.dim)
+
+
+@pytest.mark.parametrize("tokens", [64, 49, 197])
+def test_attention_is_one_kernel_from_scores_to_context_and_matches_torch(tokens, tmp_path):
+    torch.manual_seed(0)
+    model, x = _MaskedAttention(tokens).eval(), torch.randn(1, tokens, 32)
+    built = alt_tvm.build(_onnx(model, x, tmp_path), strict=True)
+    fused = [ops for _, _, ops in built.report.partitions if "relax.nn.softmax" in ops]
+    assert len(fused) == 1 and fused[0][0] == "relax.matmul" and fused[0][-2:] == ["relax.nn.softmax", "relax.matmul"]
+    assert "relax.add" in fused[0]  # the mask, in the scores' epilogue
+    assert any("|then=nn.softmax+matmul:" in key for key in built.report.workloads)
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)

@@ -62,7 +62,8 @@ def _joins(binding: relax.VarBinding, region: set, shape: tuple[int, ...]) -> bo
 
 def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool],
                     epilogues: bool = True,
-                    absorbs_pad: Callable[[relax.VarBinding], bool] | None = None) -> list[Partition]:
+                    absorbs_pad: Callable[[relax.VarBinding], bool] | None = None,
+                    fuses_attention: Callable[[relax.VarBinding], bool] | None = None) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
     The epilogue is the largest run of element-wise ops after the anchor that reads the
@@ -70,6 +71,8 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
     intermediate values are used nowhere else: only the last value leaves the kernel.
     With ``epilogues=False`` every partition is its anchor alone (the ALT-WP ablation).
     Where ``absorbs_pad(anchor)`` holds, a zero ``relax.nn.pad`` feeding the anchor joins it.
+    Where ``fuses_attention(anchor)`` holds, the partition goes on through attention's softmax
+    and second matmul (:func:`_attention_tail`).
     """
     users = consumers(func)
     partitions: list[Partition] = []
@@ -93,12 +96,38 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                 part.epilogue.append(later)
                 region.add(later.var)
             _trim(part, users)
+            if epilogues and fuses_attention is not None and fuses_attention(binding):
+                part.tail = _attention_tail(part, bindings[pos + 1:], users, taken)
             producer = _pad_producer(binding, bindings[:pos], users) if absorbs_pad and absorbs_pad(binding) else None
             if producer is not None and producer.var not in taken:
                 part.prologue.append(producer)
             taken.update(b.var for b in part.bindings)
             partitions.append(part)
     return partitions
+
+
+def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> list[relax.VarBinding]:
+    """``[softmax, matmul]`` if the partition's value is read only by a softmax over its last
+    axis, which is read only by a matmul as its left operand with the same batch dims."""
+    by_var = {b.var: b for b in later if isinstance(b, relax.VarBinding)}
+    shape = static_shape(part.output)
+    readers = users.get(part.output, [])
+    if shape is None or len(shape) < 3 or len(readers) != 1 or readers[0] not in by_var:
+        return []
+    softmax = by_var[readers[0]]
+    call = softmax.value
+    if op_name(call) != "relax.nn.softmax" or int(call.attrs.axis) % len(shape) != len(shape) - 1:
+        return []
+    readers = users.get(softmax.var, [])
+    if len(readers) != 1 or readers[0] not in by_var:
+        return []
+    matmul = by_var[readers[0]]
+    call = matmul.value
+    rhs = static_shape(call.args[1]) if op_name(call) == "relax.matmul" else None
+    if (rhs is None or not call.args[0].same_as(softmax.var) or len(rhs) != len(shape) or rhs[:-2] != shape[:-2]
+            or rhs[-2] != shape[-1] or softmax.var in taken or matmul.var in taken):
+        return []
+    return [softmax, matmul]
 
 
 def _trim(part: Partition, users: dict) -> None:
@@ -224,7 +253,8 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
 
     def partition() -> list[Partition]:
         return find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
-                               absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad)
+                               absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad,
+                               fuses_attention=lambda b: plan.strategies[b.var].fuses_attention)
 
     plan.partitions = partition()
     for part in plan.partitions if chosen else []:

@@ -32,6 +32,10 @@ class RowKernel:
     #: per-row stages, producers first (padded rows ``[..., vectors, lanes]``, lane partials, scalars)
     row_stages: tuple[te.Tensor, ...]
     lanes: int
+    #: softmax only: ``output = numerator * scale`` (padded rows times one value per row), so a
+    #: consumer that sums over the row may apply the scale once, after its sum
+    numerator: te.Tensor | None = None
+    scale: te.Tensor | None = None
 
 
 def _check(data: te.Tensor, lanes: int, what: str) -> tuple[tuple, int]:
@@ -97,7 +101,7 @@ def softmax_rows(data: te.Tensor, *, lanes: int, name: str = "softmax") -> RowKe
     inverse = te.compute(lead, lambda *i: tvm.tirx.const(1.0, "float32") / row_sum(*i), name=f"{name}_inv")
     out = te.compute((*lead, n), lambda *i: exps(*i[:-1], i[-1] // lanes, i[-1] % lanes) * inverse(*i[:-1]),
                      name=name, tag="softmax")
-    return RowKernel(out, (rows, max_lanes, row_max, exps, sum_lanes, row_sum, inverse), lanes)
+    return RowKernel(out, (rows, max_lanes, row_max, exps, sum_lanes, row_sum, inverse), lanes, exps, inverse)
 
 
 def layer_norm_rows(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor | None, *, epsilon: float, lanes: int,

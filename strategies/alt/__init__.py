@@ -3,4 +3,4 @@
 Importing the package registers its strategies (all named ``alt``).
 """
 
-from . import conv, conv_cuda, gemm, rows  # noqa: F401  (registration)
+from . import batch_matmul, conv, conv_cuda, gemm, rows  # noqa: F401  (registration)

@@ -41,6 +41,13 @@ def schedule_rows(func: tvm.tirx.PrimFunc, *, kernel: RowKernel, stages: list) -
     for stage in reversed(kernel.row_stages):
         if row is not None:
             sch.compute_at(sch.get_sblock(stage.op.name), row, preserve_unit_loops=True)
+    vectorize_row_stages(sch, kernel)
+    return sch.mod
+
+
+def vectorize_row_stages(sch: tvm.s_tir.Schedule, kernel: RowKernel) -> None:
+    """Vector loops over the lanes of a row kernel's padded rows and lane partials (each
+    partial's ``lanes`` accumulators in one register), once the stages have their places."""
     lanes = kernel.lanes
     for stage in kernel.row_stages:
         block = sch.get_sblock(stage.op.name)
@@ -53,7 +60,6 @@ def schedule_rows(func: tvm.tirx.PrimFunc, *, kernel: RowKernel, stages: list) -
             sch.decompose_reduction(block, vector)  # the initialisation keeps the vector loop
         else:
             sch.vectorize(sch.get_loops(block)[-1])
-    return sch.mod
 
 
 def _float32_last_axis(info: OpInfo, axes: list[int]) -> str | None:

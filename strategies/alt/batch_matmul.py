@@ -1,0 +1,184 @@
+"""Products of two activations on CPUs: batched matmul, and attention fused around it.
+
+``A[.., M, K] x B[.., K, N]`` has nothing constant, so layouts stay canonical (``N`` is
+already contiguous in ``B`` and in the output) and the schedule is the GEMM template's
+(:func:`~alt_tvm.strategies.alt.gemm.schedule_gemm`): ``mt x nt`` outputs in registers,
+batch and row blocks in parallel. A width that no vector divides (197 tokens) is computed
+over a zero-padded copy of ``B``.
+
+Attention: when the partition goes on through the softmax of the scores and their product
+with ``V`` (:attr:`~alt_tvm.strategies.base.Partition.tail`), one kernel computes, for each
+batch entry (head) and block of ``mt`` queries, the block's scores (with the epilogue:
+scale, mask, position bias), their softmax, and the block's ``mt x Dv`` context, with the
+softmax's ``1 / sum`` applied once per output after the sum over keys. The scores exist only
+as ``mt`` rows in cache, never as the whole ``M x N`` matrix per head (the idea of
+FlashAttention, Dao et al. 2022, without its online softmax: a block holds its full rows of
+keys, which fits L1 up to a few thousand keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import te
+
+from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.ops.rows import RowKernel, softmax_rows
+from alt_tvm.strategies.base import OpInfo, Strategy, tiles_for
+from alt_tvm.strategies.registry import register_strategy
+
+from .gemm import column_tile, padded_columns, row_tile, schedule_gemm
+from .rows import vectorize_row_stages
+
+
+def _columns(n: int, lanes: int, registers: int) -> tuple[int, int]:
+    """``(nt, width)``: register-block columns and ``n`` padded to a multiple of them."""
+    nt = column_tile(n, lanes, registers) if n % lanes == 0 or lanes == 1 else padded_columns(n, lanes, registers)
+    return nt, -(-n // nt) * nt
+
+
+def _padded_rhs(b: te.Tensor, n: int, width: int) -> te.Tensor:
+    """``B`` with its columns zero-padded to ``width``."""
+    return te.compute((*b.shape[:-1], width),
+                      lambda *i: tvm.tirx.if_then_else(i[-1] < n, b(*i), tvm.tirx.const(0, b.dtype)),
+                      name="rhs_padded")
+
+
+class AltBatchMatmulStrategy(Strategy):
+    """Matmul of two activations (attention scores and context): ``A[.., M, K] x B[.., K, N]``."""
+
+    name = "alt"
+    ops = ("relax.matmul",)
+    priority = 9
+    fuses_attention = True
+
+    def applicable(self, info: OpInfo) -> str | None:
+        if any(d != "float32" for d in info.input_dtypes):
+            return f"dtypes {info.input_dtypes} (needs float32)"
+        a, b = info.input_shapes
+        if len(a) < 2 or len(a) != len(b) or a[:-2] != b[:-2] or a[-1] != b[-2]:
+            return f"shapes {info.input_shapes} (needs [..., M, K] x [..., K, N] with equal batch dims)"
+        return None
+
+    def implement(self, anchor, context) -> Any:
+        if context.partition.tail:
+            return self._attention(anchor, context)
+        call = anchor.value
+        a = context.te_input(call.args[0], "a")
+        b = context.te_input(call.args[1], "b")
+        *lead, m, kdim = (int(s) for s in a.shape)
+        n = int(b.shape[-1])
+        k = te.reduce_axis((0, kdim), "k")
+        lanes = context.target.vector_lanes("float32")
+        nt, width = _columns(n, lanes, context.target.vector_registers or 16)
+        pad = _padded_rhs(b, n, width) if width != n else None
+        rhs = pad if pad is not None else b
+        gemm = te.compute((*lead, m, width), lambda *i: te.sum(a(*i[:-1], k) * rhs(*i[:-2], k, i[-1]), axis=k),
+                          name="batch_matmul", tag="batch_matmul")
+        if pad is None:
+            stages = context.epilogue_te(gemm)
+        else:
+            unpadded = te.compute((*lead, m, n), lambda *i: gemm(*i), name="unpad")
+            stages = [unpadded, *context.epilogue_te(unpadded)]
+        final = stages[-1] if stages else gemm
+        return context.finish(
+            output=final, layouts=TensorMap(), strategy=self.name,
+            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=row_tile(m, 4),
+                                             nt=nt, vec=tiles_for(nt, lanes), pad=pad))
+
+    def _attention(self, anchor, context) -> Any:
+        softmax, product = context.partition.tail
+        q = context.te_input(anchor.value.args[0], "q")
+        keys = context.te_input(anchor.value.args[1], "k")
+        v = context.te_input(product.value.args[1], "v")
+        *lead, m, depth = (int(s) for s in q.shape)
+        n, dv = int(keys.shape[-1]), int(v.shape[-1])
+        lanes = context.target.vector_lanes("float32")
+        registers = context.target.vector_registers or 16
+        nt, width = _columns(n, lanes, registers)
+        pad = _padded_rhs(keys, n, width) if width != n else None
+        rhs = pad if pad is not None else keys
+        d = te.reduce_axis((0, depth), "d")
+        scores = te.compute((*lead, m, width), lambda *i: te.sum(q(*i[:-1], d) * rhs(*i[:-2], d, i[-1]), axis=d),
+                            name="scores")
+        valid = te.compute((*lead, m, n), lambda *i: scores(*i), name="scores_valid")
+        epilogue = context.epilogue_te(valid)
+        logits = epilogue[-1] if epilogue else valid
+        # Rows of the padded width, -inf past n (nothing in the softmax). The padding reads
+        # its padded scores (zeros, NaN only where the row is NaN anyway) so that a query
+        # block computes whole register blocks of scores; operands of the epilogue (a mask
+        # of n keys) are read at clamped indices, in bounds when both sides are evaluated.
+        zero, minus_inf = tvm.tirx.const(0.0, "float32"), tvm.tirx.const(float("-inf"), "float32")
+        rows = te.compute((*lead, m, width), lambda *i: tvm.tirx.Select(
+            i[-1] < n, logits(*i[:-1], tvm.te.min(i[-1], n - 1)), scores(*i) * zero + minus_inf), name="logits_padded")
+        soft = softmax_rows(rows, lanes=lanes, name="attention_softmax")
+        j = te.reduce_axis((0, n), "j")
+        numerator, scale = soft.numerator, soft.scale
+
+        def weight(*row):  # softmax(scores)[*row, j]
+            return numerator(*row, j // lanes, j % lanes) * scale(*row)
+
+        out = te.compute((*lead, m, dv), lambda *i: te.sum(weight(*i[:-1]) * v(*i[:-2], j, i[-1]), axis=j),
+                         name="attention")
+        column = column_tile(dv, lanes, registers)
+        params = {"batch": len(lead), "mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes), "column": column,
+                  "column_vec": tiles_for(column, lanes)}
+        inlined = [valid, *epilogue, rows]
+        return context.finish(output=out, layouts=TensorMap(), strategy=self.name,
+                              schedule=lambda f: schedule_attention(f, scores=scores, pad=pad, inlined=inlined,
+                                                                    soft=soft, out=out, **params))
+
+
+def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Tensor | None, inlined: list,
+                       soft: RowKernel, out: te.Tensor, batch: int, mt: int, nt: int, vec: int, column: int,
+                       column_vec: int) -> tvm.IRModule:
+    """Per batch entry and block of ``mt`` queries (the parallel loop): the block's scores in
+    ``mt x nt`` register tiles, its softmax rows (:mod:`alt_tvm.ops.rows`), then its context
+    in ``mt x column`` register tiles over every key."""
+    sch = tvm.s_tir.Schedule(func)
+    for stage in inlined:
+        sch.compute_inline(sch.get_sblock(stage.op.name))
+    # The context product, as the GEMM template computes it.
+    block = sch.get_sblock(out.op.name)
+    loops = sch.get_loops(block)
+    lead, m, e, j = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 2]
+    mo, mi = sch.split(m, [None, mt])
+    eo, ei = sch.split(e, [None, column])
+    sch.reorder(*lead, mo, eo, j, mi, ei)
+    query_block = sch.fuse(*lead, mo)
+    sch.parallel(query_block)
+    write = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write, eo)
+    eio, eii = sch.split(ei, [None, column_vec])
+    if column_vec > 1:
+        sch.vectorize(eii)
+        sch.vectorize(sch.get_loops(write)[-1])
+    sch.unroll(eio)
+    sch.unroll(mi)
+    sch.decompose_reduction(block, j)
+    # The block's softmax rows and scores, computed inside the query block.
+    for stage in reversed(soft.row_stages):
+        sch.compute_at(sch.get_sblock(stage.op.name), query_block, preserve_unit_loops=True)
+    score_block = sch.get_sblock(scores.op.name)
+    sch.compute_at(score_block, query_block, preserve_unit_loops=True)
+    *_, rows, cols, depth = sch.get_loops(score_block)
+    co, ci = sch.split(cols, [None, nt])
+    sch.reorder(co, depth, rows, ci)
+    write = sch.cache_write(score_block, 0, "local")
+    sch.reverse_compute_at(write, co)
+    cio, cii = sch.split(ci, [None, vec])
+    if vec > 1:
+        sch.vectorize(cii)
+        sch.vectorize(sch.get_loops(write)[-1])
+    sch.unroll(cio)
+    sch.unroll(rows)
+    sch.decompose_reduction(score_block, depth)
+    vectorize_row_stages(sch, soft)
+    if pad is not None:
+        pad_loops = sch.get_loops(sch.get_sblock(pad.op.name))
+        sch.parallel(sch.fuse(*pad_loops[:-1]))
+    return sch.mod
+
+
+register_strategy(AltBatchMatmulStrategy())
