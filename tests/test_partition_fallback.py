@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import alt_tvm
-from alt_tvm.strategies.alt.gemm import AltBatchMatmulStrategy
+from alt_tvm.strategies.alt.batch_matmul import AltBatchMatmulStrategy
 from alt_tvm.strategies.base import static_shape
 
 
@@ -99,9 +99,9 @@ def test_a_kernel_that_fails_to_compile_falls_back_and_strict_re_raises(monkeypa
     # text that is not LLVM IR), so the failure shows only inside tvm.compile.
     import tvm
 
-    from alt_tvm.strategies.alt import gemm
+    from alt_tvm.strategies.alt import batch_matmul
 
-    original = gemm.schedule_gemm
+    original = batch_matmul.schedule_gemm
 
     def uncompilable(func, **kwargs):
         sch = tvm.s_tir.Schedule(original(func, **kwargs))
@@ -109,7 +109,7 @@ def test_a_kernel_that_fails_to_compile_falls_back_and_strict_re_raises(monkeypa
         sch.annotate(sch.get_loops(block)[-1], "pragma_import_llvm", "not LLVM IR")
         return sch.mod
 
-    monkeypatch.setattr(gemm, "schedule_gemm", uncompilable)
+    monkeypatch.setattr(batch_matmul, "schedule_gemm", uncompilable)
     arrays = _inputs()[2:]  # the 196-token pair
     inputs = tuple(torch.from_numpy(a) for a in arrays)
 
