@@ -22,12 +22,15 @@ from alt_tvm.strategies.registry import register_strategy
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
                   vec: int, kt: int = 1, fold_batch: bool = False, pad: te.Tensor | None = None,
-                  panels_outer: bool = False) -> tvm.IRModule:
+                  panels_outer: bool = False, kc: int = 0) -> tvm.IRModule:
     """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers.
 
     ``panels_outer`` swaps ``m_o`` and ``n_o``: each ``K x nt`` panel of the right-hand side
     is then read from memory once and reused by every row block from L2, and the rows are
-    re-read per panel instead (:func:`panels_first`).
+    re-read per panel instead (:func:`panels_first`). With ``kc`` as well, ``k`` is split in
+    chunks of ``kc``: ``n_o | k_o | m_o | k_i | m_i n_i``, so that a panel's chunk stays in L1
+    while every row block uses it, and the panel's ``M x nt`` outputs are accumulated in a
+    buffer of their own in between (:func:`k_chunk`).
 
     ``kt > 1`` splits ``k`` and unrolls ``kt`` steps of it (more independent loads in flight).
     ``fold_batch`` takes the batch dimensions as more rows (a weight shared by every batch
@@ -47,11 +50,17 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
         lead, m = [], sch.fuse(*lead, m)
     mo, mi = sch.split(m, [None, mt])
     no, ni = sch.split(n, [None, nt])
-    k_loops = list(sch.split(k, [None, kt])) if kt > 1 else [k]
-    outer, inner = (no, mo) if panels_outer else (mo, no)
-    sch.reorder(*lead, outer, inner, *k_loops, mi, ni)
-    if kt > 1:
-        sch.unroll(k_loops[1])
+    chunked = panels_outer and kc > 0 and pad is None and kt == 1
+    if chunked:
+        k_outer, k = sch.split(k, [None, kc])
+        sch.reorder(*lead, no, k_outer, mo, k, mi, ni)
+        k_loops = [k_outer, k]
+    else:
+        k_loops = list(sch.split(k, [None, kt])) if kt > 1 else [k]
+        outer, inner = (no, mo) if panels_outer else (mo, no)
+        sch.reorder(*lead, outer, inner, *k_loops, mi, ni)
+        if kt > 1:
+            sch.unroll(k_loops[1])
     k = k_loops[0]
     if pad is None:
         write = sch.cache_write(block, 0, "local")
@@ -60,8 +69,12 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
         write = sch.get_sblock(stages[-1].op.name)
-    sch.reverse_compute_at(write, inner)
-    sch.parallel(sch.fuse(*lead, outer, inner))
+    if chunked:
+        sch.reverse_compute_at(write, no)
+        sch.parallel(sch.fuse(*lead, no))
+    else:
+        sch.reverse_compute_at(write, inner)
+        sch.parallel(sch.fuse(*lead, outer, inner))
     nio, nii = sch.split(ni, [None, vec])
     if vec > 1:  # TVM refuses to vectorize a unit loop (an N with no small divisor, e.g. 197)
         sch.vectorize(nii)
@@ -113,12 +126,33 @@ def panels_first(*, rows: int, k: int, n: int, l2_bytes: int) -> bool:
     return weight > l2_bytes // 2 and activations < weight
 
 
-def column_tile(n: int, lanes: int, registers: int) -> int:
+def k_chunk(*, k: int, nt: int, l1_bytes: int) -> int:
+    """``kc`` of :func:`schedule_gemm`: the largest divisor of ``k`` (from 32) whose ``kc x nt``
+    float32 chunk of a weight panel fills at most half of L1; 0 (no chunks) when the whole
+    panel fits. On transformer GEMMs (768 and 3072 deep, 24-column panels) 6-12% faster
+    than whole panels, measured alone against ONNX Runtime in the same runs."""
+    budget = l1_bytes // 2 // (4 * nt)
+    if k <= budget:
+        return 0
+    return max((c for c in range(32, budget + 1) if k % c == 0), default=0)
+
+
+def column_tile(n: int, lanes: int, registers: int, *, rows: int = 4) -> int:
     """Columns per register block: three vectors when they divide ``n`` and a 4-row block
     of them leaves registers for the weights (4 x 3 = 12 accumulators of AVX2's 16 vector
-    registers: about 10% faster than 4 x 2 on transformer and ConvNeXt GEMMs), else two."""
+    registers: about 10% faster than 4 x 2 on transformer and ConvNeXt GEMMs), else two, else
+    one: whole vectors before a wider block (1000 classes: 8 columns, not 10 in vectors of 5).
+    With fewer than 4 ``rows`` (a classifier's one), up to 6 vectors: independent accumulators
+    for the FMA latency that a row block of one vector would wait on."""
+    if rows < 4:
+        for count in range(min(6, registers - 4), 0, -1):
+            if n % (count * lanes) == 0:
+                return count * lanes
     if n % (3 * lanes) == 0 and 4 * 3 + 3 < registers:
         return 3 * lanes
+    for width in (2 * lanes, lanes):
+        if n % width == 0:
+            return width
     return tiles_for(n, 2 * lanes)
 
 
@@ -154,12 +188,13 @@ class AltGemmStrategy(Strategy):
                  context: Any) -> Any:
         """The loop schedule: ``PrimFunc -> IRModule``."""
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
-        # Records written before the knob existed get the rule's choice.
-        panels = params.get("panels_outer")
-        if panels is None:
-            panels = self._defaults(*_gemm_extents(anchor, fold_batch=True), context)["panels_outer"]
+        # Records written before a knob existed get the rule's choice.
+        defaults = self._defaults(*_gemm_extents(anchor, fold_batch=True), context)
+        panels = params.get("panels_outer", defaults["panels_outer"])
+        kc = params.get("kc", defaults["kc"] if nt == defaults["nt"] else 0)
         return lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=batch, mt=mt, nt=nt, vec=vec, kt=kt,
-                                       fold_batch=folds_batch(m=int(gemm.shape[-2])), panels_outer=bool(panels))
+                                       fold_batch=folds_batch(m=int(gemm.shape[-2])), panels_outer=bool(panels),
+                                       kc=int(kc))
 
     def implement(self, anchor, context) -> Any:
         call = anchor.value
@@ -175,9 +210,10 @@ class AltGemmStrategy(Strategy):
         final = stages[-1] if stages else gemm
         params = self.layout_params(anchor, context)
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
-        if n % nt or nt % vec or kdim % kt or not 1 <= mt <= rows:
+        kc = int(params.get("kc", 0))
+        if n % nt or nt % vec or kdim % kt or not 1 <= mt <= rows or kc < 0 or (kc and kdim % kc):
             raise ValueError(f"GEMM parameters {params} do not fit M={rows}, N={n}, K={kdim} (nt must divide N, "
-                             "vec nt and kt K; 1 <= mt <= M, the last row block may be partial)")
+                             "vec nt, kt and kc (0: no chunks) K; 1 <= mt <= M, the last row block may be partial)")
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
         return context.finish(output=final, layouts=layouts, strategy=self.name,
                               schedule=self.schedule(anchor=anchor, gemm=gemm, stages=stages, batch=len(lead),
@@ -186,9 +222,13 @@ class AltGemmStrategy(Strategy):
     @staticmethod
     def _defaults(m: int, n: int, k: int, context) -> dict[str, int]:
         lanes = context.target.vector_lanes("float32")
-        nt = column_tile(n, lanes, context.target.vector_registers or 16)
+        nt = column_tile(n, lanes, context.target.vector_registers or 16, rows=m)
         return {"nt": nt, "mt": row_tile(m, 4), "vec": tiles_for(nt, lanes),
-                "panels_outer": int(panels_first(rows=m, k=k, n=n, l2_bytes=context.target.l2_bytes))}
+                "panels_outer": int(panels_first(rows=m, k=k, n=n, l2_bytes=context.target.l2_bytes)),
+                # Chunked, only the panels run in parallel: keep some for every core.
+                # Chunks pay off with several row blocks to reuse them; chunked, only the panels
+                # run in parallel: keep some for every core.
+                "kc": k_chunk(k=k, nt=nt, l1_bytes=context.target.l1d_bytes) if n // nt >= 8 and m > 8 else 0}
 
     def space(self, anchor, context) -> Any:
         from .space import GemmSpace

@@ -127,7 +127,8 @@ class ConvSpace(Space):
 
 class GemmSpace(Space):
     """The GMM template: ``nt`` (packed-weight tile) and loops ``mt``, ``kt``, vector width,
-    and whether weight panels or row blocks are the outer loop."""
+    whether weight panels or row blocks are the outer loop, and the chunk ``kc`` of ``k`` a
+    panel is used by every row block in."""
 
     def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int, k: int = 1) -> None:
         self.m, self.n, self.k, self.lanes = m, n, k, lanes
@@ -142,15 +143,17 @@ class GemmSpace(Space):
         # Row blocks need not divide M (the last one is partial): M is often prime (197 tokens).
         rows = tuple(sorted(set(divisors(self.m, cap=8)) | {t for t in (2, 4, 8) if t <= self.m}))
         return (Knob("mt", rows), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
-                Knob("kt", divisors(self.k, cap=8)), Knob("panels_outer", (0, 1)))
+                Knob("kt", divisors(self.k, cap=8)), Knob("panels_outer", (0, 1)),
+                Knob("kc", (0, *(c for c in (64, 128, 256, 512) if c < self.k and self.k % c == 0))))
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
         layout = {"nt": self._layout[0].nearest(d["nt"])}
         knobs = {k.name: k for k in self.loop_knobs(layout)}
         return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"]),
-                        "kt": knobs["kt"].nearest(d.get("kt", 1)), "panels_outer": int(d.get("panels_outer", 0))}
+                        "kt": knobs["kt"].nearest(d.get("kt", 1)), "panels_outer": int(d.get("panels_outer", 0)),
+                "kc": knobs["kc"].nearest(d.get("kc", 0))}
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"],
-                "panels_outer": int(loop["panels_outer"])}
+                "panels_outer": int(loop["panels_outer"]), "kc": int(loop["kc"])}
