@@ -87,8 +87,10 @@ def test_attention_over_a_prime_token_count_runs_every_op_in_an_alt_kernel():
     model, x = _Encoder().eval(), torch.randn(1, 197, 64)
     built = alt_tvm.build(model, example_inputs=(x,), strict=True)
     anchors = [op for _, op, _ in built.report.partitions]
-    assert anchors.count("relax.nn.softmax") == 1 and anchors.count("relax.nn.layer_norm") == 1
-    assert anchors.count("relax.matmul") == 4  # QKV, scores, context, output projection
+    assert anchors == ["relax.nn.layer_norm", "relax.matmul", "relax.matmul", "relax.matmul"]
+    # QKV, then attention with torch.export's guard for rows of -inf scores, then the output projection
+    (attention,) = [ops for _, _, ops in built.report.partitions if "relax.nn.softmax" in ops]
+    assert attention[-1] == "relax.matmul" and "relax.equal" in attention
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
     scripts = [f.script() for _, f in built.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -185,3 +187,46 @@ def test_attention_is_one_kernel_from_scores_to_context_and_matches_torch(tokens
     assert any("|then=nn.softmax+matmul:" in key for key in built.report.workloads)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _Sdpa(nn.Module):
+    """``scaled_dot_product_attention`` with a boolean mask that leaves query 2 no key."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        allowed = torch.ones(tokens, tokens, dtype=torch.bool)
+        allowed[2] = False
+        self.register_buffer("allowed", allowed)
+
+    def forward(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed)
+
+
+def _qkv(tokens: int = 21) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(3)
+    return tuple(torch.randn(1, 2, tokens, 16, generator=generator) for _ in range(3))
+
+
+def test_attention_keeps_torch_exports_zero_weights_for_a_query_with_no_key():
+    inputs = _qkv()
+    program = torch.export.export(_Sdpa(21).eval(), inputs)
+    want = program.module()(*inputs).detach().numpy()
+    assert np.isfinite(want).all() and not want[0, :, 2].any()  # the guard's zeros, not softmax's NaN
+    built = alt_tvm.build(program, strict=True)
+    (attention,) = [ops for _, _, ops in built.report.partitions if "relax.nn.softmax" in ops]
+    assert attention[0] == "relax.matmul" and attention[-1] == "relax.matmul"
+    np.testing.assert_allclose(built(*[t.numpy() for t in inputs])[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_keeps_the_dynamo_exports_nan_guard_and_matches_onnx_runtime(tmp_path):
+    import onnxruntime as ort
+
+    inputs = _qkv()
+    path = str(tmp_path / "sdpa.onnx")
+    torch.onnx.export(_Sdpa(21).eval(), inputs, path, dynamo=True, input_names=["q", "k", "v"])
+    feeds = {name: t.numpy() for name, t in zip("qkv", inputs)}
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    built = alt_tvm.build(path, strict=True)
+    (attention,) = [ops for _, _, ops in built.report.partitions if "relax.nn.softmax" in ops]
+    assert "relax.isnan" in attention and attention[-1] == "relax.matmul"
+    np.testing.assert_allclose(built(*feeds.values())[0], want, rtol=1e-4, atol=1e-5)

@@ -107,27 +107,85 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
 
 
 def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> list[relax.VarBinding]:
-    """``[softmax, matmul]`` if the partition's value is read only by a softmax over its last
-    axis, which is read only by a matmul as its left operand with the same batch dims."""
+    """``[softmax, *guard, matmul]`` if the partition's value is read only by a softmax over its
+    last axis (and by the guard), whose result is read only by a matmul as its left operand
+    with the same batch dims, or through a guard first (:func:`_softmax_guard`)."""
     by_var = {b.var: b for b in later if isinstance(b, relax.VarBinding)}
     shape = static_shape(part.output)
-    readers = users.get(part.output, [])
-    if shape is None or len(shape) < 3 or len(readers) != 1 or readers[0] not in by_var:
+    if shape is None or len(shape) < 3:
         return []
-    softmax = by_var[readers[0]]
-    call = softmax.value
-    if op_name(call) != "relax.nn.softmax" or int(call.attrs.axis) % len(shape) != len(shape) - 1:
+    readers = [by_var.get(u) for u in users.get(part.output, [])]
+    softmaxes = [b for b in readers if b is not None and op_name(b.value) == "relax.nn.softmax"]
+    if len(softmaxes) != 1 or int(softmaxes[0].value.attrs.axis) % len(shape) != len(shape) - 1:
         return []
-    readers = users.get(softmax.var, [])
+    softmax = softmaxes[0]
+    guard = _softmax_guard(part.output, softmax, by_var, users)
+    reads_scores = 2 if guard and op_name(guard[0].value) == "relax.equal" else 1  # the softmax (and the guard)
+    if guard is None or len(readers) != reads_scores:
+        return []
+    weights = guard[-1].var if guard else softmax.var
+    readers = users.get(weights, [])
     if len(readers) != 1 or readers[0] not in by_var:
         return []
     matmul = by_var[readers[0]]
     call = matmul.value
     rhs = static_shape(call.args[1]) if op_name(call) == "relax.matmul" else None
-    if (rhs is None or not call.args[0].same_as(softmax.var) or len(rhs) != len(shape) or rhs[:-2] != shape[:-2]
-            or rhs[-2] != shape[-1] or softmax.var in taken or matmul.var in taken):
+    tail = [softmax, *guard, matmul]
+    if (rhs is None or not call.args[0].same_as(weights) or len(rhs) != len(shape) or rhs[:-2] != shape[:-2]
+            or rhs[-2] != shape[-1] or any(b.var in taken for b in tail)):
         return []
-    return [softmax, matmul]
+    return tail
+
+
+def _softmax_guard(scores: relax.Var, softmax: relax.VarBinding, by_var: dict, users: dict) -> list | None:
+    """The bindings with which PyTorch's attention zeroes the weights of a row that has no
+    key (all scores ``-inf``, where softmax gives NaN), or ``[]`` when the softmax is used
+    as it is, or None when it is used otherwise. Two spellings:
+
+    * ``torch.onnx`` (dynamo): ``where(isnan(p), 0, p)``, which zeroes every NaN weight;
+    * ``torch.export``: ``where(not(any(not(scores == -inf), axis=-1)), 0, p)``, which zeroes
+      the rows whose scores are all ``-inf``.
+    """
+    readers = [by_var.get(u) for u in users.get(softmax.var, [])]
+    if any(b is None for b in readers):
+        return None
+    names = sorted(op_name(b.value) for b in readers)
+    if names == ["relax.matmul"]:
+        return []
+    if names == ["relax.isnan", "relax.where"]:
+        isnan, where = sorted(readers, key=lambda b: op_name(b.value))
+        if _zero_where(where, isnan.var, softmax.var) and users.get(isnan.var, []) == [where.var]:
+            return [isnan, where]
+        return None
+    if names != ["relax.where"]:
+        return None
+    chain, current = [], scores
+    for op in ("relax.equal", "relax.logical_not", "relax.astype", "relax.max", "relax.astype",
+               "relax.logical_not"):
+        following = [by_var.get(u) for u in users.get(current, [])]
+        following = [b for b in following if b is not None and op_name(b.value) == op]
+        if len(following) != 1 or (current is not scores and len(users.get(current, [])) != 1):
+            return None
+        chain.append(following[0])
+        current = following[0].var
+    equal, reduce = chain[0].value, chain[3].value
+    rank = len(static_shape(scores))
+    if (_scalar_value(equal.args[1]) != float("-inf") or [int(a) % rank for a in reduce.attrs.axis] != [rank - 1]
+            or not _zero_where(readers[0], current, softmax.var)):
+        return None
+    return [*chain, readers[0]]
+
+
+def _zero_where(where: relax.VarBinding, condition: relax.Var, value: relax.Var) -> bool:
+    """Is ``where`` ``where(condition, 0, value)`` (0 a scalar or a tensor of zeros)?"""
+    cond, zero, other = where.value.args
+    data = const_value(zero)
+    return cond.same_as(condition) and other.same_as(value) and data is not None and not data.any()
+
+
+def _scalar_value(expr: relax.Expr) -> float | None:
+    data = const_value(expr)
+    return float(data.reshape(-1)[0]) if data is not None and data.size == 1 else None
 
 
 def _trim(part: Partition, users: dict) -> None:

@@ -21,7 +21,7 @@ from tvm import te
 from ._utils import check_tensor, dtype_of, shape_of
 from .elementwise import exp_expr
 
-__all__ = ["RowKernel", "layer_norm_rows", "softmax_rows"]
+__all__ = ["RowKernel", "lane_reduce", "layer_norm_rows", "softmax_rows"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def _padded(data: te.Tensor, lead: tuple, n: int, lanes: int, fill: float, name:
                                                        fill_value), name=name)
 
 
-def _lane_reduce(rows: te.Tensor, lead: tuple, reducer, name: str, element=None) -> tuple[te.Tensor, te.Tensor]:
+def lane_reduce(rows: te.Tensor, lead: tuple, reducer, name: str, element=None) -> tuple[te.Tensor, te.Tensor]:
     """One partial per lane over the row's vectors (of ``element(rows value)``), then one
     value per row."""
     vectors, lanes = (int(s) for s in rows.shape[-2:])
@@ -95,9 +95,9 @@ def softmax_rows(data: te.Tensor, *, lanes: int, name: str = "softmax") -> RowKe
     """
     lead, n = _check(data, lanes, "softmax")
     rows = _padded(data, lead, n, lanes, float("-inf"), f"{name}_in")
-    max_lanes, row_max = _lane_reduce(rows, lead, te.max, f"{name}_max")
+    max_lanes, row_max = lane_reduce(rows, lead, te.max, f"{name}_max")
     exps = te.compute(rows.shape, lambda *i: exp_expr(rows(*i) - row_max(*i[:-2])), name=f"{name}_exp")
-    sum_lanes, row_sum = _lane_reduce(exps, lead, te.sum, f"{name}_sum")
+    sum_lanes, row_sum = lane_reduce(exps, lead, te.sum, f"{name}_sum")
     inverse = te.compute(lead, lambda *i: tvm.tirx.const(1.0, "float32") / row_sum(*i), name=f"{name}_inv")
     out = te.compute((*lead, n), lambda *i: exps(*i[:-1], i[-1] // lanes, i[-1] % lanes) * inverse(*i[:-1]),
                      name=name, tag="softmax")
@@ -142,7 +142,7 @@ def layer_norm_rows(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor | 
                              f"got {list(shape_of(param))}")
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
     rows = _padded(data, lead, n, lanes, 0.0, f"{name}_in")
-    sum_lanes, row_sum = _lane_reduce(rows, lead, te.sum, f"{name}_sum")
+    sum_lanes, row_sum = lane_reduce(rows, lead, te.sum, f"{name}_sum")
     mean = te.compute(lead, lambda *i: row_sum(*i) * f32(1.0 / n), name=f"{name}_mean")
     centered = te.compute(rows.shape, lambda *i: tvm.tirx.Select(
         i[-2] * lanes + i[-1] < n, rows(*i) - mean(*i[:-2]), f32(0.0)), name=f"{name}_centered")
@@ -150,9 +150,9 @@ def layer_norm_rows(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor | 
     # two-pass" variance, Chan, Golub and LeVeque 1983). On rows whose mean is 1e4 times
     # their spread, the largest error against float64 went from 3e-3 to 6e-7 (PyTorch's
     # layer_norm: 1e-3).
-    residual_lanes, residual = _lane_reduce(centered, lead, te.sum, f"{name}_residual")
+    residual_lanes, residual = lane_reduce(centered, lead, te.sum, f"{name}_residual")
     shift = te.compute(lead, lambda *i: residual(*i) * f32(1.0 / n), name=f"{name}_shift")
-    sq_lanes, sq_sum = _lane_reduce(centered, lead, te.sum, f"{name}_var", element=lambda value: value * value)
+    sq_lanes, sq_sum = lane_reduce(centered, lead, te.sum, f"{name}_var", element=lambda value: value * value)
     scale = te.compute(lead, lambda *i: f32(1.0) / tvm.tirx.sqrt(
         (sq_sum(*i) - residual(*i) * shift(*i)) * f32(1.0 / n) + f32(epsilon)), name=f"{name}_rstd")
 

@@ -24,8 +24,9 @@ import tvm
 from tvm import te
 
 from alt_tvm.layout.rewrite import TensorMap
-from alt_tvm.ops.rows import RowKernel, softmax_rows
-from alt_tvm.strategies.base import OpInfo, Strategy, tiles_for
+from alt_tvm.ops import ieee
+from alt_tvm.ops.rows import RowKernel, lane_reduce, softmax_rows
+from alt_tvm.strategies.base import OpInfo, Strategy, op_name, tiles_for
 from alt_tvm.strategies.registry import register_strategy
 
 from .gemm import column_tile, padded_columns, row_tile, schedule_gemm
@@ -88,7 +89,7 @@ class AltBatchMatmulStrategy(Strategy):
                                              nt=nt, vec=tiles_for(nt, lanes), pad=pad))
 
     def _attention(self, anchor, context) -> Any:
-        softmax, product = context.partition.tail
+        softmax, *guard, product = context.partition.tail
         q = context.te_input(anchor.value.args[0], "q")
         keys = context.te_input(anchor.value.args[1], "k")
         v = context.te_input(product.value.args[1], "v")
@@ -115,12 +116,28 @@ class AltBatchMatmulStrategy(Strategy):
         soft = softmax_rows(rows, lanes=lanes, name="attention_softmax")
         j = te.reduce_axis((0, n), "j")
         numerator, scale = soft.numerator, soft.scale
+        guard_ops = [op_name(b.value) for b in guard]
+        extra = ()
+        if guard_ops[:1] == ["relax.equal"]:
+            # PyTorch's zero weights for a row of -inf scores only (NaN scores stay NaN).
+            padded_rows = soft.row_stages[0]  # [..., vectors, lanes]
+            live_lanes, live = lane_reduce(padded_rows, (*lead, m), te.max, "attention_live", element=lambda x: (
+                tvm.tirx.Select(x == minus_inf, zero, tvm.tirx.const(1.0, "float32"))))
+            extra = (live_lanes, live)
 
-        def weight(*row):  # softmax(scores)[*row, j]
-            return numerator(*row, j // lanes, j % lanes) * scale(*row)
+        def weight(*row):  # softmax(scores)[*row, j], guarded as PyTorch's export writes it
+            value = numerator(*row, j // lanes, j % lanes) * scale(*row)
+            if guard_ops == ["relax.isnan", "relax.where"]:
+                return tvm.tirx.Select(ieee.is_nan(value), zero, value)
+            if extra:
+                return tvm.tirx.Select(extra[1](*row) == zero, zero, value)
+            return value
 
         out = te.compute((*lead, m, dv), lambda *i: te.sum(weight(*i[:-1]) * v(*i[:-2], j, i[-1]), axis=j),
                          name="attention")
+        if guard_ops and guard_ops != ["relax.isnan", "relax.where"] and not extra:
+            raise ValueError(f"no attention kernel for the softmax guard {guard_ops}")
+        soft = RowKernel(soft.output, soft.row_stages + extra, lanes, soft.numerator, soft.scale)
         column = column_tile(dv, lanes, registers)
         params = {"batch": len(lead), "mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes), "column": column,
                   "column_vec": tiles_for(column, lanes)}
