@@ -230,3 +230,36 @@ def test_attention_keeps_the_dynamo_exports_nan_guard_and_matches_onnx_runtime(t
     (attention,) = [ops for _, _, ops in built.report.partitions if "relax.nn.softmax" in ops]
     assert "relax.isnan" in attention and attention[-1] == "relax.matmul"
     np.testing.assert_allclose(built(*feeds.values())[0], want, rtol=1e-4, atol=1e-5)
+
+
+class _WindowAttention(nn.Module):
+    """Swin's shifted-window attention: a position bias, then the window mask added to a view
+    of the scores with a leading unit dim (``attn.view(1, nW, heads, N, N) + mask``)."""
+
+    def __init__(self, windows: int = 4, heads: int = 2, tokens: int = 9) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(5)
+        self.register_buffer("bias", torch.randn(1, heads, tokens, tokens, generator=generator))
+        mask = torch.zeros(1, windows, 1, tokens, tokens)
+        mask[:, 1:, :, :, -2:] = -100.0
+        self.register_buffer("mask", mask)
+        self.windows, self.heads = windows, heads
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-1, -2) + self.bias
+        n = scores.shape[-1]
+        scores = (scores.view(1, self.windows, self.heads, n, n) + self.mask).view(-1, self.heads, n, n)
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def test_a_window_mask_added_through_a_unit_dim_view_stays_in_the_fused_attention(tmp_path):
+    generator = torch.Generator().manual_seed(6)
+    inputs = tuple(torch.randn(4, 2, 9, 8, generator=generator) for _ in range(3))
+    path = str(tmp_path / "window.onnx")
+    torch.onnx.export(_WindowAttention().eval(), inputs, path, dynamo=False, opset_version=17)
+    built = alt_tvm.build(path, strict=True)
+    (attention,) = [ops for _, _, ops in built.report.partitions]
+    assert attention == ["relax.matmul", "relax.add", "relax.add", "relax.nn.softmax", "relax.matmul"]
+    with torch.no_grad():
+        want = _WindowAttention().eval()(*inputs).numpy()
+    np.testing.assert_allclose(built(*[t.numpy() for t in inputs])[0], want, rtol=1e-4, atol=1e-5)

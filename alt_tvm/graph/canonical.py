@@ -25,6 +25,8 @@ difference to a single form, chosen to be the one that fuses best:
   axes). Hugging Face's EfficientNet writes its final pooling as ``AvgPool2d(1280,
   ceil_mode=True)`` on a 7x7 input: as a window, 1280x1280 mostly padded elements per output
   (1.4 s in TVM's legalization; the mean takes microseconds).
+* ``unit_dim_adds``: a constant added to a view of a tensor with leading unit dims (Swin's
+  window mask) is added to the tensor itself, so the add stays in its producer's epilogue.
 
 Every rule rewrites only values with a single consumer, so nothing is computed twice.
 """
@@ -44,7 +46,7 @@ from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 from .partition import consumers
 
 __all__ = ["FOLDABLE_CONVS", "canonicalize", "fold_affine_epilogues", "global_pools", "merge_clamps", "merge_gelu",
-           "unflatten_matmuls"]
+           "unflatten_matmuls", "unit_dim_adds"]
 
 #: Convolutions whose weights fold a per-output-channel scale (channel axis 1, kernel axis 0).
 FOLDABLE_CONVS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW"),
@@ -82,7 +84,7 @@ class _Graph:
 
 def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Apply every rule of this module to ``main`` (see the module docstring)."""
-    for rule in (fold_affine_epilogues, merge_clamps, unflatten_matmuls, merge_gelu, global_pools):
+    for rule in (fold_affine_epilogues, merge_clamps, unflatten_matmuls, merge_gelu, global_pools, unit_dim_adds):
         mod = rule(mod)
     return mod
 
@@ -234,6 +236,40 @@ def _clamps(graph: _Graph) -> Iterator[_Match]:
         if lo is None or hi is None or lo > hi or static_shape(x) != static_shape(var):
             continue
         yield _Match(var, lambda visit, x=x, lo=lo, hi=hi: relax.op.clip(visit(x), lo, hi), (inner,))
+
+
+def unit_dim_adds(mod: tvm.IRModule) -> tvm.IRModule:
+    """``reshape(add(reshape(x, (1,) + shape(x)), c), shape(x))`` becomes ``add(x, c')``, ``c'``
+    being the constant ``c`` without its leading unit dims.
+
+    Swin adds its shifted-window mask to a view of the attention scores with a leading unit
+    dim; the two reshapes around the add ended the scores' epilogue before the softmax.
+    """
+    return _apply(mod, _unit_dim_adds)
+
+
+def _unit_dim_adds(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        add = graph.producer(value.args[0], "relax.add") if op_name(value) == "relax.reshape" else None
+        if add is None or graph.only_user(value.args[0]) is None:
+            continue
+        view, constant = add.args
+        inner = graph.producer(view, "relax.reshape")
+        data = const_value(constant)
+        if inner is None or data is None or graph.only_user(view) is None:
+            continue
+        x = inner.args[0]
+        shape, wide = static_shape(x), static_shape(view)
+        if shape is None or wide is None or static_shape(var) != shape:
+            continue
+        extra = len(wide) - len(shape)
+        if extra < 1 or wide[extra:] != shape or any(d != 1 for d in wide[:extra]) or data.ndim > len(wide):
+            continue
+        data = data.reshape((1,) * (len(wide) - data.ndim) + data.shape)
+        if any(d != 1 for d in data.shape[:extra]):
+            continue
+        narrow = relax.const(np.ascontiguousarray(data.reshape(data.shape[extra:])), dtype_of(constant))
+        yield _Match(var, lambda visit, x=x, narrow=narrow: relax.op.add(visit(x), narrow), (view, value.args[0]))
 
 
 def _scalar(expr: relax.Expr) -> float | None:
