@@ -165,15 +165,7 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     sch.reorder(*lead, mo, eo, j, mi, ei)
     query_block = sch.fuse(*lead, mo)
     sch.parallel(query_block)
-    write = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write, eo)
-    eio, eii = sch.split(ei, [None, column_vec])
-    if column_vec > 1:
-        sch.vectorize(eii)
-        sch.vectorize(sch.get_loops(write)[-1])
-    sch.unroll(eio)
-    sch.unroll(mi)
-    sch.decompose_reduction(block, j)
+    _tile_in_registers(sch, block, at=eo, rows=mi, columns=ei, vec=column_vec, reduction=j)
     # The block's softmax rows and scores, computed inside the query block.
     for stage in reversed(soft.row_stages):
         sch.compute_at(sch.get_sblock(stage.op.name), query_block, preserve_unit_loops=True)
@@ -182,20 +174,26 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     *_, rows, cols, depth = sch.get_loops(score_block)
     co, ci = sch.split(cols, [None, nt])
     sch.reorder(co, depth, rows, ci)
-    write = sch.cache_write(score_block, 0, "local")
-    sch.reverse_compute_at(write, co)
-    cio, cii = sch.split(ci, [None, vec])
-    if vec > 1:
-        sch.vectorize(cii)
-        sch.vectorize(sch.get_loops(write)[-1])
-    sch.unroll(cio)
-    sch.unroll(rows)
-    sch.decompose_reduction(score_block, depth)
+    _tile_in_registers(sch, score_block, at=co, rows=rows, columns=ci, vec=vec, reduction=depth)
     vectorize_row_stages(sch, soft)
     if pad is not None:
         pad_loops = sch.get_loops(sch.get_sblock(pad.op.name))
         sch.parallel(sch.fuse(*pad_loops[:-1]))
     return sch.mod
+
+
+def _tile_in_registers(sch: tvm.s_tir.Schedule, block, *, at, rows, columns, vec: int, reduction) -> None:
+    """Accumulate ``block``'s ``rows x columns`` tile (the innermost loops, under ``reduction``)
+    in registers, written back once per tile at loop ``at``; columns in vectors of ``vec``."""
+    write = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write, at)
+    outer, inner = sch.split(columns, [None, vec])
+    if vec > 1:
+        sch.vectorize(inner)
+        sch.vectorize(sch.get_loops(write)[-1])
+    sch.unroll(outer)
+    sch.unroll(rows)
+    sch.decompose_reduction(block, reduction)
 
 
 register_strategy(AltBatchMatmulStrategy())
