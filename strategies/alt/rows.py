@@ -73,32 +73,39 @@ def _float32_last_axis(info: OpInfo, axes: list[int]) -> str | None:
     return None
 
 
-class AltSoftmaxStrategy(Strategy):
-    """``relax.nn.softmax`` over the last axis (attention scores, classifier outputs)."""
+class _RowStrategy(Strategy):
+    """A row kernel with the partition's epilogue fused: subclasses say which kernel."""
 
     name = "alt"
-    ops = ("relax.nn.softmax",)
     target_kinds = ("llvm",)
     priority = 10
 
-    def applicable(self, info: OpInfo) -> str | None:
-        return _float32_last_axis(info, [int(info.attrs.get("axis", -1))])
+    def kernel(self, call: Any, context: Any, lanes: int) -> RowKernel:
+        raise NotImplementedError
 
     def implement(self, anchor, context) -> Any:
-        data = context.te_input(anchor.value.args[0], "data")
-        kernel = softmax_rows(data, lanes=context.target.vector_lanes("float32"))
+        kernel = self.kernel(anchor.value, context, context.target.vector_lanes("float32"))
         stages = context.epilogue_te(kernel.output)
         return context.finish(output=stages[-1] if stages else kernel.output, layouts=TensorMap(),
                               strategy=self.name, schedule=lambda f: schedule_rows(f, kernel=kernel, stages=stages))
 
 
-class AltLayerNormStrategy(Strategy):
+class AltSoftmaxStrategy(_RowStrategy):
+    """``relax.nn.softmax`` over the last axis (attention scores, classifier outputs)."""
+
+    ops = ("relax.nn.softmax",)
+
+    def applicable(self, info: OpInfo) -> str | None:
+        return _float32_last_axis(info, [int(info.attrs.get("axis", -1))])
+
+    def kernel(self, call: Any, context: Any, lanes: int) -> RowKernel:
+        return softmax_rows(context.te_input(call.args[0], "data"), lanes=lanes)
+
+
+class AltLayerNormStrategy(_RowStrategy):
     """``relax.nn.layer_norm`` over the last axis (transformers; ConvNeXt after its permute)."""
 
-    name = "alt"
     ops = ("relax.nn.layer_norm",)
-    target_kinds = ("llvm",)
-    priority = 10
 
     def applicable(self, info: OpInfo) -> str | None:
         why = _float32_last_axis(info, [int(a) for a in info.attrs.get("axes", [])])
@@ -106,17 +113,12 @@ class AltLayerNormStrategy(Strategy):
             return f"dtypes {info.input_dtypes} (needs float32)"
         return why
 
-    def implement(self, anchor, context) -> Any:
-        call = anchor.value
+    def kernel(self, call: Any, context: Any, lanes: int) -> RowKernel:
         data = context.te_input(call.args[0], "data")
         attrs = call.attrs
         gamma = context.te_input(call.args[1], "gamma") if bool(attrs.scale) else None
         beta = context.te_input(call.args[2], "beta") if bool(attrs.center) else None
-        kernel = layer_norm_rows(data, gamma, beta, epsilon=float(attrs.epsilon),
-                                 lanes=context.target.vector_lanes("float32"))
-        stages = context.epilogue_te(kernel.output)
-        return context.finish(output=stages[-1] if stages else kernel.output, layouts=TensorMap(),
-                              strategy=self.name, schedule=lambda f: schedule_rows(f, kernel=kernel, stages=stages))
+        return layer_norm_rows(data, gamma, beta, epsilon=float(attrs.epsilon), lanes=lanes)
 
 
 register_strategy(AltSoftmaxStrategy())
