@@ -50,3 +50,36 @@ def test_every_row_block_of_the_space_lowers_and_computes_the_product(mt):
         args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
     func(*args)
     np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _deep_linear_task():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 96).eval()
+    x = torch.randn(1, 40, 512, generator=torch.Generator().manual_seed(2))
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    return model, x, task
+
+
+@pytest.mark.parametrize("panels_outer,kc", [(0, 0), (1, 0), (1, 64), (1, 256)])
+def test_every_loop_order_and_k_chunk_of_the_space_computes_the_product(panels_outer, kc):
+    model, x, task = _deep_linear_task()
+    layout, loop = task.space.default()
+    knobs = {k.name: k for k in task.space.loop_knobs(layout)}
+    assert set(knobs["kc"].choices) == {0, 64, 128, 256} and set(knobs["panels_outer"].choices) == {0, 1}
+    lowered = task.lower(task.space.decode(layout, {**loop, "panels_outer": panels_outer, "kc": kc}))
+    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
+    args = []
+    for i, (shape, dtype) in enumerate(lowered.arg_specs):
+        data = lowered.constants.get(i)
+        if data is None:
+            data = x.numpy() if shape == (1, 40, 512) else np.zeros(shape, dtype)
+        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
+    func(*args)
+    np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_k_chunk_that_does_not_divide_k_is_a_clear_error():
+    _, _, task = _deep_linear_task()
+    layout, loop = task.space.default()
+    with pytest.raises(ValueError, match=r"kc \(0: no chunks\)"):
+        task.lower({**task.space.decode(layout, loop), "kc": 100})
