@@ -30,6 +30,7 @@ setup(
         "alt_tvm.layout",
         "alt_tvm.ops",
         "alt_tvm.graph",
+        "alt_tvm.deploy",
         "alt_tvm.models",
         "alt_tvm.strategies",
         "alt_tvm.strategies.alt",

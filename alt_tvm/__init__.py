@@ -10,8 +10,23 @@ def build(model, target=None, **options):
     return _build(model, target, **options)
 
 
+def pipeline(**options):
+    """alt-tvm's build as a Relax pipeline for ``tvm.compile(mod, target, relax_pipeline=...)``;
+    see :func:`alt_tvm.graph.build.pipeline`."""
+    from alt_tvm.graph.build import pipeline as _pipeline
+
+    return _pipeline(**options)
+
+
 def tune(model, **options):
     """Tune a model's partitions into a log; see :func:`alt_tvm.integration.tune`."""
     from alt_tvm.integration import tune as _tune
 
     return _tune(model, **options)
+
+
+def load(path, **options):
+    """Load an artifact written by ``CompiledModel.export``; see :func:`alt_tvm.deploy.load.load`."""
+    from alt_tvm.deploy.load import load as _load
+
+    return _load(path, **options)

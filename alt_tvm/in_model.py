@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
+from alt_tvm.deploy.profile import KernelProfile
 from alt_tvm.graph.baselines import round_order
 from alt_tvm.graph.build import CompiledModel, build
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import strategy_named
-from alt_tvm.graph.profile import KernelProfile
 from alt_tvm.records import (
     RecordWriter,
     TunedLog,

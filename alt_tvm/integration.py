@@ -16,7 +16,8 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from alt_tvm.graph.build import VARIANTS, prepare, use_runtime_threads
+from alt_tvm.deploy.model import use_runtime_threads
+from alt_tvm.graph.build import VARIANTS, prepare
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
 from alt_tvm.in_model import InModelConfig, InModelResult, Profiler, decide_in_model

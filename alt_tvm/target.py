@@ -267,13 +267,30 @@ def host() -> HardwareTarget:
 
 
 def runs_on_host(target: HardwareTarget) -> bool:
-    """Whether code built for ``target`` runs on this machine (same kind, triple and CPU).
+    """Whether code built for ``target`` runs on this machine (see :func:`not_on_host`)."""
+    return target.cross_compiler is None and not_on_host(target.tvm_target) is None
 
-    Code for another CPU of the same architecture may use instructions this one lacks
-    (AVX-512 on an AVX2 host), so the CPU must be the host's, not merely compatible.
+
+def not_on_host(tvm_target: Mapping[str, Any]) -> str | None:
+    """Why code built for the target dict ``tvm_target`` cannot run on this machine (None: it can).
+
+    A CPU target runs here when its triple (if any) is for this architecture and its CPU
+    is this one's or generic (no ``mcpu``). Code for another CPU of the same architecture
+    may use instructions this one lacks (AVX-512 on an AVX2 host), so a named CPU must
+    be the host's, not merely compatible.
     """
-    mine, theirs = host().tvm_target, target.tvm_target
-    return all(theirs.get(k) == mine.get(k) for k in ("kind", "mtriple", "mcpu")) and target.cross_compiler is None
+    mine = host().tvm_target
+    if tvm_target.get("kind") != mine.get("kind"):
+        return f"it is {tvm_target.get('kind')} code and this machine runs {mine.get('kind')}"
+    triple = str(tvm_target.get("mtriple") or "")
+    if triple and triple != mine.get("mtriple"):
+        arch, host_arch = triple.split("-")[0], platform.machine().lower()
+        if arch != host_arch and (arch, host_arch) not in {("x86_64", "amd64"), ("arm64", "aarch64")}:
+            return f"it is {arch} code and this machine is {host_arch}"
+    cpu = tvm_target.get("mcpu")
+    if cpu is not None and cpu != mine.get("mcpu"):
+        return f"it was built for CPU {cpu!r} and this machine's is {mine.get('mcpu')!r}"
+    return None
 
 
 _BOARD_LIST = (

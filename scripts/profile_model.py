@@ -2,7 +2,7 @@
 
 Builds the model (an ONNX file, or a reference model name of ``alt_tvm.models``), runs it
 ``--repeat`` times with every kernel timed by the Relax VM's instrument, and prints the
-table of :meth:`alt_tvm.graph.profile.KernelProfile.table`: kernel, kind, median ms,
+table of :meth:`alt_tvm.deploy.profile.KernelProfile.table`: kernel, kind, median ms,
 share of a run, GFLOP/s and GB/s (minimum traffic), how close it is to the nearer roof
 (FMA peak or memory bandwidth, both measured first in this run), operators and output layout.
 
@@ -37,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import alt_tvm
-    from alt_tvm.graph.build import use_runtime_threads
+    from alt_tvm.deploy.model import use_runtime_threads
     from alt_tvm.target import host
     from alt_tvm.timing import measure_memory_bandwidth, measure_peak_gflops
 

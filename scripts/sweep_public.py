@@ -198,7 +198,7 @@ def main(argv=None) -> int:
         print(json.dumps(run_one(args.one, args)), flush=True)
         return 0
     names = args.names
-    from alt_tvm.graph.build import use_runtime_threads
+    from alt_tvm.deploy.model import use_runtime_threads
     from alt_tvm.timing import measure_peak_gflops
 
     use_runtime_threads(args.threads)  # TVM's pool is sized when its first parallel kernel runs

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -48,3 +51,26 @@ def build_and_run(
     outs = [tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], dtype=str(t.dtype)), dev) for t in tensors_out]
     rt["main"](*args, *outs)
     return [o.numpy() for o in outs]
+
+
+@contextlib.contextmanager
+def build_messages() -> Iterator[list[str]]:
+    """Collect what a build says: its Python warnings and the ``alt_tvm`` logger's records (INFO and up)."""
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("alt_tvm")
+    handler, level = _Collect(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    messages.extend(str(w.message) for w in caught)

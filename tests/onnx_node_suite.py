@@ -190,7 +190,7 @@ def _run_tvm(model, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], str
     target = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     result = vm["main"](*[tvm.runtime.tensor(np.asarray(a), tvm.cpu()) for a in inputs])
-    from alt_tvm.graph.baselines import flatten_outputs  # only flattens the VM's (nested) tuples
+    from alt_tvm.deploy.model import flatten_outputs  # only flattens the VM's (nested) tuples
 
     return flatten_outputs(result), ""
 

@@ -30,12 +30,19 @@ FORBIDDEN = {
     "alt_tvm.ops": ("alt_tvm.strategies", "alt_tvm.graph", "alt_tvm.tuning", "alt_tvm.records",
                     "alt_tvm.integration", "alt_tvm.vta_mapping"),
     "alt_tvm.vta_mapping": ("alt_tvm.strategies", "alt_tvm.graph", "alt_tvm.tuning", "alt_tvm.integration"),
+    # what runs a compiled model: loading an artifact must not pull in the build code
+    "alt_tvm.deploy": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.integration",
+                       "alt_tvm.in_model", "alt_tvm.cli", "alt_tvm.models", "alt_tvm.layout", "alt_tvm.ops",
+                       "alt_tvm.records", "alt_tvm.vta_mapping"),
+    "alt_tvm.rpc": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.deploy"),
+    "alt_tvm.toolchain": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.deploy"),
+    "alt_tvm.native_log": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.deploy"),
 }
 
 #: the packages whose mutual imports must form no cycle
 PACKAGES = ("alt_tvm.layout", "alt_tvm.ops", "alt_tvm.strategies", "alt_tvm.graph", "alt_tvm.tuning",
             "alt_tvm.records", "alt_tvm.integration", "alt_tvm.in_model", "alt_tvm.target", "alt_tvm.vta_mapping",
-            "alt_tvm.cli",
+            "alt_tvm.cli", "alt_tvm.deploy", "alt_tvm.rpc", "alt_tvm.toolchain", "alt_tvm.native_log",
             "alt_tvm.models", "alt_tvm.timing")
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import build_messages
 from onnx import TensorProto, helper
 
 import alt_tvm
@@ -49,10 +50,9 @@ def edited(log, tmp_path, edit) -> str:
 
 
 def build(model=MODEL, **options):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with build_messages() as messages:
         built = alt_tvm.build(model, example_inputs=INPUTS if model is MODEL else None, **options)
-    return built, [str(w.message) for w in caught]
+    return built, messages
 
 
 def check_numerics(built):

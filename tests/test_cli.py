@@ -18,7 +18,7 @@ def test_dse_subcommand_prints_the_counts_as_json(capsys):
 
 def test_unknown_subcommand_and_bad_model_are_clear_errors(capsys, tmp_path):
     assert main(["bogus"]) == 2
-    assert "unknown command 'bogus'; choose from tune, dse" in capsys.readouterr().err
+    assert "unknown command 'bogus'; choose from tune, build, bench, profile, dse" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
         main(["tune", "no_such_model", "--trials", "4", "--log", str(tmp_path / "x.jsonl")])
     assert exited.value.code == 2

@@ -261,17 +261,22 @@ def test_registry_prefers_priority_and_checks_applicability():
         registry._REGISTRY.remove(probe)
 
 
-def test_alt_layout_pass_runs_inside_a_tvm_pipeline():
-    from alt_tvm.graph.build import alt_layout_pass
+def test_pipeline_in_tvm_compile_gives_builds_executable():
+    """A TVM user's own Relax module through ``tvm.compile(..., relax_pipeline=alt_tvm.pipeline())``
+    gets the kernels and the outputs ``alt_tvm.build`` gives, bit for bit."""
+    import alt_tvm
 
     model, x = ConvBiasRelu().eval(), torch.rand(1, 8, 8, 8)
-    seq = tvm.ir.transform.Sequential([alt_layout_pass(), relax.transform.FoldConstant()])
-    mod = seq(prepare(relax_module(model, x)))
-    assert any(g.name_hint.startswith("alt_conv2d") for g in mod.get_global_vars())
-    vm = relax.VirtualMachine(tvm.compile(mod, target=host_target()), tvm.cpu())
+    mod = relax_module(model, x)
+    built = alt_tvm.build(mod)
+    executable = tvm.compile(mod, target=host_target(), relax_pipeline=alt_tvm.pipeline())
+    vm = relax.VirtualMachine(executable, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
+    np.testing.assert_array_equal(out[0].numpy(), built(x.numpy())[0])
     with torch.no_grad():
         np.testing.assert_allclose(out[0].numpy(), model(x).numpy(), rtol=1e-4, atol=1e-4)
+    assert {k.name for k in built.report.kernels} and all(
+        executable.mod.implements_function(k.name, query_imports=True) for k in built.report.kernels)
 
 
 def test_package_level_build_takes_a_torch_module():
@@ -362,7 +367,7 @@ def test_build_gives_tvm_thread_pool_one_thread_per_core_unless_the_user_set_it(
     import subprocess
     import sys
 
-    code = ("import tvm; from alt_tvm.graph.build import use_runtime_threads; "
+    code = ("import tvm; from alt_tvm.deploy.model import use_runtime_threads; "
             "print(use_runtime_threads(2), tvm.get_global_func('runtime.NumThreads')())")
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     # TVM alone would start one thread on a 2-vCPU x86 guest (half the logical CPUs).

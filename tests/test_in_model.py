@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import alt_tvm
-from alt_tvm.graph.profile import KernelProfile
+from alt_tvm.deploy.profile import KernelProfile
 from alt_tvm.in_model import InModelConfig, decide_in_model
 from alt_tvm.integration import extract_tasks, tune
 from alt_tvm.records import (

@@ -61,7 +61,7 @@ def test_time_interleaved_warms_each_turn_after_a_pause():
 
 
 def test_roof_column_reads_each_kernel_against_the_nearer_roof():
-    from alt_tvm.graph.profile import KernelInfo, KernelProfile
+    from alt_tvm.deploy.profile import KernelInfo, KernelProfile
 
     profile = KernelProfile({"conv": (1.0, 1.0), "copy": (2.0, 2.0)}, (3.0, 3.0),
                             {"conv": KernelInfo("partition", ("relax.nn.conv2d",), "", 1e8, 1e6),
@@ -74,7 +74,7 @@ def test_roof_column_reads_each_kernel_against_the_nearer_roof():
 
 
 def test_memory_bandwidth_is_measured_in_gb_per_s():
-    from alt_tvm.graph.build import use_runtime_threads
+    from alt_tvm.deploy.model import use_runtime_threads
     from alt_tvm.timing import measure_memory_bandwidth
 
     threads = use_runtime_threads(1)
@@ -84,7 +84,7 @@ def test_memory_bandwidth_is_measured_in_gb_per_s():
 
 
 def test_roof_column_needs_both_roofs():
-    from alt_tvm.graph.profile import KernelProfile
+    from alt_tvm.deploy.profile import KernelProfile
 
     with pytest.raises(ValueError, match="needs both peak_gflops and bandwidth_gbs"):
         KernelProfile({"k": (1.0,)}, (1.0,)).table(peak_gflops=100.0)

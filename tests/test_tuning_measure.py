@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 import tvm
+from rpc_loopback import free_port, start_loopback
 from tvm import te, tirx
 
 from alt_tvm.records import RecordWriter, load_best, load_records
@@ -228,46 +225,17 @@ def test_cuda_board_produces_cuda_source_without_a_gpu():
 # RPC through a real tracker and server on loopback
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str]) -> subprocess.Popen:
-    # Own session = own process group: the server's popen_worker children die with it.
-    return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
-
-
 @pytest.fixture()
 def rpc_tracker():
     """(host, port, key) of a tracker with one registered server, both killed afterwards."""
-    port, server_port, key = _free_port(), _free_port(), f"alt-tvm-test-{os.getpid()}"
-    procs = [_start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                     "--port-end", str(port + 1), "--silent"])]
     try:
-        procs.append(_start(["tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key,
-                             "--host", "127.0.0.1", "--port", str(server_port), "--port-end",
-                             str(server_port + 1), "--silent"]))
-        probe = RPCRunner(tracker_host="127.0.0.1", tracker_port=port, key=key, connect_timeout_s=2)
-        deadline = time.monotonic() + 90
-        while (problem := probe.check_tracker()) is not None:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail(f"RPC server did not register: {problem}")
-            time.sleep(0.5)
-        yield "127.0.0.1", port, key
+        loop = start_loopback()
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    try:
+        yield loop.host, loop.port, loop.key
     finally:
-        for proc in procs:
-            _kill_group(proc)
+        loop.close()
 
 
 def test_rpc_runner_times_a_kernel_through_a_real_tracker(rpc_tracker, builder, tmp_path):
@@ -297,7 +265,7 @@ def test_rpc_runner_times_a_kernel_through_a_real_tracker(rpc_tracker, builder, 
 
 
 def test_unreachable_tracker_fails_fast_with_rpc_error():
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     rpc = RPCRunner(tracker_host="127.0.0.1", tracker_port=port, key="k", timeout_s=30, connect_timeout_s=2)
     started = time.monotonic()
     [result] = rpc.run([_matmul(tiled=False)], [BuildResult("/nonexistent.so")])

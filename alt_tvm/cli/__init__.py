@@ -1,4 +1,4 @@
-"""The ``alt-tvm`` command: ``alt-tvm tune ...`` and ``alt-tvm dse ...``."""
+"""The ``alt-tvm`` command: ``alt-tvm {tune,build,bench,profile,dse} ...`` (``alt-tvm CMD -h`` for each)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from collections.abc import Sequence
 
 COMMANDS = {
     "tune": ("alt_tvm.cli.tune", "tune a model's layouts and loops, write the tuning log"),
+    "build": ("alt_tvm.cli.build", "build a model (with a tuning log) into an artifact alt_tvm.load runs"),
+    "bench": ("alt_tvm.cli.bench", "time a model or artifact beside ONNX Runtime, PyTorch, TVM"),
+    "profile": ("alt_tvm.cli.profile", "per-kernel times of a model or artifact inside whole runs"),
     "dse": ("alt_tvm.cli.dse", "tensor-train design-space exploration of one FC layer"),
 }
 
@@ -17,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        lines = [f"  {name:6s} {about}" for name, (_, about) in COMMANDS.items()]
+        lines = [f"  {name:8s} {about}" for name, (_, about) in COMMANDS.items()]
         print("usage: alt-tvm {" + ",".join(COMMANDS) + "} ...\n\ncommands:\n" + "\n".join(lines))
         return 0 if args else 2
     if args[0] not in COMMANDS:

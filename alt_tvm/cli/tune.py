@@ -18,18 +18,14 @@ import argparse
 import math
 import os
 import sys
-from typing import NoReturn
+
+from alt_tvm.rpc import parse_address
+
+from .common import Parser, parser_for, target_problem, unwritable
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr: ``alt-tvm tune: error: ...``."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _parser() -> _Parser:
-    parser = _Parser(prog="alt-tvm tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> Parser:
+    parser = parser_for("tune", __doc__)
     parser.add_argument("model", help="ONNX file, or a reference model name (alt_tvm.models.MODEL_NAMES)")
     parser.add_argument("--trials", type=int, required=True,
                         help="measured candidates in total (at least 2 per tunable task)")
@@ -60,31 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return _parse(_parser(), argv)
 
 
-def _parse(parser: _Parser, argv) -> argparse.Namespace:
+def _parse(parser: Parser, argv) -> argparse.Namespace:
     args = parser.parse_args(argv)
     problem = _argument_problem(args)
     if problem is not None:
         parser.error(problem)
     return args
-
-
-def _unwritable(path: str) -> str | None:
-    """Why a file cannot be created or appended to at ``path`` (None: it can); creates nothing."""
-    if not os.path.basename(path):
-        return f"{path!r} names a directory, not a file"
-    if os.path.isdir(path):
-        return f"{path!r} is a directory, not a file"
-    if os.path.exists(path):
-        return None if os.access(path, os.W_OK) else f"{path!r} is not writable"
-    parent = os.path.dirname(os.path.abspath(path))
-    ancestor = parent
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        return f"cannot create directory {parent!r}: {ancestor!r} is not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {path!r}: directory {ancestor!r} is not writable"
-    return None
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
@@ -102,19 +79,10 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     if (args.tracker is None) != (args.key is None):
         return "--tracker and --key go together"
     if args.tracker is not None:
-        host_name, _, port = args.tracker.rpartition(":")
-        if not host_name or not port.isdigit() or not 0 < int(port) < 65536:
-            return f"--tracker must be host:port with a port in 1..65535, got {args.tracker!r}"
-    return None
-
-
-def _target_problem(name: str | None) -> str | None:
-    if name is None or name == "host":
-        return None
-    from alt_tvm.target import known_boards  # imports TVM
-
-    if name not in known_boards():
-        return f"--target: unknown board {name!r}; choose from {', '.join(known_boards())} or 'host'"
+        try:
+            parse_address(args.tracker, what="--tracker")
+        except ValueError as err:
+            return str(err)
     return None
 
 
@@ -131,11 +99,11 @@ def main(argv=None) -> int:
     log = args.log or os.path.join("logs", f"{name}.jsonl")
     plot = args.plot or os.path.splitext(log)[0] + ".png"
     for option, path in (("--log", log), ("--plot", plot)):
-        why = _unwritable(path)
+        why = unwritable(path)
         if why is not None:
             parser.error(f"{option}: {why}")
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
-    problem = _target_problem(args.target)
+    problem = target_problem(args.target)
     if problem is not None:
         parser.error(problem)
     if not os.path.isfile(args.model):
@@ -157,9 +125,9 @@ def main(argv=None) -> int:
     if args.tracker:
         from alt_tvm.tuning.remote import rpc_measure
 
-        host_name, _, port = args.tracker.rpartition(":")
+        host_name, port = parse_address(args.tracker, what="--tracker")
         try:
-            measure = rpc_measure(tracker_host=host_name, tracker_port=int(port), key=args.key, target=target)
+            measure = rpc_measure(tracker_host=host_name, tracker_port=port, key=args.key, target=target)
         except ConnectionError as err:
             parser.error(f"--tracker: {err}")
     try:

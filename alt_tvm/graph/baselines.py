@@ -17,6 +17,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from alt_tvm.deploy.model import flatten_outputs
+from alt_tvm.native_log import tvm_output_to_log
+
 from .frontend import ImportedModel
 
 __all__ = [
@@ -40,27 +43,6 @@ def _check_threads(threads: int) -> int:
     return threads
 
 
-def flatten_outputs(value: Any) -> list[np.ndarray]:
-    """A model's (nested) outputs as a flat list of NumPy arrays, in output order."""
-    return _flatten(value, [])
-
-
-def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
-    """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy."""
-    if isinstance(value, tvm.runtime.Tensor):
-        out.append(value.numpy())
-    elif isinstance(value, np.ndarray):
-        out.append(value)
-    elif hasattr(value, "detach") and hasattr(value, "numpy"):  # torch.Tensor
-        out.append(value.detach().cpu().numpy())
-    elif hasattr(value, "__iter__") and not isinstance(value, (str, bytes)):
-        for item in value:  # Python sequences and TVM FFI Arrays (a VM's tuple outputs)
-            _flatten(item, out)
-    else:
-        raise TypeError(f"unexpected model output of type {type(value).__name__}")
-    return out
-
-
 class TVMRunner:
     """A compiled Relax module on the CPU through ``relax.VirtualMachine``; call with NumPy arrays.
 
@@ -75,13 +57,14 @@ class TVMRunner:
     def __init__(self, executable: Any, device: Any | None = None) -> None:
         self.device = device if device is not None else tvm.cpu()
         self.executable = executable
-        self.vm = relax.VirtualMachine(executable, self.device)
+        with tvm_output_to_log():
+            self.vm = relax.VirtualMachine(executable, self.device)
         self._main = self.vm["main"]
 
     def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
         # not np.ascontiguousarray: it turns a 0-d input into shape (1,), which the VM rejects
         tensors = [tvm.runtime.tensor(np.asarray(a, order="C"), self.device) for a in args]
-        return _flatten(self._main(*tensors), [])
+        return flatten_outputs(self._main(*tensors))
 
 
 def tvm_default_build(mod: tvm.IRModule | ImportedModel, target: Any | None = None, *,
@@ -124,16 +107,17 @@ def tvm_default_build(mod: tvm.IRModule | ImportedModel, target: Any | None = No
 
         target = host().to_tvm()
     target = tvm.target.Target(target)
-    if pipeline == "default":
-        executable = tvm.compile(mod, target)
-    elif pipeline == "zero":
-        with target:
-            mod = relax.get_pipeline("zero")(mod)
-        executable = tvm.compile(mod, target)
-    elif pipeline == "cpu":
-        executable = tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
-    else:
+    if pipeline not in ("default", "zero", "cpu"):
         raise ValueError(f"pipeline must be 'default', 'zero' or 'cpu', got {pipeline!r}")
+    with tvm_output_to_log():
+        if pipeline == "default":
+            executable = tvm.compile(mod, target)
+        elif pipeline == "zero":
+            with target:
+                mod = relax.get_pipeline("zero")(mod)
+            executable = tvm.compile(mod, target)
+        else:
+            executable = tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
     return TVMRunner(executable)
 
 
@@ -208,7 +192,7 @@ class TorchRunner:
             torch.set_num_threads(self.threads)
         with torch.inference_mode():
             # np.asarray keeps a 0-d input 0-d (np.ascontiguousarray makes it shape (1,))
-            return _flatten(self.module(*(torch.from_numpy(np.asarray(a, order="C")) for a in args)), [])
+            return flatten_outputs(self.module(*(torch.from_numpy(np.asarray(a, order="C")) for a in args)))
 
 
 def torch_runner(module: Any, *, threads: int = 1) -> TorchRunner:

@@ -14,19 +14,24 @@ The flow (what ``relay.build`` with registered op strategies was, on Relax):
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relax, te
 
+from alt_tvm.deploy.model import RunnableModel, use_runtime_threads
+from alt_tvm.deploy.profile import KernelInfo, KernelProfile
 from alt_tvm.layout import Layout, convert_layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.native_log import tvm_output_to_log
 from alt_tvm.records import RecordWarning, TunedLog, read_log
 from alt_tvm.strategies import registry
 from alt_tvm.strategies.base import (
@@ -40,15 +45,14 @@ from alt_tvm.strategies.base import (
     workload_key,
 )
 from alt_tvm.strategies.epilogue import epilogue_te, joinable
-from alt_tvm.target import HardwareTarget, resolve
+from alt_tvm.target import HardwareTarget, host, resolve, runs_on_host
 
-from .baselines import flatten_outputs
 from .canonical import canonicalize
 from .ieee import legalize_overrides
 from .in_layout import channel_blocked, legalize_alone, parallelize, relayout, schedule_in_layout
 from .partition import consumers, plan_partitions
-from .profile import KernelInfo, KernelProfile, profile_vm
 
+LOGGER = logging.getLogger("alt_tvm")
 VARIANTS = ("alt", "alt-wp", "alt-ol")
 #: PrimFunc attribute marking kernels that alt-tvm scheduled itself.
 ALT_KERNEL_ATTR = "alt_tvm.kernel"
@@ -312,23 +316,53 @@ def _standalone_elementwise(binding: relax.VarBinding, users: dict) -> bool:
         and isinstance(binding.var, relax.DataflowVar)
 
 
-def alt_layout_pass(*, target: HardwareTarget | None = None, variant: str = "alt",
-                    strategies: Sequence[str] | None = None, fast_math: bool = False) -> tvm.ir.transform.Pass:
-    """:class:`AltLayoutPass` as a ``tvm.ir.transform`` module pass, for custom pipelines::
+def pipeline(*, target: HardwareTarget | str | None = None, records: Any = None, variant: str = "alt",
+             strategies: Sequence[str] | None = None, strategy_options: dict[str, Any] | None = None,
+             fast_math: bool = False) -> tvm.ir.transform.Pass:
+    """alt-tvm's build as a Relax pipeline, for ``tvm.compile`` on a module from any frontend::
 
-        seq = tvm.ir.transform.Sequential([alt_layout_pass(), relax.get_pipeline("zero")])
-        executable = tvm.compile(seq(mod), target=host().to_tvm())
+        executable = tvm.compile(mod, target=host().to_tvm(), relax_pipeline=alt_tvm.pipeline(records=log))
 
-    Run :func:`prepare` first (or equivalent passes) so weights are constants. TVM's own
-    legalization of the remaining ops drops NaN in ReLU/clip/max-pool; :func:`lower_fallbacks`
-    (or ``LegalizeOps(customize_legalize_map=alt_tvm.graph.ieee.legalize_overrides())``) does not.
+    It is what :func:`build` runs between import and code generation: :func:`prepare`,
+    :class:`AltLayoutPass` (each partition lowered by the strategy the registry selects, with
+    the log's parameters), :func:`lower_fallbacks`, then TVM's default Relax pipeline. So the
+    executable equals ``build``'s, except that ``build`` also rebuilds without a kernel that
+    fails to compile, which one pass cannot. Weights must be constants in ``mod``
+    (``relax.frontend.detach_params`` + ``bind_params``, or ``keep_params_as_input=False``).
+    The build summary goes to the ``alt_tvm`` logger. Parameters are :func:`build`'s.
     """
-    lowering = AltLayoutPass(target=target, variant=variant, strategies=strategies, fast_math=fast_math)
+    machine = resolve(target)
+    log = _tuning_log(records, machine)
 
     def transform(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lowering(mod)
+        alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, records=log,
+                                 strategy_options=strategy_options, fast_math=fast_math)
+        lowered = _lower(mod, alt_pass, machine, fast_math=fast_math)
+        _log_report(alt_pass.report)
+        return lowered
 
-    return tvm.ir.transform.module_pass(transform, opt_level=0, name="AltLayoutStrategies")
+    tvm_target = machine.to_tvm()
+    rest = relax.get_default_pipeline(tvm_target) if "gpu" in tvm_target.keys else relax.get_pipeline("default")
+    return tvm.ir.transform.Sequential([tvm.ir.transform.module_pass(transform, opt_level=0, name="AltTvm"), rest],
+                                       name="alt_tvm.pipeline")
+
+
+def _tuning_log(records: Any, machine: HardwareTarget) -> TunedLog | None:
+    """``records`` (a path or ``read_log``'s result) as the log to apply on ``machine``."""
+    if records is None or isinstance(records, TunedLog):
+        return records
+    if not isinstance(records, (str, os.PathLike)):
+        raise TypeError(f"records must be the path of a tuning log (or read_log's result), "
+                        f"got {type(records).__name__} {records!r}")
+    if not os.path.exists(records):
+        raise FileNotFoundError(f"tuning log {os.fspath(records)!r} does not exist (write one with alt_tvm.tune)")
+    return read_log(records, target=machine)
+
+
+def _lower(mod: tvm.IRModule, alt_pass: AltLayoutPass, machine: HardwareTarget, *, fast_math: bool) -> tvm.IRModule:
+    """An imported module with every partition lowered by its strategy and the rest by TVM, scheduled."""
+    with machine.to_tvm():
+        return lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math)
 
 
 @relax.expr_functor.mutator
@@ -560,70 +594,38 @@ class _Mutator(relax.PyExprMutator):
 
 
 # ------------------------------------------------------------------------------ build
-def use_runtime_threads(cores: int) -> int:
-    """Make TVM's thread pool run ``cores`` threads unless the user chose otherwise.
+class CompiledModel(RunnableModel):
+    """A built model: call it on NumPy arrays; ``report`` says how it was built.
 
-    The schedules split their parallel loops for ``cores`` threads, but TVM's pool
-    defaults to half the logical CPUs on x86 (it assumes SMT): one thread on a 2-vCPU
-    guest, which silently halves every parallel kernel. So ``TVM_NUM_THREADS`` is set to
-    ``cores`` when neither it nor ``OMP_NUM_THREADS`` is set. The pool reads it once,
-    when it starts; if it already runs fewer threads, this warns. Returns the pool size.
+    ``export(path)`` writes it as an artifact that :func:`alt_tvm.load` runs without
+    rebuilding, here or (cross-compiled) on a board.
     """
-    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["TVM_NUM_THREADS"] = str(cores)
-    pool = int(tvm.get_global_func("runtime.NumThreads")())
-    if pool < cores and os.environ.get("TVM_NUM_THREADS") == str(cores):
-        warnings.warn(f"TVM's thread pool already runs {pool} thread(s), fewer than the target's {cores} cores: "
-                      f"set TVM_NUM_THREADS={cores} before the first TVM kernel runs", stacklevel=3)
-    return pool
-
-
-class CompiledModel:
-    """A built model: call it on NumPy arrays; ``report`` says how it was built."""
 
     def __init__(self, executable, mod: tvm.IRModule, report: BuildReport, input_shapes, input_dtypes,
-                 input_names, device=None) -> None:
-        self.executable = executable
+                 input_names, device=None, *, target: HardwareTarget | None = None, source: str | None = None) -> None:
+        self.target = target if target is not None else host()
+        not_here = None if runs_on_host(self.target) else (
+            f"this model was built for {self.target.name!r} ({self.target.description}), not for this machine: "
+            f"export it (model.export(path)) and run it there with alt_tvm.load, or through a tracker with "
+            f"alt_tvm.load(path, remote='host:port', key=...)")
+        super().__init__(executable, input_names=input_names, input_shapes=input_shapes, input_dtypes=input_dtypes,
+                         device=device, not_here=not_here)
         self.mod = mod
         self.report = report
-        self.input_shapes = [tuple(s) for s in input_shapes]
-        self.input_dtypes = list(input_dtypes)
-        self.input_names = list(input_names)
-        self.device = device or tvm.cpu()
-        self.vm = relax.VirtualMachine(executable, self.device)
+        self.source = source
         self._kernel_info: dict[str, KernelInfo] | None = None
 
-    def _arguments(self, arrays: Sequence[np.ndarray]) -> list:
-        if len(arrays) != len(self.input_shapes):
-            raise ValueError(f"model takes {len(self.input_shapes)} inputs {self.input_names}, got {len(arrays)}")
-        out = []
-        for name, array, shape, dtype in zip(self.input_names, arrays, self.input_shapes, self.input_dtypes):
-            if array is None:
-                raise TypeError(f"input {name!r} is None; the model expects an array of shape {shape}, {dtype}")
-            array = np.asarray(array)
-            if tuple(array.shape) != shape:
-                raise ValueError(f"input {name!r} has shape {tuple(array.shape)}, the model expects {shape}")
-            if str(array.dtype) != dtype:
-                raise ValueError(f"input {name!r} has dtype {array.dtype}, the model expects {dtype}")
-            # not np.ascontiguousarray: it turns a 0-d input (a scalar bound, a scalar bias) into shape (1,)
-            out.append(tvm.runtime.tensor(np.asarray(array, order="C"), self.device))
-        return out
+    def export(self, path: str | os.PathLike) -> Path:
+        """Write the model as an artifact directory (see :mod:`alt_tvm.deploy.artifact`).
 
-    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        result = self.vm["main"](*self._arguments(arrays))
-        return flatten_outputs(result)
-
-    def profile(self, *arrays: np.ndarray, repeat: int = 5) -> KernelProfile:
-        """Time every kernel inside ``repeat`` runs of the whole model (after one warm-up run).
-
-        ``print(profile.table())`` shows every kernel with its operators, layout, time, share
-        and GFLOP/s; ``report.kernels`` says what each kernel alt-tvm emitted is for;
-        ``profile.by_workload(report.kernels)`` gives each partition's time in the model,
-        conversions it caused included, and ``report.summary(profile)`` lists the conversions
-        with their cost.
+        Cross-compiled (with the target's gcc) when the model was built for a board.
+        Returns the directory.
         """
-        vm = relax.VirtualMachine(self.executable, self.device)  # the instrument stays on this VM only
-        return profile_vm(vm, self._arguments(arrays), repeat=repeat).with_info(self.kernel_info())
+        from alt_tvm.deploy.artifact import write_artifact
+
+        return write_artifact(path, executable=self.executable, target=self.target, input_names=self.input_names,
+                              input_shapes=self.input_shapes, input_dtypes=self.input_dtypes,
+                              kernels=self.kernel_info(), report=self.report.summary(), source=self.source)
 
     def kernel_info(self) -> dict[str, KernelInfo]:
         """Kernel name -> what it computes (operators, output layout, FLOPs, bytes), for
@@ -653,15 +655,6 @@ class CompiledModel:
                     info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size)
             self._kernel_info = info
         return self._kernel_info
-
-    def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
-        """(min, median) latency in ms of one call, VM overhead included."""
-        args = self._arguments(arrays)
-        self.vm["main"](*args)
-        timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
-        results = np.asarray(timer(*args).results) * 1e3
-        return float(results.min()), float(np.median(results))
-
 
 #: PrimFuncs that TVM's importers emit directly (``bb.emit_te(topi.maximum, ...)`` for ONNX
 #: Clip) and the Relax op with the same broadcasting semantics.
@@ -807,21 +800,15 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
     from .frontend import load_model
 
     machine = resolve(target)
-    if records is not None and not isinstance(records, TunedLog):
-        if not isinstance(records, (str, os.PathLike)):
-            raise TypeError(f"records must be the path of a tuning log (or read_log's result), "
-                            f"got {type(records).__name__} {records!r}")
-        if not os.path.exists(records):
-            raise FileNotFoundError(f"tuning log {os.fspath(records)!r} does not exist (write one with alt_tvm.tune)")
-        records = read_log(records, target=machine)
+    records = _tuning_log(records, machine)
     use_runtime_threads(machine.num_cores)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
-    alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, records=records,
-                             strategy_options=strategy_options, fast_math=fast_math, strict=strict)
-    mod = alt_pass(prepare(imported.mod))
-    report = alt_pass.report
-    with machine.to_tvm():
-        lowered = lower_fallbacks(mod, cores=machine.num_cores, fast_math=fast_math)
+    options = dict(target=machine, variant=variant, strategies=strategies, records=records,
+                   strategy_options=strategy_options, fast_math=fast_math, strict=strict)
+    alt_pass = AltLayoutPass(**options)
+    with tvm_output_to_log():
+        lowered = _lower(imported.mod, alt_pass, machine, fast_math=fast_math)
+        report = alt_pass.report
         try:
             executable = tvm.compile(lowered, target=machine.to_tvm())
         except Exception as err:
@@ -831,22 +818,27 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
             excluded = _uncompilable_partitions(lowered, report, machine.to_tvm())
             if not excluded:
                 raise
-            alt_pass = AltLayoutPass(target=machine, variant=variant, strategies=strategies, records=records,
-                                     strategy_options=strategy_options, fast_math=fast_math, strict=strict,
-                                     excluded=excluded)
-            mod = alt_pass(prepare(imported.mod))
+            alt_pass = AltLayoutPass(**options, excluded=excluded)
+            lowered = _lower(imported.mod, alt_pass, machine, fast_math=fast_math)
             report = alt_pass.report
-            lowered = lower_fallbacks(mod, cores=machine.num_cores, fast_math=fast_math)
             try:
                 executable = tvm.compile(lowered, target=machine.to_tvm())
             except Exception:
                 raise err from None
-    if report.fallbacks:
-        warnings.warn("alt-tvm: " + report.summary(), stacklevel=2)
-    elif report.untuned:
-        warnings.warn("alt-tvm: " + report.tuning_summary(), stacklevel=2)
+    _log_report(report)
     return CompiledModel(executable, lowered, report, imported.input_shapes, imported.input_dtypes,
-                         imported.input_names)
+                         imported.input_names, target=machine,
+                         source=os.fspath(model) if isinstance(model, (str, os.PathLike)) else None)
+
+
+def _log_report(report: BuildReport) -> None:
+    """The build summary through the ``alt_tvm`` logger: INFO normally; WARNING when a strategy
+    failed on a partition or the log given does not tune every tunable partition."""
+    LOGGER.info("%s", report.summary())
+    for key, why in report.failed.items():
+        LOGGER.warning("strategy failed on %s, left to TVM's legalization: %s", key.split("|")[0], why)
+    if report.untuned:
+        LOGGER.warning("%s", report.tuning_summary())
 
 
 def _uncompilable_partitions(mod: tvm.IRModule, report: BuildReport, target: Any) -> dict[str, str]:

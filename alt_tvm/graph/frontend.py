@@ -320,7 +320,10 @@ def _import_exported(exported: Any, name: str, shapes: dict[str, tuple[int, ...]
                 f"{traced}; a torch module is imported at its example inputs' shapes"
             )
     try:
-        mod = from_exported_program(exported, keep_params_as_input=False)
+        with warnings.catch_warnings():
+            # torch's own deprecation notices, raised inside TVM's frontend: nothing the user can act on
+            warnings.simplefilter("ignore", FutureWarning)
+            mod = from_exported_program(exported, keep_params_as_input=False)
     except Exception as err:
         raise ModelImportError(
             f"TVM's PyTorch frontend could not import {name}: {type(err).__name__}: {err}"

@@ -15,9 +15,10 @@ from typing import Any
 import tvm
 
 from alt_tvm.target import process_cores
+from alt_tvm.toolchain import export_library, require_cross_compiler
 
 from .base import Builder, BuildResult, ErrorCode, MeasureInput, _format_exception, _positive
-from .cross_compiler import CrossCompilerNotFoundError, _cross_compiler_problem, _debian_packages, _resolve_target
+from .cross_compiler import _resolve_target
 from .pool import _Status, _WorkerPool
 
 __all__ = ["LocalBuilder"]
@@ -27,8 +28,6 @@ def _build_task(mod_json: str, target_json: str, cross_compiler: str | None, out
     """In a worker: compile and export; ("ok", path, cuda source, s) or ("error", message, s)."""
     started = time.perf_counter()
     try:
-        from tvm.support import cc
-
         mod = tvm.ir.load_json(mod_json)
         target = tvm.target.Target(json.loads(target_json))
         executable = tvm.compile(mod, target=target)
@@ -40,10 +39,7 @@ def _build_task(mod_json: str, target_json: str, cross_compiler: str | None, out
                 return ("error", message, time.perf_counter() - started)
             source = "\n".join(sources)
         path = os.path.join(out_dir, "kernel.so")
-        if cross_compiler:
-            executable.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
-        else:
-            executable.export_library(path)
+        export_library(executable, path, cross_compiler=cross_compiler)
         return ("ok", path, source, time.perf_counter() - started)
     except Exception as err:  # noqa: BLE001 - reported as BUILD_ERROR
         return ("error", _format_exception(err), time.perf_counter() - started)
@@ -90,12 +86,7 @@ class LocalBuilder(Builder):
     ) -> None:
         self.target, self.cross_compiler, name = _resolve_target(target, cross_compiler)
         if self.cross_compiler is not None:
-            problem = _cross_compiler_problem(self.cross_compiler)
-            if problem:
-                raise CrossCompilerNotFoundError(
-                    f"{problem}; it links kernels for target {name!r}. On Debian/Ubuntu install it with "
-                    f"`apt-get install {_debian_packages(self.cross_compiler)}` (or run .ci/install-cross.sh)"
-                )
+            require_cross_compiler(self.cross_compiler, purpose=f"links kernels for target {name!r}")
         if n_parallel is None:
             n_parallel = process_cores()
         _positive("n_parallel", n_parallel, integer=True)

@@ -6,50 +6,16 @@ machine's installed toolchains.
 
 from __future__ import annotations
 
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import tvm
 
 from alt_tvm.target import HardwareTarget, board
+from alt_tvm.toolchain import CrossCompilerNotFoundError
 
 __all__ = ["CrossCompilerNotFoundError"]
-
-
-class CrossCompilerNotFoundError(RuntimeError):
-    """The gcc needed to link kernels for a board is not installed (the message says how)."""
-
-
-# Debian packages providing a cross gcc and the C library it links shared objects against.
-_DEBIAN_LIBC = {"aarch64-linux-gnu": "libc6-dev-arm64-cross", "riscv64-linux-gnu": "libc6-dev-riscv64-cross",
-                "arm-linux-gnueabihf": "libc6-dev-armhf-cross"}
-
-
-def _debian_packages(compiler: str) -> str:
-    triple = compiler[: -len("-gcc")] if compiler.endswith("-gcc") else compiler
-    return " ".join(p for p in (f"gcc-{triple}", _DEBIAN_LIBC.get(triple)) if p)
-
-
-@cache
-def _cross_compiler_problem(compiler: str) -> str | None:
-    """Why ``compiler`` cannot link a shared object here (``None``: it can)."""
-    if shutil.which(compiler) is None:
-        return f"cross compiler {compiler!r} is not installed"
-    with tempfile.TemporaryDirectory(prefix="alt_tvm_cc_") as tmp:
-        probe = subprocess.run(
-            [compiler, "-x", "c", "-shared", "-fPIC", "-o", os.path.join(tmp, "probe.so"), "-"],
-            input=b"int alt_tvm_probe(void) { return 0; }\n", capture_output=True, timeout=60,
-        )
-    if probe.returncode != 0:
-        detail = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-        return f"cross compiler {compiler!r} cannot link a shared object ({detail[0]})"
-    return None
 
 
 def _resolve_target(target: Any, cross_compiler: str | None) -> tuple[tvm.target.Target, str | None, str]:

@@ -65,7 +65,7 @@ def _use_threads(threads: int) -> None:
 def _model_threads(num_cores: int) -> int:
     """Threads TVM's pool runs when a model built for ``num_cores`` cores runs in this process.
 
-    As ``alt_tvm.graph.build.use_runtime_threads`` sets it: ``TVM_NUM_THREADS``, else
+    As ``alt_tvm.deploy.model.use_runtime_threads`` sets it: ``TVM_NUM_THREADS``, else
     ``OMP_NUM_THREADS`` (read like TVM's runtime: ``atoi``, at least 1), else ``num_cores``.
     """
     for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -99,7 +99,7 @@ class LocalRunner(Runner):
     num_cores : int, optional
         Cores of the target the kernels were built for (``HardwareTarget.num_cores``); the
         workers run TVM's pool with as many threads as the built model will
-        (``alt_tvm.graph.build.use_runtime_threads``): this process's ``TVM_NUM_THREADS`` or
+        (``alt_tvm.deploy.model.use_runtime_threads``): this process's ``TVM_NUM_THREADS`` or
         ``OMP_NUM_THREADS`` when the workers start, else ``num_cores``. Default: the cores
         this process may run on.
     timeout_s : float

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import tvm
 
+from alt_tvm.rpc import call_with_timeout, tracker_problem
 from alt_tvm.timing import CACHE_FLUSH_FUNC, TimingPolicy, check_cache_flush
+from alt_tvm.toolchain import elf_machine
 
 from .base import (
     _DEVICES,
@@ -120,38 +119,10 @@ class RPCRunner(Runner):
         self.connect_timeout_s, self.n_parallel, self.device, self.seed = (
             float(connect_timeout_s), n_parallel, device, seed)
 
-    @property
-    def _address(self) -> str:
-        return f"{self.tracker_host}:{self.tracker_port}"
-
     def check_tracker(self) -> str | None:
-        """Why the tracker cannot serve this runner's key now (``None``: it can).
-
-        Checks that the tracker accepts connections within ``connect_timeout_s`` (TVM's
-        own client would retry a refused connection for a minute) and that a server with
-        ``key`` has registered.
-        """
-        try:
-            socket.create_connection((self.tracker_host, self.tracker_port), timeout=self.connect_timeout_s).close()
-        except OSError as err:
-            return f"cannot reach tracker {self._address}: {err}"
-        outcome = _call_with_timeout(self._summary, self.connect_timeout_s)
-        if outcome[0] != "ok":
-            return f"tracker {self._address} did not answer a summary request: {outcome[1]}"
-        summary = outcome[1]
-        keys = set(summary.get("queue_info", {}))
-        keys |= {str(s.get("key", "")).split(":", 1)[-1] for s in summary.get("server_info", [])}
-        if self.key not in keys:
-            return (f"no RPC server with key {self.key!r} is registered at tracker {self._address} "
-                    f"(registered keys: {sorted(keys)})")
-        return None
-
-    def _summary(self) -> dict:
-        tracker = tvm.rpc.connect_tracker(self.tracker_host, self.tracker_port)
-        try:
-            return tracker.summary()
-        finally:
-            tracker.close()
+        """Why the tracker cannot serve this runner's key now (``None``: it can); see
+        :func:`alt_tvm.rpc.tracker_problem` (``connect_timeout_s`` bounds each step)."""
+        return tracker_problem(self.tracker_host, self.tracker_port, self.key, timeout_s=self.connect_timeout_s)
 
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[MeasureResult]:
         """Time every built input on a remote device (see :meth:`Runner.run`)."""
@@ -205,7 +176,7 @@ class RPCRunner(Runner):
             return _time_module(module, item.func_name, dev, specs, self.timing, self.seed)
 
         started = time.perf_counter()
-        outcome = _call_with_timeout(task, self.timeout_s)
+        outcome = call_with_timeout(task, self.timeout_s)
         seconds = time.perf_counter() - started
         if outcome[0] == "ok":
             return MeasureResult(latencies_ms=tuple(outcome[1]), build_s=build.build_s, run_s=seconds)
@@ -218,7 +189,7 @@ class RPCRunner(Runner):
                                  run_s=seconds)
         machinery = ("requesting a session", "checking the cache flush", "uploading")
         code = ErrorCode.RPC_ERROR if phase[0] in machinery else ErrorCode.RUN_ERROR
-        return MeasureResult(error_code=code, error_msg=f"{REMOTE_PREFIX}{phase[0]}: {outcome[1]}",
+        return MeasureResult(error_code=code, error_msg=f"{REMOTE_PREFIX}{phase[0]}: {_format_exception(outcome[1])}",
                              build_s=build.build_s, run_s=seconds)
 
     def _warn_if_not_flushed(self, artifact_path: str | None) -> None:
@@ -226,41 +197,13 @@ class RPCRunner(Runner):
         # log hot timings as flushed ones.
         if not self.cache_flush or self.device != "cpu" or self._warned_hot:
             return
-        machine = _elf_machine(artifact_path)
+        machine = elf_machine(artifact_path)
         if machine is not None and machine not in _FLUSHING_MACHINES:
             self._warned_hot = True
             warnings.warn(f"TVM's {CACHE_FLUSH_FUNC} flushes the caches of x86-64 and AArch64 CPUs only, not of "
-                          f"this board's (ELF machine {machine:#x}): its kernels are timed on hot caches",
+                          f"this board's ({machine}): its kernels are timed on hot caches",
                           RuntimeWarning, stacklevel=2)
 
 
-# ELF e_machine values of the CPUs whose caches TVM's flush builtin evicts: x86-64, AArch64.
-_FLUSHING_MACHINES = (0x3E, 0xB7)
-
-
-def _elf_machine(path: str | None) -> int | None:
-    """The ELF ``e_machine`` of a shared object (None: not an ELF file, or unreadable)."""
-    try:
-        with open(path or "", "rb") as file:
-            header = file.read(20)
-    except OSError:
-        return None
-    if len(header) < 20 or header[:4] != b"\x7fELF":
-        return None
-    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
-
-
-def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any]:
-    """("ok", value), ("error", message) or ("timeout", None); a hung call is left in a daemon thread."""
-    box: list[tuple[str, Any]] = []
-
-    def target() -> None:
-        try:
-            box.append(("ok", fn()))
-        except Exception as err:  # noqa: BLE001 - reported to the caller
-            box.append(("error", _format_exception(err)))
-
-    thread = threading.Thread(target=target, name="alt_tvm_rpc", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return box[0] if box else ("timeout", None)
+#: The CPUs whose caches TVM's flush builtin evicts.
+_FLUSHING_MACHINES = ("x86_64", "aarch64")

@@ -1,0 +1,78 @@
+"""Time every kernel of a model inside whole-model runs: time, share, layout, GFLOP/s.
+
+    alt-tvm profile resnet18
+    alt-tvm profile resnet18.alt --limit 15
+    alt-tvm profile model.onnx --records logs/model.jsonl --json
+
+A kernel's time here is what it costs inside the model (after its producer, with the
+caches that left), not alone with hot caches. ``GFLOP/s`` is against the kernel's own
+arithmetic; compare it with the machine's FMA peak.
+
+Exit status: 0, 2 for a bad argument (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+from .common import MODEL_HELP, add_output_options, configure_logging, model_argument, parser_for, print_json, runnable
+
+
+def _parser():
+    parser = parser_for("profile", __doc__)
+    parser.add_argument("model", help=MODEL_HELP)
+    parser.add_argument("--records", default=None, help="tuning log applied when building MODEL")
+    parser.add_argument("--repeat", type=int, default=5, help="profiled runs of the whole model (>= 1)")
+    parser.add_argument("--limit", type=int, default=None, help="print only the N slowest kernels (>= 1)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="TVM threads (>= 1)")
+    parser.add_argument("--roof", action="store_true",
+                        help="measure this machine's FMA peak and memory bandwidth first and add a column "
+                             "with each kernel's share of the nearer roof")
+    add_output_options(parser)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run ``alt-tvm profile``; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for option, value in (("--repeat", args.repeat), ("--limit", args.limit), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            parser.error(f"{option} must be >= 1, got {value}")
+    model = model_argument(args.model, artifacts=True)
+    if isinstance(model, str):
+        parser.error(model)
+    if model.kind == "artifact" and args.records is not None:
+        parser.error("--records applies when building MODEL; an artifact was built already")
+    if args.records is not None and not os.path.isfile(args.records):
+        parser.error(f"--records: tuning log {args.records!r} does not exist")
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    configure_logging(args.verbose)
+
+    compiled = runnable(model, records=args.records)
+    profile = compiled.profile(*compiled.random_inputs(seed=0), repeat=args.repeat)
+    roofs = {}
+    if args.roof:
+        from alt_tvm.timing import measure_memory_bandwidth, measure_peak_gflops
+
+        roofs = {"peak_gflops": measure_peak_gflops(threads=args.threads),
+                 "bandwidth_gbs": measure_memory_bandwidth(threads=args.threads)}
+    rows = profile.rows()[: args.limit]
+    if args.json:
+        print_json({"model": model.text, "threads": args.threads, **roofs,
+                    "total_ms": statistics.median(profile.totals_ms),
+                    "kernels": [{"kernel": r.kernel, "kind": r.kind, "ops": list(r.ops), "layout": r.layout,
+                                 "ms": r.ms, "share": r.share, "gflops": r.gflops, "gbytes": r.gbytes}
+                                for r in rows]})
+    else:
+        if roofs:
+            print(f"FMA peak {roofs['peak_gflops']:.0f} GFLOP/s, memory bandwidth {roofs['bandwidth_gbs']:.1f} GB/s "
+                  f"({args.threads} thread(s), measured now)")
+        print(profile.table(limit=args.limit, **roofs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Compiled-model artifacts: written once by ``CompiledModel.export``, run anywhere by :func:`load`.
+
+An artifact is a directory of two files:
+
+``model.so``
+    The Relax VM executable with its weights (TVM's ``export_library``), linked by the
+    target's gcc: the host's, or a cross gcc for a board (an ELF of the board's machine).
+``model.json``
+    What the library cannot say about itself: the input names, shapes and dtypes, the
+    build report, what each kernel computes (for :meth:`~RunnableModel.profile`), and the
+    versions of the artifact format, alt-tvm and TVM and the target it was built for.
+
+Loading checks the format and TVM versions (the library calls TVM's runtime ABI) and,
+for a local run, that the code was built for this machine; each mismatch is an
+:class:`ArtifactError` naming both sides.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from alt_tvm import __version__
+from alt_tvm.native_log import tvm_output_to_log
+from alt_tvm.target import HardwareTarget, not_on_host
+from alt_tvm.toolchain import elf_machine, export_library, require_cross_compiler
+
+from .model import RunnableModel, kernel_info_from_json, kernel_info_to_json, use_runtime_threads
+from .profile import KernelInfo
+
+__all__ = ["ARTIFACT_VERSION", "ArtifactError", "LoadedModel", "load_local", "read_metadata", "write_artifact"]
+
+#: Version of the artifact layout; bumped when ``model.json`` changes incompatibly.
+ARTIFACT_VERSION = 1
+LIBRARY = "model.so"
+METADATA = "model.json"
+_FORMAT = "alt-tvm-artifact"
+
+class ArtifactError(RuntimeError):
+    """An artifact cannot be loaded here: missing or corrupt files, or a version or target mismatch."""
+
+
+def _host_arch() -> str:
+    arch = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+
+
+def write_artifact(path: str | os.PathLike, *, executable: Any, target: HardwareTarget, input_names: Sequence[str],
+                   input_shapes: Sequence[Sequence[int]], input_dtypes: Sequence[str],
+                   kernels: Mapping[str, KernelInfo], report: str, source: str | None = None) -> Path:
+    """Write a compiled model as an artifact directory at ``path`` (created; files in it replaced).
+
+    Parameters
+    ----------
+    executable
+        ``tvm.compile``'s Relax executable, built for ``target``.
+    target
+        What it was built for; a board's ``cross_compiler`` links the library.
+    kernels
+        What each kernel computes (``CompiledModel.kernel_info()``).
+    report
+        The build report's summary.
+    source
+        The model it was built from (a path or reference model name), for ``alt-tvm bench``.
+
+    Returns
+    -------
+    Path
+        The artifact directory.
+
+    Raises
+    ------
+    ArtifactError
+        If ``path`` is an existing file, or the target's cross compiler is missing.
+    """
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"artifact path {os.fspath(out)!r} is an existing file; an artifact is a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    library = out / LIBRARY
+    if target.cross_compiler is not None:
+        require_cross_compiler(target.cross_compiler, purpose=f"links the model for target {target.name!r}")
+    with tvm_output_to_log():
+        export_library(executable, library, cross_compiler=target.cross_compiler)
+    metadata = {
+        "format": _FORMAT,
+        "artifact_version": ARTIFACT_VERSION,
+        "alt_tvm_version": __version__,
+        "tvm_version": tvm.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "target": {"name": target.name, "description": target.description, "tvm": dict(target.tvm_target),
+                   "num_cores": target.num_cores, "cross_compiler": target.cross_compiler},
+        "machine": elf_machine(library),
+        "inputs": [{"name": name, "shape": list(shape), "dtype": dtype}
+                   for name, shape, dtype in zip(input_names, input_shapes, input_dtypes)],
+        "source": source,
+        "report": report,
+        "kernels": kernel_info_to_json(kernels),
+    }
+    (out / METADATA).write_text(json.dumps(metadata, indent=1) + "\n")
+    return out
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """An artifact's ``model.json``, checked for format and TVM version (not for the machine).
+
+    Raises
+    ------
+    ArtifactError
+        Naming the path and what is wrong: not an artifact directory, a file missing,
+        unreadable or corrupt metadata, another artifact format or TVM version.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is a file"
+        raise ArtifactError(f"artifact {os.fspath(root)!r} {what}; an artifact is the directory that "
+                            f"CompiledModel.export or `alt-tvm build -o` writes")
+    for name in (METADATA, LIBRARY):
+        if not (root / name).is_file():
+            raise ArtifactError(f"artifact {os.fspath(root)!r} has no {name} (incomplete copy?); export it again")
+    try:
+        metadata = json.loads((root / METADATA).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ArtifactError(f"artifact {os.fspath(root)!r}: {METADATA} is not readable JSON ({err})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != _FORMAT:
+        raise ArtifactError(f"artifact {os.fspath(root)!r}: {METADATA} is not alt-tvm artifact metadata")
+    version = metadata.get("artifact_version")
+    if version != ARTIFACT_VERSION:
+        raise ArtifactError(f"artifact {os.fspath(root)!r} has format version {version!r}, this alt-tvm "
+                            f"({__version__}) reads version {ARTIFACT_VERSION}: rebuild it with this alt-tvm")
+    missing = [k for k in ("tvm_version", "target", "inputs", "kernels", "report") if k not in metadata]
+    if missing:
+        raise ArtifactError(f"artifact {os.fspath(root)!r}: {METADATA} lacks {missing}")
+    if metadata["tvm_version"] != tvm.__version__:
+        raise ArtifactError(f"artifact {os.fspath(root)!r} was built with TVM {metadata['tvm_version']}, this "
+                            f"process runs TVM {tvm.__version__} (a library must run with the TVM that built it): "
+                            f"rebuild it here")
+    return metadata
+
+
+def _not_for_this_machine(metadata: Mapping[str, Any]) -> str | None:
+    """Why the artifact's code cannot run on this machine (None: it can)."""
+    target = metadata["target"]
+    machine, mine = metadata.get("machine"), _host_arch()
+    if machine != mine:
+        return (f"it holds {machine} code for {target['name']!r} and this machine is {mine}: run it on the board "
+                f"(alt_tvm.load there, or alt_tvm.load(path, remote='host:port', key=...) through a tracker)")
+    why = not_on_host(target["tvm"])
+    if why is not None:
+        return (f"{why}: rebuild it here (alt-tvm build MODEL -o DIR), or load it with check_cpu=False if this "
+                f"CPU has every instruction set the other one has")
+    return None
+
+
+class LoadedModel(RunnableModel):
+    """A model read from an artifact: call, ``time`` and ``profile`` it like the built one.
+
+    Attributes
+    ----------
+    metadata : dict
+        The artifact's ``model.json`` (versions, target, inputs, source model).
+    report : str
+        The build report's summary.
+    path : Path
+        The artifact directory.
+    """
+
+    def __init__(self, executable: Any, metadata: Mapping[str, Any], path: Path, *, device: Any = None) -> None:
+        inputs = metadata["inputs"]
+        super().__init__(executable, input_names=[i["name"] for i in inputs],
+                         input_shapes=[i["shape"] for i in inputs], input_dtypes=[i["dtype"] for i in inputs],
+                         device=device)
+        self.metadata = dict(metadata)
+        self.report = str(metadata["report"])
+        self.path = path
+        self._kernels = kernel_info_from_json(metadata["kernels"])
+
+    @property
+    def source(self) -> str | None:
+        """The model the artifact was built from (a path or reference model name), if known."""
+        return self.metadata.get("source")
+
+    def kernel_info(self) -> dict[str, KernelInfo]:
+        return dict(self._kernels)
+
+
+def load_local(path: str | os.PathLike, *, device: Any = None, check_cpu: bool = True) -> LoadedModel:
+    """Load an artifact to run in this process (see :func:`alt_tvm.deploy.load.load`).
+
+    Raises
+    ------
+    ArtifactError
+        As :func:`read_metadata`, or the code was built for another machine.
+    """
+    metadata = read_metadata(path)
+    root = Path(path)
+    problem = _not_for_this_machine(metadata)
+    if problem is not None and (check_cpu or metadata.get("machine") != _host_arch()):
+        raise ArtifactError(f"artifact {os.fspath(root)!r}: {problem}")
+    use_runtime_threads(int(metadata["target"]["num_cores"]))
+    with tvm_output_to_log():
+        executable = tvm.runtime.load_module(str(root / LIBRARY))
+    return LoadedModel(executable, metadata, root, device=device)

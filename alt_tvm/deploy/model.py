@@ -1,0 +1,186 @@
+"""A compiled model that runs: inputs checked, called, timed and profiled in the Relax VM.
+
+One base for the model :func:`alt_tvm.build` returns and the one :func:`alt_tvm.load`
+reads from an artifact, so both check inputs, time and profile the same way. It needs
+TVM's runtime only: loading an artifact imports no strategy and compiles nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from alt_tvm.native_log import tvm_output_to_log
+
+from .profile import KernelInfo, KernelProfile, profile_vm
+
+__all__ = ["RunnableModel", "flatten_outputs", "use_runtime_threads"]
+
+
+def flatten_outputs(value: Any) -> list[np.ndarray]:
+    """A model's (nested) outputs as a flat list of NumPy arrays, in output order."""
+    return _flatten(value, [])
+
+
+def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
+    """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy."""
+    if isinstance(value, tvm.runtime.Tensor):
+        out.append(value.numpy())
+    elif isinstance(value, np.ndarray):
+        out.append(value)
+    elif hasattr(value, "detach") and hasattr(value, "numpy"):  # torch.Tensor
+        out.append(value.detach().cpu().numpy())
+    elif hasattr(value, "__iter__") and not isinstance(value, (str, bytes)):
+        for item in value:  # Python sequences and TVM FFI Arrays (a VM's tuple outputs)
+            _flatten(item, out)
+    else:
+        raise TypeError(f"unexpected model output of type {type(value).__name__}")
+    return out
+
+
+def use_runtime_threads(cores: int) -> int:
+    """Make TVM's thread pool run ``cores`` threads unless the user chose otherwise.
+
+    The schedules split their parallel loops for ``cores`` threads, but TVM's pool
+    defaults to half the logical CPUs on x86 (it assumes SMT): one thread on a 2-vCPU
+    guest, which silently halves every parallel kernel. So ``TVM_NUM_THREADS`` is set to
+    ``cores`` when neither it nor ``OMP_NUM_THREADS`` is set. The pool reads it once,
+    when it starts; if it already runs fewer threads, this warns. Returns the pool size.
+    """
+    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = str(cores)
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    if pool < cores and os.environ.get("TVM_NUM_THREADS") == str(cores):
+        warnings.warn(f"TVM's thread pool already runs {pool} thread(s), fewer than the target's {cores} cores: "
+                      f"set TVM_NUM_THREADS={cores} before the first TVM kernel runs", stacklevel=3)
+    return pool
+
+
+class RunnableModel:
+    """A compiled model: call it on NumPy arrays, ``time`` it, ``profile`` its kernels.
+
+    Parameters
+    ----------
+    executable
+        The Relax VM executable (``tvm.compile``'s result, or a loaded library module).
+    input_names, input_shapes, input_dtypes
+        The model inputs, in call order.
+    device
+        Where it runs (default ``tvm.cpu()``; a remote session's device for a board).
+    not_here
+        Why the code cannot run on ``device`` (built for another machine), or None; a
+        call then raises ``RuntimeError`` with it instead of crashing the process.
+    """
+
+    def __init__(self, executable: Any, *, input_names: Sequence[str], input_shapes: Sequence[Sequence[int]],
+                 input_dtypes: Sequence[str], device: Any = None, not_here: str | None = None) -> None:
+        self.executable = executable
+        self.input_names = list(input_names)
+        self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        self.input_dtypes = [str(d) for d in input_dtypes]
+        self.device = device if device is not None else tvm.cpu()
+        self._not_here = not_here
+        self._vm: relax.VirtualMachine | None = None
+
+    # What each kernel computes; subclasses know it from the module they were built from or the artifact.
+    def kernel_info(self) -> dict[str, KernelInfo]:
+        """Kernel name -> what it computes (operators, output layout, FLOPs, bytes)."""
+        raise NotImplementedError
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        """The Relax VM running the model (created on first use)."""
+        if self._not_here is not None:
+            raise RuntimeError(self._not_here)
+        if self._vm is None:
+            with tvm_output_to_log():
+                self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
+
+    def _invoke(self, call: Callable[[], Any], what: str) -> Any:
+        """Run one call into the VM; a remote model bounds it in time (``what`` names it)."""
+        return call()
+
+    def _checked(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The inputs as C-ordered NumPy arrays, after checking their number, shapes and dtypes."""
+        if len(arrays) != len(self.input_shapes):
+            raise ValueError(f"model takes {len(self.input_shapes)} inputs {self.input_names}, got {len(arrays)}")
+        out = []
+        for name, array, shape, dtype in zip(self.input_names, arrays, self.input_shapes, self.input_dtypes):
+            if array is None:
+                raise TypeError(f"input {name!r} is None; the model expects an array of shape {shape}, {dtype}")
+            array = np.asarray(array)
+            if tuple(array.shape) != shape:
+                raise ValueError(f"input {name!r} has shape {tuple(array.shape)}, the model expects {shape}")
+            if str(array.dtype) != dtype:
+                raise ValueError(f"input {name!r} has dtype {array.dtype}, the model expects {dtype}")
+            # not np.ascontiguousarray: it turns a 0-d input (a scalar bound, a scalar bias) into shape (1,)
+            out.append(np.asarray(array, order="C"))
+        return out
+
+    def _to_device(self, arrays: Sequence[np.ndarray]) -> list:
+        return [tvm.runtime.tensor(array, self.device) for array in arrays]
+
+    def random_inputs(self, *, seed: int = 0) -> list[np.ndarray]:
+        """Inputs of the model's shapes and dtypes (standard normal floats, small non-negative ints)."""
+        rng = np.random.default_rng(seed)
+        out = []
+        for shape, dtype in zip(self.input_shapes, self.input_dtypes):
+            if np.issubdtype(np.dtype(dtype), np.floating):
+                out.append(rng.standard_normal(shape).astype(dtype))
+            elif dtype == "bool":
+                out.append(rng.integers(0, 2, shape).astype(bool))
+            else:
+                out.append(rng.integers(0, 2, shape).astype(dtype))  # token ids, masks, indices: 0 and 1 are valid
+        return out
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        checked = self._checked(arrays)
+        return self._invoke(lambda: flatten_outputs(self._run_main(self._to_device(checked))), "running the model")
+
+    def _run_main(self, args: list) -> Any:
+        """The VM's result of ``main`` on device tensors."""
+        return self.vm["main"](*args)
+
+    def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
+        """(min, median) latency in ms of one call, VM overhead included (timed where it runs)."""
+        checked = self._checked(arrays)
+
+        def timed() -> list[float]:
+            args = self._to_device(checked)
+            self.vm["main"](*args)
+            timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
+            return list(timer(*args).results)
+
+        results = np.asarray(self._invoke(timed, "timing the model")) * 1e3
+        return float(results.min()), float(np.median(results))
+
+    def profile(self, *arrays: np.ndarray, repeat: int = 5) -> KernelProfile:
+        """Time every kernel inside ``repeat`` runs of the whole model (after one warm-up run).
+
+        ``print(profile.table())`` shows every kernel with its operators, layout, time, share
+        and GFLOP/s; ``profile.by_workload(kernels)`` gives each partition's time in the model.
+        """
+        if self._not_here is not None:
+            raise RuntimeError(self._not_here)
+        with tvm_output_to_log():
+            vm = relax.VirtualMachine(self.executable, self.device)  # the instrument stays on this VM only
+        return profile_vm(vm, self._to_device(self._checked(arrays)), repeat=repeat).with_info(self.kernel_info())
+
+
+def kernel_info_from_json(entries: Mapping[str, Any]) -> dict[str, KernelInfo]:
+    """:meth:`RunnableModel.kernel_info` from its JSON form (:func:`kernel_info_to_json`)."""
+    return {name: KernelInfo(str(e["kind"]), tuple(e["ops"]), str(e["layout"]), float(e["flops"]), int(e["bytes"]))
+            for name, e in entries.items()}
+
+
+def kernel_info_to_json(info: Mapping[str, KernelInfo]) -> dict[str, dict]:
+    """:meth:`RunnableModel.kernel_info` as JSON-ready dicts."""
+    return {name: {"kind": k.kind, "ops": list(k.ops), "layout": k.layout, "flops": k.flops, "bytes": k.bytes}
+            for name, k in info.items()}

@@ -1,0 +1,77 @@
+"""A real TVM RPC tracker and servers on loopback, for tests of the tuner's runner and of remote models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from alt_tvm.rpc import tracker_problem
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    # Own session = own process group: the server's popen_worker children die with it.
+    return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+@dataclass
+class Loopback:
+    """A tracker at ``host:port`` with servers registered under ``key``."""
+
+    host: str
+    port: int
+    key: str
+    tracker: subprocess.Popen
+    servers: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        for proc in [*self.servers, self.tracker]:
+            kill_group(proc)
+
+
+def start_loopback(*, servers: int = 1, wait_s: float = 90.0) -> Loopback:
+    """Start a tracker and ``servers`` RPC servers on 127.0.0.1; returns once a server registered.
+
+    Raises ``RuntimeError`` (after stopping them) when none registers within ``wait_s``.
+    """
+    port, key = free_port(), f"alt-tvm-test-{os.getpid()}"
+    loop = Loopback("127.0.0.1", port, key, _start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+                                                    str(port), "--port-end", str(port + 1), "--silent"]))
+    try:
+        for _ in range(servers):
+            server_port = free_port()
+            loop.servers.append(_start(["tvm.exec.rpc_server", "--tracker", loop.address, "--key", key,
+                                        "--host", "127.0.0.1", "--port", str(server_port), "--port-end",
+                                        str(server_port + 1), "--silent"]))
+        deadline = time.monotonic() + wait_s
+        while (problem := tracker_problem(loop.host, port, key, timeout_s=2)) is not None:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in [loop.tracker, *loop.servers]):
+                raise RuntimeError(f"RPC server did not register: {problem}")
+            time.sleep(0.5)
+    except BaseException:
+        loop.close()
+        raise
+    return loop

@@ -1,0 +1,206 @@
+"""Compiled-model artifacts: export, load here and in a fresh process, cross-compiled ELFs, remote runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import tvm
+from rpc_loopback import free_port, kill_group, start_loopback
+
+import alt_tvm
+from alt_tvm.deploy.artifact import LIBRARY, METADATA, ArtifactError
+from alt_tvm.models import get_model
+from alt_tvm.toolchain import cross_compiler_problem, elf_machine
+
+
+@pytest.fixture(scope="module")
+def small():
+    """(built model, its inputs as NumPy, exported artifact directory)."""
+    module, inputs = get_model("small_cnn")
+    built = alt_tvm.build(module, example_inputs=inputs)
+    arrays = [np.asarray(x.numpy()) for x in inputs]
+    return built, arrays
+
+
+@pytest.fixture()
+def artifact(small, tmp_path):
+    built, _ = small
+    return built.export(tmp_path / "small.alt")
+
+
+def test_export_load_round_trip_is_bit_exact_and_keeps_the_report(small, artifact):
+    built, arrays = small
+    assert sorted(p.name for p in artifact.iterdir()) == [METADATA, LIBRARY]
+    loaded = alt_tvm.load(artifact)
+    for want, got in zip(built(*arrays), loaded(*arrays)):
+        np.testing.assert_array_equal(got, want)
+    assert loaded.report == built.report.summary()
+    assert loaded.input_shapes == built.input_shapes and loaded.input_dtypes == built.input_dtypes
+    meta = loaded.metadata
+    assert meta["tvm_version"] == tvm.__version__ and meta["alt_tvm_version"] == alt_tvm.__version__
+    assert meta["machine"] == elf_machine(sys.executable)
+    # the kernel table travels with it: the loaded model profiles with operators and FLOPs
+    profile = loaded.profile(*arrays, repeat=2)
+    rows = {row.kernel: row for row in profile.rows()}
+    conv = [row for row in rows.values() if any("conv2d" in op for op in row.ops)]
+    assert conv and all(row.gflops > 0 for row in conv)
+    with pytest.raises(ValueError, match=r"input 'x' has shape \(1, 3\)|has shape"):
+        loaded(np.zeros((1, 3), "float32"))
+
+
+def test_a_fresh_process_loads_without_the_build_code_and_fast(small, artifact, tmp_path):
+    built, arrays = small
+    np.save(tmp_path / "x.npy", arrays[0])
+    code = textwrap.dedent(f"""
+        import json, sys, time
+        import numpy as np
+        import tvm  # imported before the clock starts: TVM's own import is not load time
+        started = time.perf_counter()
+        import alt_tvm
+        model = alt_tvm.load({str(artifact)!r})
+        load_s = time.perf_counter() - started
+        (out,) = model(np.load({str(tmp_path / "x.npy")!r}))
+        np.save({str(tmp_path / "out.npy")!r}, out)
+        ours = sorted(m for m in sys.modules if m.startswith("alt_tvm."))
+        print(json.dumps({{"load_s": load_s, "ours": ours, "xgboost": "xgboost" in sys.modules}}))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""  # TVM's per-kernel "Scope Loaded" lines go to the log, not the terminal
+    result = json.loads(run.stdout)
+    # the runtime side only: no strategy, graph, tuner, layout or op module (nothing that builds)
+    runtime = {"alt_tvm.deploy", "alt_tvm.target", "alt_tvm.rpc", "alt_tvm.toolchain", "alt_tvm.native_log"}
+    assert [m for m in result["ours"] if not m.startswith(tuple(runtime))] == []
+    assert not result["xgboost"]
+    assert result["load_s"] < 1.0, result
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), built(*arrays)[0])
+
+
+@pytest.mark.parametrize("board, machine", [("kirin990", "aarch64"), ("bananapi-f3", "riscv64")])
+def test_a_board_artifact_is_an_elf_of_the_boards_machine(board, machine, tmp_path):
+    from alt_tvm.target import board as board_named
+
+    compiler = board_named(board).cross_compiler
+    if cross_compiler_problem(compiler):
+        pytest.skip(f"{cross_compiler_problem(compiler)} (make test installs it)")
+    module, inputs = get_model("small_cnn")
+    built = alt_tvm.build(module, target=board, example_inputs=inputs)
+    with pytest.raises(RuntimeError, match=f"built for '{board}'"):
+        built(np.asarray(inputs[0].numpy()))  # not this machine's code: an error, not a crash
+    path = built.export(tmp_path / f"{board}.alt")
+    assert elf_machine(path / LIBRARY) == machine
+    assert json.loads((path / METADATA).read_text())["machine"] == machine
+    with pytest.raises(ArtifactError, match=f"holds {machine} code for '{board}'"):
+        alt_tvm.load(path)
+
+
+def _edit_metadata(path, **changes):
+    meta = json.loads((path / METADATA).read_text())
+    for key, value in changes.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            meta[outer]["tvm"][inner] = value
+        else:
+            meta[key] = value
+    (path / METADATA).write_text(json.dumps(meta))
+
+
+def test_bad_artifacts_are_clear_errors(small, artifact, tmp_path):
+    with pytest.raises(ArtifactError, match="does not exist"):
+        alt_tvm.load(tmp_path / "nothing")
+    with pytest.raises(ArtifactError, match="is a file"):
+        alt_tvm.load(artifact / LIBRARY)
+    with pytest.raises(ValueError, match="remote and key go together"):
+        alt_tvm.load(artifact, key="board")
+    with pytest.raises(ValueError, match=r"\['timeout_s'\] apply to a remote run"):
+        alt_tvm.load(artifact, timeout_s=3)
+
+    _edit_metadata(artifact, **{"target.mcpu": "sapphirerapids"})
+    with pytest.raises(ArtifactError, match="built for CPU 'sapphirerapids'.*check_cpu=False"):
+        alt_tvm.load(artifact)
+    _edit_metadata(artifact, **{"target.mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    alt_tvm.load(artifact)  # the edit back makes it loadable again
+
+    _edit_metadata(artifact, tvm_version="0.19.0")
+    with pytest.raises(ArtifactError, match=f"built with TVM 0.19.0, this process runs TVM {tvm.__version__}"):
+        alt_tvm.load(artifact)
+    _edit_metadata(artifact, tvm_version=tvm.__version__, artifact_version=99)
+    with pytest.raises(ArtifactError, match="format version 99"):
+        alt_tvm.load(artifact)
+    (artifact / METADATA).write_text("{not json")
+    with pytest.raises(ArtifactError, match="not readable JSON"):
+        alt_tvm.load(artifact)
+    (artifact / METADATA).unlink()
+    with pytest.raises(ArtifactError, match="has no model.json"):
+        alt_tvm.load(artifact)
+
+
+# --------------------------------------------------------------------------- remote runs
+@pytest.fixture()
+def loopback():
+    try:
+        loop = start_loopback()
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+def test_a_remote_model_runs_and_times_on_the_board_and_fails_cleanly_when_it_dies(small, artifact, loopback):
+    built, arrays = small
+    remote = alt_tvm.load(artifact, remote=loopback.address, key=loopback.key, timeout_s=30)
+    for want, got in zip(built(*arrays), remote(*arrays)):
+        np.testing.assert_array_equal(got, want)
+    best, median = remote.time(*arrays, number=2, repeat=2)
+    assert 0 < best <= median
+    with pytest.raises(NotImplementedError, match="does not cross RPC"):
+        remote.profile(*arrays)
+    remote.close()  # the server is free for the next session
+    with pytest.raises(ConnectionError, match="closed"):
+        remote(*arrays)
+
+    # The board dies while the model runs: the caller gets an error, nothing hangs.
+    slow = alt_tvm.load(artifact, remote=loopback.address, key=loopback.key, timeout_s=8)
+    outcome: list[BaseException | None] = []
+
+    def call_many() -> None:
+        try:
+            for _ in range(100_000):
+                slow(*arrays)
+            outcome.append(None)
+        except (ConnectionError, TimeoutError) as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=call_many, daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    for server in loopback.servers:
+        kill_group(server)
+    worker.join(30)
+    assert not worker.is_alive() and time.monotonic() - started < 30
+    assert isinstance(outcome[0], (ConnectionError, TimeoutError))
+    assert f"board {loopback.key!r} at tracker {loopback.address}" in str(outcome[0])
+    with pytest.raises(ConnectionError, match="session was lost"):
+        slow(*arrays)
+
+
+def test_remote_errors_name_the_tracker_and_the_key(artifact, loopback):
+    with pytest.raises(ConnectionError, match="no RPC server with key 'no-such-board' is registered"):
+        alt_tvm.load(artifact, remote=loopback.address, key="no-such-board")
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"cannot reach tracker 127.0.0.1:{port}"):
+        alt_tvm.load(artifact, remote=f"127.0.0.1:{port}", key="k", connect_timeout_s=2)
+    assert time.monotonic() - started < 10
+    with pytest.raises(ValueError, match="remote must be host:port"):
+        alt_tvm.load(artifact, remote="localhost", key="k")
