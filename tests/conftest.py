@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -74,3 +75,14 @@ def build_messages() -> Iterator[list[str]]:
         logger.removeHandler(handler)
         logger.setLevel(level)
     messages.extend(str(w.message) for w in caught)
+
+
+def unpinned() -> None:
+    """``preexec_fn`` for a child process: the CPU mask this process started with.
+
+    Once a TVM kernel has run here, TVM's pool has pinned the main thread to one core, and
+    a child would inherit that mask (and detect a one-core host, another target).
+    """
+    import alt_tvm.target
+
+    os.sched_setaffinity(0, alt_tvm.target._AFFINITY_AT_IMPORT)

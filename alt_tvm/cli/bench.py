@@ -26,10 +26,12 @@ from .common import (
     MODEL_HELP,
     ModelArgument,
     add_output_options,
+    checked_model,
     configure_logging,
     model_argument,
     parser_for,
     print_json,
+    require_positive,
     runnable,
     unwritable,
 )
@@ -137,18 +139,10 @@ def main(argv=None) -> int:
     """Run ``alt-tvm bench``; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    for option, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--repeat", args.repeat)):
-        if value < 1:
-            parser.error(f"{option} must be >= 1, got {value}")
+    require_positive(parser, {"--threads": args.threads, "--rounds": args.rounds, "--repeat": args.repeat})
     if args.png is not None and (why := unwritable(args.png)):
         parser.error(f"--png: {why}")
-    model = model_argument(args.model, artifacts=True)
-    if isinstance(model, str):
-        parser.error(model)
-    if model.kind == "artifact" and args.records is not None:
-        parser.error("--records applies when building MODEL; an artifact was built already")
-    if args.records is not None and not os.path.isfile(args.records):
-        parser.error(f"--records: tuning log {args.records!r} does not exist")
+    model = checked_model(parser, args.model, args.records, artifacts=True)
     wanted = list(dict.fromkeys(args.vs))
     source = _source(model, wanted)
     if isinstance(source, str):

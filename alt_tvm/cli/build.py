@@ -19,8 +19,8 @@ from .common import (
     MODEL_HELP,
     add_output_options,
     build_model,
+    checked_model,
     configure_logging,
-    model_argument,
     parser_for,
     print_json,
     target_problem,
@@ -42,11 +42,7 @@ def main(argv=None) -> int:
     """Run ``alt-tvm build``; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    model = model_argument(args.model, artifacts=False)
-    if isinstance(model, str):
-        parser.error(model)
-    if args.records is not None and not os.path.isfile(args.records):
-        parser.error(f"--records: tuning log {args.records!r} does not exist")
+    model = checked_model(parser, args.model, args.records, artifacts=False)
     output = args.output or f"{model.name}.alt"
     for problem in (target_problem(args.target), unwritable_directory(output)):
         if problem is not None:

@@ -113,6 +113,25 @@ def model_argument(text: str, *, artifacts: bool) -> ModelArgument | str:
     return f"{text!r} is neither {allowed} nor a reference model ({', '.join(MODEL_NAMES)})"
 
 
+def require_positive(parser: Parser, options: dict[str, int | None]) -> None:
+    """Exit with a one-line error for the first option below 1 (None: not given)."""
+    for option, value in options.items():
+        if value is not None and value < 1:
+            parser.error(f"{option} must be >= 1, got {value}")
+
+
+def checked_model(parser: Parser, text: str, records: str | None, *, artifacts: bool) -> ModelArgument:
+    """The MODEL argument and its ``--records``, or exit with a one-line error saying what is wrong."""
+    model = model_argument(text, artifacts=artifacts)
+    if isinstance(model, str):
+        parser.error(model)
+    if model.kind == "artifact" and records is not None:
+        parser.error("--records applies when building MODEL; an artifact was built already")
+    if records is not None and not os.path.isfile(records):
+        parser.error(f"--records: tuning log {records!r} does not exist")
+    return model
+
+
 def build_model(model: ModelArgument, *, records: str | None = None, target: str | None = None) -> Any:
     """Build an ONNX file or reference model with alt-tvm (``records`` applied)."""
     import alt_tvm

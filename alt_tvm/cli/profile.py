@@ -17,7 +17,16 @@ import os
 import statistics
 import sys
 
-from .common import MODEL_HELP, add_output_options, configure_logging, model_argument, parser_for, print_json, runnable
+from .common import (
+    MODEL_HELP,
+    add_output_options,
+    checked_model,
+    configure_logging,
+    parser_for,
+    print_json,
+    require_positive,
+    runnable,
+)
 
 
 def _parser():
@@ -38,16 +47,8 @@ def main(argv=None) -> int:
     """Run ``alt-tvm profile``; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    for option, value in (("--repeat", args.repeat), ("--limit", args.limit), ("--threads", args.threads)):
-        if value is not None and value < 1:
-            parser.error(f"{option} must be >= 1, got {value}")
-    model = model_argument(args.model, artifacts=True)
-    if isinstance(model, str):
-        parser.error(model)
-    if model.kind == "artifact" and args.records is not None:
-        parser.error("--records applies when building MODEL; an artifact was built already")
-    if args.records is not None and not os.path.isfile(args.records):
-        parser.error(f"--records: tuning log {args.records!r} does not exist")
+    require_positive(parser, {"--repeat": args.repeat, "--limit": args.limit, "--threads": args.threads})
+    model = checked_model(parser, args.model, args.records, artifacts=True)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     configure_logging(args.verbose)
 
