@@ -19,10 +19,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(args: list[str]) -> subprocess.Popen:
+def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     # Own session = own process group: the server's popen_worker children die with it.
     return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -52,12 +53,15 @@ class Loopback:
             kill_group(proc)
 
 
-def start_loopback(*, servers: int = 1, wait_s: float = 90.0) -> Loopback:
+def start_loopback(*, servers: int = 1, wait_s: float = 90.0, server_threads: int | None = None) -> Loopback:
     """Start a tracker and ``servers`` RPC servers on 127.0.0.1; returns once a server registered.
+
+    ``server_threads`` sets the servers' ``TVM_NUM_THREADS`` (default: inherited).
 
     Raises ``RuntimeError`` (after stopping them) when none registers within ``wait_s``.
     """
     port, key = free_port(), f"alt-tvm-test-{os.getpid()}"
+    server_env = None if server_threads is None else {"TVM_NUM_THREADS": str(server_threads)}
     loop = Loopback("127.0.0.1", port, key, _start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
                                                     str(port), "--port-end", str(port + 1), "--silent"]))
     try:
@@ -65,7 +69,8 @@ def start_loopback(*, servers: int = 1, wait_s: float = 90.0) -> Loopback:
             server_port = free_port()
             loop.servers.append(_start(["tvm.exec.rpc_server", "--tracker", loop.address, "--key", key,
                                         "--host", "127.0.0.1", "--port", str(server_port), "--port-end",
-                                        str(server_port + 1), "--silent"]))
+                                        str(server_port + 1), "--silent"],
+                                       env=server_env))
         deadline = time.monotonic() + wait_s
         while (problem := tracker_problem(loop.host, port, key, timeout_s=2)) is not None:
             if time.monotonic() > deadline or any(p.poll() is not None for p in [loop.tracker, *loop.servers]):

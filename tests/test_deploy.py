@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import tvm
-from conftest import unpinned
+from conftest import build_messages, unpinned
 from rpc_loopback import free_port, kill_group, start_loopback
 
 import alt_tvm
@@ -215,3 +215,13 @@ def test_remote_errors_name_the_tracker_and_the_key(artifact, loopback):
     assert time.monotonic() - started < 10
     with pytest.raises(ValueError, match="remote must be host:port"):
         alt_tvm.load(artifact, remote="localhost", key="k")
+
+
+def test_a_server_running_fewer_threads_than_the_target_has_cores_is_named(artifact):
+    loop = start_loopback(server_threads=1)
+    try:
+        with build_messages() as messages, alt_tvm.load(artifact, remote=loop.address, key=loop.key) as board:
+            assert board.metadata["target"]["num_cores"] >= 2
+        assert any("the server's TVM runs 1 thread(s)" in m and "TVM_NUM_THREADS=" in m for m in messages)
+    finally:
+        loop.close()

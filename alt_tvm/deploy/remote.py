@@ -10,6 +10,7 @@ is checked as the tuner checks it (:func:`alt_tvm.rpc.tracker_problem`).
 from __future__ import annotations
 
 import gc
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +25,8 @@ from .artifact import LIBRARY, LoadedModel
 from .profile import KernelProfile
 
 __all__ = ["RemoteModel"]
+
+LOGGER = logging.getLogger("alt_tvm")
 
 
 class RemoteModel(LoadedModel):
@@ -56,7 +59,7 @@ class RemoteModel(LoadedModel):
             raise ConnectionError(problem)
         phase = ["requesting a session"]
 
-        def open_session() -> tuple[Any, Any, Any]:
+        def open_session() -> tuple[Any, Any, Any, int]:
             tracker = tvm.rpc.connect_tracker(host_name, port)
             try:
                 session = tracker.request(key, priority=1, max_retry=1)
@@ -68,7 +71,9 @@ class RemoteModel(LoadedModel):
             phase[0] = "loading the library"
             module = session.load_module(name)
             vm = relax.VirtualMachine(module, session.cpu(0))
-            return session, module, vm
+            phase[0] = "asking the server's thread count"
+            threads = int(session.get_function("runtime.NumThreads")())
+            return session, module, vm, threads
 
         outcome = call_with_timeout(open_session, timeout_s)
         where = f"board {key!r} at tracker {remote}"
@@ -79,7 +84,12 @@ class RemoteModel(LoadedModel):
             raise TimeoutError(f"{where}: {phase[0]} exceeded the {timeout_s:g} s limit")
         if outcome[0] == "error":
             raise ConnectionError(f"{where}: {phase[0]} failed: {format_exception(outcome[1])}")
-        session, module, vm = outcome[1]
+        session, module, vm, threads = outcome[1]
+        cores = int(metadata["target"]["num_cores"])
+        if threads < cores:
+            # TVM's pool defaults to half the logical CPUs on x86 and cannot grow once started.
+            LOGGER.warning("%s: the server's TVM runs %d thread(s), the model was built for %d cores: start "
+                           "the server with TVM_NUM_THREADS=%d", where, threads, cores, cores)
         return cls(module, metadata, path, session=session, vm=vm, address=remote, key=key, timeout_s=timeout_s)
 
     def _invoke(self, call: Callable[[], Any], what: str) -> Any:
