@@ -86,3 +86,18 @@ def unpinned() -> None:
     import alt_tvm.target
 
     os.sched_setaffinity(0, alt_tvm.target._AFFINITY_AT_IMPORT)
+
+
+@pytest.fixture()
+def loopback():
+    """A TVM RPC tracker with one server on 127.0.0.1 (:class:`rpc_loopback.Loopback`), stopped afterwards."""
+    from rpc_loopback import start_loopback
+
+    try:
+        loop = start_loopback()
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    try:
+        yield loop
+    finally:
+        loop.close()

@@ -154,18 +154,6 @@ def test_bad_artifacts_are_clear_errors(small, artifact, tmp_path):
 
 
 # --------------------------------------------------------------------------- remote runs
-@pytest.fixture()
-def loopback():
-    try:
-        loop = start_loopback()
-    except RuntimeError as err:
-        pytest.fail(str(err))
-    try:
-        yield loop
-    finally:
-        loop.close()
-
-
 def test_a_remote_model_runs_and_times_on_the_board_and_fails_cleanly_when_it_dies(small, artifact, loopback):
     built, arrays = small
     remote = alt_tvm.load(artifact, remote=loopback.address, key=loopback.key, timeout_s=30)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import tvm
-from rpc_loopback import free_port, start_loopback
+from rpc_loopback import free_port
 from tvm import te, tirx
 
 from alt_tvm.records import RecordWriter, load_best, load_records
@@ -226,16 +226,9 @@ def test_cuda_board_produces_cuda_source_without_a_gpu():
 
 
 @pytest.fixture()
-def rpc_tracker():
-    """(host, port, key) of a tracker with one registered server, both killed afterwards."""
-    try:
-        loop = start_loopback()
-    except RuntimeError as err:
-        pytest.fail(str(err))
-    try:
-        yield loop.host, loop.port, loop.key
-    finally:
-        loop.close()
+def rpc_tracker(loopback):
+    """(host, port, key) of a tracker with one registered server."""
+    return loopback.host, loopback.port, loopback.key
 
 
 def test_rpc_runner_times_a_kernel_through_a_real_tracker(rpc_tracker, builder, tmp_path):

@@ -172,11 +172,12 @@ class LoadedModel(RunnableModel):
         The artifact directory.
     """
 
-    def __init__(self, executable: Any, metadata: Mapping[str, Any], path: Path, *, device: Any = None) -> None:
+    def __init__(self, executable: Any, metadata: Mapping[str, Any], path: Path, *, device: Any = None,
+                 threads: int | None = None) -> None:
         inputs = metadata["inputs"]
         super().__init__(executable, input_names=[i["name"] for i in inputs],
                          input_shapes=[i["shape"] for i in inputs], input_dtypes=[i["dtype"] for i in inputs],
-                         device=device)
+                         device=device, threads=threads)
         self.metadata = dict(metadata)
         self.report = str(metadata["report"])
         self.path = path
@@ -204,7 +205,8 @@ def load_local(path: str | os.PathLike, *, device: Any = None, check_cpu: bool =
     problem = _not_for_this_machine(metadata)
     if problem is not None and (check_cpu or metadata.get("machine") != _host_arch()):
         raise ArtifactError(f"artifact {os.fspath(root)!r}: {problem}")
-    use_runtime_threads(int(metadata["target"]["num_cores"]))
+    threads = use_runtime_threads(int(metadata["target"]["num_cores"]))
     with tvm_output_to_log():
         executable = tvm.runtime.load_module(str(root / LIBRARY))
-    return LoadedModel(executable, metadata, root, device=device)
+    return LoadedModel(executable, metadata, root, device=device,
+                       threads=threads if device is None or device.device_type == 1 else None)

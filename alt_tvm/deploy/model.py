@@ -8,6 +8,7 @@ TVM's runtime only: loading an artifact imports no strategy and compiles nothing
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from tvm import relax
 from alt_tvm.native_log import tvm_output_to_log
 
 from .profile import KernelInfo, KernelProfile, profile_vm
+from .threads import ThreadGovernor
 
 __all__ = ["RunnableModel", "flatten_outputs", "use_runtime_threads"]
 
@@ -45,16 +47,22 @@ def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def use_runtime_threads(cores: int) -> int:
-    """Make TVM's thread pool run ``cores`` threads unless the user chose otherwise.
+    """Make TVM's thread pool run ``cores`` threads, unpinned, unless the user chose otherwise.
 
     The schedules split their parallel loops for ``cores`` threads, but TVM's pool
     defaults to half the logical CPUs on x86 (it assumes SMT): one thread on a 2-vCPU
     guest, which silently halves every parallel kernel. So ``TVM_NUM_THREADS`` is set to
-    ``cores`` when neither it nor ``OMP_NUM_THREADS`` is set. The pool reads it once,
-    when it starts; if it already runs fewer threads, this warns. Returns the pool size.
+    ``cores`` when neither it nor ``OMP_NUM_THREADS`` is set. ``TVM_BIND_THREADS`` is set
+    to 0 when unset: by default the pool pins the calling thread to one core, and every
+    thread or process that thread creates afterwards inherits the one-core mask (an ONNX
+    Runtime session made later ran both its threads on one core; a child build detected a
+    one-core host), and it re-pins at every thread-count change of the
+    :class:`~alt_tvm.deploy.threads.ThreadGovernor`. The pool reads both once, when it
+    starts; if it already runs fewer threads, this warns. Returns the pool size.
     """
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         os.environ["TVM_NUM_THREADS"] = str(cores)
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     pool = int(tvm.get_global_func("runtime.NumThreads")())
     if pool < cores and os.environ.get("TVM_NUM_THREADS") == str(cores):
         warnings.warn(f"TVM's thread pool already runs {pool} thread(s), fewer than the target's {cores} cores: "
@@ -76,10 +84,16 @@ class RunnableModel:
     not_here
         Why the code cannot run on ``device`` (built for another machine), or None; a
         call then raises ``RuntimeError`` with it instead of crashing the process.
+    threads
+        The thread count of TVM's pool for this model (``use_runtime_threads``' result):
+        with more than one, each call's thread count is chosen by a
+        :class:`~alt_tvm.deploy.threads.ThreadGovernor` (``model.thread_governor``; set it
+        to None to keep all threads whatever the load). None: no governor (remote models).
     """
 
     def __init__(self, executable: Any, *, input_names: Sequence[str], input_shapes: Sequence[Sequence[int]],
-                 input_dtypes: Sequence[str], device: Any = None, not_here: str | None = None) -> None:
+                 input_dtypes: Sequence[str], device: Any = None, not_here: str | None = None,
+                 threads: int | None = None) -> None:
         self.executable = executable
         self.input_names = list(input_names)
         self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
@@ -87,6 +101,7 @@ class RunnableModel:
         self.device = device if device is not None else tvm.cpu()
         self._not_here = not_here
         self._vm: relax.VirtualMachine | None = None
+        self.thread_governor = ThreadGovernor(threads) if threads is not None and threads > 1 else None
 
     # What each kernel computes; subclasses know it from the module they were built from or the artifact.
     def kernel_info(self) -> dict[str, KernelInfo]:
@@ -142,14 +157,22 @@ class RunnableModel:
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         checked = self._checked(arrays)
-        return self._invoke(lambda: flatten_outputs(self._run_main(self._to_device(checked))), "running the model")
+        governor = self.thread_governor
+        if governor is None:
+            return self._invoke(lambda: flatten_outputs(self._run_main(self._to_device(checked))), "running the model")
+        governor.before_call()
+        started = time.perf_counter()
+        outputs = flatten_outputs(self._run_main(self._to_device(checked)))
+        governor.after_call(time.perf_counter() - started)
+        return outputs
 
     def _run_main(self, args: list) -> Any:
         """The VM's result of ``main`` on device tensors."""
         return self.vm["main"](*args)
 
     def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
-        """(min, median) latency in ms of one call, VM overhead included (timed where it runs)."""
+        """(min, median) latency in ms of one call, VM overhead included (timed where it runs),
+        at the thread count the governor chose last (it does not adapt within a timing)."""
         checked = self._checked(arrays)
 
         def timed() -> list[float]:

@@ -602,14 +602,15 @@ class CompiledModel(RunnableModel):
     """
 
     def __init__(self, executable, mod: tvm.IRModule, report: BuildReport, input_shapes, input_dtypes,
-                 input_names, device=None, *, target: HardwareTarget | None = None, source: str | None = None) -> None:
+                 input_names, device=None, *, target: HardwareTarget | None = None, source: str | None = None,
+                 threads: int | None = None) -> None:
         self.target = target if target is not None else host()
         not_here = None if runs_on_host(self.target) else (
             f"this model was built for {self.target.name!r} ({self.target.description}), not for this machine: "
             f"export it (model.export(path)) and run it there with alt_tvm.load, or through a tracker with "
             f"alt_tvm.load(path, remote='host:port', key=...)")
         super().__init__(executable, input_names=input_names, input_shapes=input_shapes, input_dtypes=input_dtypes,
-                         device=device, not_here=not_here)
+                         device=device, not_here=not_here, threads=threads if not_here is None else None)
         self.mod = mod
         self.report = report
         self.source = source
@@ -801,7 +802,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
 
     machine = resolve(target)
     records = _tuning_log(records, machine)
-    use_runtime_threads(machine.num_cores)
+    threads = use_runtime_threads(machine.num_cores)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
     options = dict(target=machine, variant=variant, strategies=strategies, records=records,
                    strategy_options=strategy_options, fast_math=fast_math, strict=strict)
@@ -827,7 +828,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
                 raise err from None
     _log_report(report)
     return CompiledModel(executable, lowered, report, imported.input_shapes, imported.input_dtypes,
-                         imported.input_names, target=machine,
+                         imported.input_names, target=machine, threads=threads,
                          source=os.fspath(model) if isinstance(model, (str, os.PathLike)) else None)
 
 

@@ -1,0 +1,151 @@
+"""Latency with and without another process busy on one core, alt-tvm beside ONNX Runtime.
+
+    python scripts/bench_load.py --models resnet18 mobilenet_v2 bert_tiny path/to/public.onnx ...
+
+Per model and per TVM thread-pool setting (each in its own process, since TVM's pool reads
+its settings once): alt-tvm (``alt_tvm.build``, untuned) and ONNX Runtime (2 intra-op
+threads, spinning off) timed in the same process in interleaved rounds (medians), first
+quiet, then while a second process busy-loops (``python -c "while True: pass"``, free to
+run on any core), then quiet again. ``alt-tvm`` is the model as built, its thread governor
+included (``alt_tvm.deploy.threads``); ``alt-tvm all threads`` is the same model with the
+governor off, on all threads every call. Settings: ``default`` (TVM's pool as ``alt_tvm.build`` leaves it: spinning
+workers, not bound to cores since ``use_runtime_threads`` sets ``TVM_BIND_THREADS=0``),
+``spin0`` (``TVM_THREAD_POOL_SPIN_COUNT=0``), ``nobind`` (``TVM_BIND_THREADS=0``), ``bind``
+(``TVM_BIND_THREADS=1``, TVM's own default), ``threads1`` (``TVM_NUM_THREADS=1``). Also counts the model's
+parallel kernels (each ends in a barrier of TVM's pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SETTINGS = {"default": {}, "spin0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"}, "nobind": {"TVM_BIND_THREADS": "0"},
+            "bind": {"TVM_BIND_THREADS": "1"}, "threads1": {"TVM_NUM_THREADS": "1"}}
+
+
+def _parallel_kernels(mod) -> tuple[int, int]:
+    """(PrimFuncs with a parallel loop, all PrimFuncs) of a built module."""
+    import tvm
+
+    parallel = total = 0
+    for gvar in mod.get_global_vars():
+        func = mod[gvar]
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        total += 1
+        parallel += _has_parallel_loop(func)
+    return parallel, total
+
+
+def _has_parallel_loop(func) -> bool:
+    return "T.parallel(" in func.script()  # TVM 0.27's tirx has no Python statement visitor
+
+
+def _all_threads(built):
+    """The same model without its thread governor, on all of the pool's threads every call."""
+    import copy
+
+    import tvm
+
+    fixed = copy.copy(built)
+    fixed.thread_governor = None
+    cores = built.thread_governor.cores
+    count, configure = tvm.get_global_func("runtime.NumThreads"), tvm.get_global_func("runtime.config_threadpool")
+
+    def call(*arrays):
+        if count() != cores:  # the governed model may have left the pool on one thread
+            configure(1, cores)
+        return fixed(*arrays)
+
+    return call
+
+
+def _one(model: str, rounds: int) -> dict:
+    """In this process (the setting is in the environment): the three phases."""
+    import alt_tvm
+    from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
+    from alt_tvm.models import MODEL_NAMES, export_onnx, get_model
+
+    start_mask = os.sched_getaffinity(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        if model in MODEL_NAMES:
+            module, inputs = get_model(model)
+            built = alt_tvm.build(module, example_inputs=inputs)
+            arrays = [x.numpy() for x in inputs]
+            path = str(export_onnx(model, os.path.join(tmp, "m.onnx")))
+        else:
+            built, path = alt_tvm.build(model), model
+            arrays = built.random_inputs(seed=0)
+        ort = onnxruntime_session(path, threads=2)
+        runners = {"alt-tvm": (built, arrays), "onnxruntime": (ort, arrays)}
+        if built.thread_governor is not None:
+            runners["alt-tvm all threads"] = (_all_threads(built), arrays)
+        row = {"parallel_kernels": _parallel_kernels(built.mod)}
+        for phase in ("quiet", "busy", "quiet_after"):
+            busy = None
+            if phase == "busy":
+                # With the mask this process started with: TVM's pool has pinned this thread to one
+                # core by now, and a child would inherit that pin (and sit on our core).
+                busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                        preexec_fn=lambda: os.sched_setaffinity(0, start_mask))
+                time.sleep(0.5)
+            try:
+                timed = time_interleaved(runners, rounds=rounds, repeat=10)
+            finally:
+                if busy is not None:
+                    busy.kill()
+                    busy.wait()
+            row[phase] = {label: ms for label, (ms, _) in timed.items()}
+            if built.thread_governor is not None:
+                row[f"{phase}_governor"] = {"state": built.thread_governor.state,
+                                            "switches": built.thread_governor.switches}
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "bert_tiny"])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", default=None, help="append one JSON line per model and setting here")
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_one(args.worker[0], args.rounds)))
+        return 0
+    print(f"{'model':28s} {'setting':9s} {'kernels':>8s} {'alt quiet':>9s} {'alt busy':>9s} {'x':>5s} "
+          f"{'all-thr q':>9s} {'all-thr b':>9s} {'x':>5s} {'ORT quiet':>9s} {'ORT busy':>9s} {'x':>5s} "
+          f"{'ORT/alt q':>9s} {'busy':>5s}", flush=True)
+    for model in args.models:
+        for setting in args.settings:
+            env = {**os.environ, **SETTINGS[setting]}
+            done = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--worker", model, setting],
+                                  capture_output=True, text=True, env=env, timeout=1800)
+            if done.returncode != 0:
+                print(f"{model}: {setting}: failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+                continue
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            q, b = row["quiet"], row["busy"]
+            name = os.path.basename(model)
+            par, total = row["parallel_kernels"]
+            fixed = "alt-tvm all threads"
+            fixed_cols = (f"{q[fixed]:9.3f} {b[fixed]:9.3f} {b[fixed] / q[fixed]:5.2f}" if fixed in q
+                          else f"{'-':>9s} {'-':>9s} {'-':>5s}")
+            print(f"{name[:28]:28s} {setting:9s} {f'{par}/{total}':>8s} {q['alt-tvm']:9.3f} {b['alt-tvm']:9.3f} "
+                  f"{b['alt-tvm'] / q['alt-tvm']:5.2f} {fixed_cols} {q['onnxruntime']:9.3f} {b['onnxruntime']:9.3f} "
+                  f"{b['onnxruntime'] / q['onnxruntime']:5.2f} {q['onnxruntime'] / q['alt-tvm']:9.2f} "
+                  f"{b['onnxruntime'] / b['alt-tvm']:5.2f}", flush=True)
+            if args.json:
+                with open(args.json, "a") as out:
+                    out.write(json.dumps({"model": model, "setting": setting, **row}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
