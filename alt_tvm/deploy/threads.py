@@ -10,10 +10,10 @@ threads, while one thread (on the free core) took 49 ms quiet or busy
 :class:`ThreadGovernor` watches each call's wall time. While the latency with all threads
 stays near the best seen, nothing changes (a quiet machine pays nothing but the clock
 reads). When most of the latest calls take ``slack`` times that best, it runs a few calls
-on one thread, and keeps one thread if that was faster; every ``retry_s`` it tries
-all threads again and returns to them once they are faster. TVM's ``runtime.config_threadpool`` changes
-the pool's thread count between calls (about 20 us); the parallel loops then run in fewer,
-larger blocks, so the code is the same.
+on one thread, and keeps one thread if that was faster; every ``retry_s`` it tries all
+threads again and returns to them once they are faster. TVM's ``runtime.config_threadpool``
+changes the pool's thread count between calls (about 20 us); the parallel loops then run in
+fewer, larger blocks, so the code is the same.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class ThreadGovernor:
         self._get = get_threads or _tvm_threads
         self.state = "all"
         self._best, self._best_at = math.inf, -math.inf  # best latency on all threads, and when
-        # latest latencies on all threads: a trial is judged against several (two slow calls started it)
+        # latest latencies on all threads: a trial is judged against more than the slow ones that started it
         self._all: deque[float] = deque(maxlen=4 * policy.samples)
         self._one: deque[float] = deque(maxlen=policy.samples)  # latest latencies on one thread
         self._left = 0  # calls left in a trial or retry
