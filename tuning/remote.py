@@ -59,7 +59,8 @@ def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: Hardw
     """
     runner = RPCRunner(tracker_host=tracker_host, tracker_port=tracker_port, key=key, number=number,
                        repeat=repeat, timeout_s=timeout_s,
-                       device="cuda" if target.to_tvm().kind.name == "cuda" else "cpu")
+                       device="cuda" if target.to_tvm().kind.name == "cuda" else "cpu",
+                       threads=target.num_cores if target.to_tvm().kind.name != "cuda" else None)
     why = runner.check_tracker()
     if why is not None:
         raise ConnectionError(why)

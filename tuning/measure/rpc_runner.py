@@ -76,6 +76,11 @@ class RPCRunner(Runner):
         Remote device (``remote.cpu()`` or ``remote.cuda()``).
     seed : int
         Seed of the random inputs.
+    threads : int, optional
+        The thread count the kernels were built for (the target's cores). When a server's
+        TVM runs fewer (its pool defaults to half the logical CPUs on x86 and cannot grow
+        once started), a ``RuntimeWarning`` says to start it with ``TVM_NUM_THREADS``
+        (once per runner): its kernels would be timed on fewer threads than they get.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class RPCRunner(Runner):
         device: str = "cpu",
         seed: int = 0,
         cache_flush: bool = True,
+        threads: int | None = None,
     ) -> None:
         if not isinstance(tracker_host, str) or not tracker_host:
             raise ValueError(f"tracker_host must be a non-empty str, got {tracker_host!r}")
@@ -115,6 +121,9 @@ class RPCRunner(Runner):
         self.number, self.repeat, self.min_repeat_ms = number, repeat, min_repeat_ms
         self.cache_flush = cache_flush
         self._warned_hot = False  # the RuntimeWarning for a CPU TVM cannot flush is given once
+        if threads is not None:
+            _positive("threads", threads, integer=True)
+        self.threads, self._checked_threads = threads, False
         self.timeout_s, self.session_timeout_s = float(timeout_s), float(session_timeout_s)
         self.connect_timeout_s, self.n_parallel, self.device, self.seed = (
             float(connect_timeout_s), n_parallel, device, seed)
@@ -157,6 +166,14 @@ class RPCRunner(Runner):
             finally:
                 tracker.close()
             dev = remote.cuda(0) if self.device == "cuda" else remote.cpu(0)
+            if self.threads is not None and self.device == "cpu" and not self._checked_threads:
+                self._checked_threads = True
+                phase[0] = "asking the server's thread count"
+                running = int(remote.get_function("runtime.NumThreads")())
+                if running < self.threads:
+                    warnings.warn(f"the RPC server with key {self.key!r} runs {running} TVM thread(s) for kernels "
+                                  f"built for {self.threads}: they are timed on fewer threads than they get; start "
+                                  f"it with TVM_NUM_THREADS={self.threads}", RuntimeWarning, stacklevel=2)
             if self.timing.flushes(dev):
                 # time_evaluator looks the flush up on the server by name; check first so a
                 # server without it gives a clear error (the server's fault, not the kernel's).
@@ -187,7 +204,8 @@ class RPCRunner(Runner):
                 code, msg = ErrorCode.RUN_TIMEOUT, f"{phase[0]} exceeded the {self.timeout_s:g} s limit"
             return MeasureResult(error_code=code, error_msg=REMOTE_PREFIX + msg, build_s=build.build_s,
                                  run_s=seconds)
-        machinery = ("requesting a session", "checking the cache flush", "uploading")
+        machinery = ("requesting a session", "asking the server's thread count", "checking the cache flush",
+                     "uploading")
         code = ErrorCode.RPC_ERROR if phase[0] in machinery else ErrorCode.RUN_ERROR
         return MeasureResult(error_code=code, error_msg=f"{REMOTE_PREFIX}{phase[0]}: {_format_exception(outcome[1])}",
                              build_s=build.build_s, run_s=seconds)
