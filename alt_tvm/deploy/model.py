@@ -7,6 +7,7 @@ TVM's runtime only: loading an artifact imports no strategy and compiles nothing
 
 from __future__ import annotations
 
+import abc
 import os
 import time
 import warnings
@@ -70,7 +71,7 @@ def use_runtime_threads(cores: int) -> int:
     return pool
 
 
-class RunnableModel:
+class RunnableModel(abc.ABC):
     """A compiled model: call it on NumPy arrays, ``time`` it, ``profile`` its kernels.
 
     Parameters
@@ -103,10 +104,10 @@ class RunnableModel:
         self._vm: relax.VirtualMachine | None = None
         self.thread_governor = ThreadGovernor(threads) if threads is not None and threads > 1 else None
 
-    # What each kernel computes; subclasses know it from the module they were built from or the artifact.
+    @abc.abstractmethod
     def kernel_info(self) -> dict[str, KernelInfo]:
-        """Kernel name -> what it computes (operators, output layout, FLOPs, bytes)."""
-        raise NotImplementedError
+        """Kernel name -> what it computes (operators, output layout, FLOPs, bytes); subclasses
+        know it from the module they were built from, or from the artifact."""
 
     @property
     def vm(self) -> relax.VirtualMachine:

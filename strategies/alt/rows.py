@@ -9,6 +9,7 @@ layout (the rewriter maps the accesses), so these ops need no layout conversion.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import tvm
@@ -80,8 +81,9 @@ class _RowStrategy(Strategy):
     target_kinds = ("llvm",)
     priority = 10
 
+    @abc.abstractmethod
     def kernel(self, call: Any, context: Any, lanes: int) -> RowKernel:
-        raise NotImplementedError
+        """The row kernel computing ``call`` with ``lanes``-wide vectors."""
 
     def implement(self, anchor, context) -> Any:
         kernel = self.kernel(anchor.value, context, context.target.vector_lanes("float32"))
