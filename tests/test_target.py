@@ -128,7 +128,7 @@ LLVM_BOARDS = {
 
 
 def test_known_boards():
-    assert set(hw.known_boards()) == {"bananapi-f3", "kirin990", "v100", "vta"}
+    assert set(hw.known_boards()) == {"bananapi-f3", "h100", "kirin990", "v100", "vta"}
     assert hw.board("host") is hw.host()
 
 

@@ -29,7 +29,6 @@ from alt_tvm.strategies.alt.cuda_tiling import (
     gpu_kernel_violations,
 )
 from alt_tvm.strategies.alt.space import ConvSpace
-from alt_tvm.strategies.base import PartitionContext, const_value
 from alt_tvm.target import board
 
 V100 = board("v100")
@@ -243,21 +242,10 @@ def test_schedule_refuses_parameters_that_do_not_divide_or_fit():
 
 def run_emulated(task, params, x):
     """Lower ``params`` with the GPU loop nest unbound (plain buffers) and run it here."""
-    context = PartitionContext(task.partition, task.target, "alt", {}, params=params,
-                               options={"cuda_cpu_emulation": True})
-    lowered = task.strategy.implement(task.partition.anchor, context)
-    rt = tvm.compile(tvm.IRModule({"main": lowered.func}), target=host_target())
-    dev = tvm.cpu()
-    args = []
-    for arg in lowered.args:
-        data = const_value(arg)
-        if data is None:  # the activation, converted first if the kernel wants another layout
-            data = context.conversions[arg].apply(x.numpy()) if arg in context.conversions else x.numpy()
-        args.append(tvm.runtime.tensor(np.ascontiguousarray(data, dtype=np.float32), dev))
-    out = tvm.runtime.tensor(np.zeros(lowered.output_shape, np.float32), dev)
-    rt["main"](*args, out)
-    y = out.numpy()
-    return lowered.output_layout.inverse_apply(y) if lowered.output_layout is not None else y
+    emulated = dataclasses.replace(task, options={"cuda_cpu_emulation": True})
+    lowered = emulated.lower(params)
+    kernel = tvm.compile(tvm.IRModule({"main": lowered.func}), target=host_target())["main"]
+    return lowered.run(kernel, [x.numpy()], tvm.cpu())
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -292,3 +280,48 @@ def test_the_tuner_only_spends_trials_on_points_the_board_can_run():
     result = Tuner(task.space, measure=measure, config=TuneConfig(trials=16, batch=32, top_k=4, seed=0)).run()
     assert len(result.trials) == len(seen) > 1
     assert all(task.space.check(t.layout, t.loop) is None for t in result.trials)
+
+
+# ------------------------------------------------------------------------- running a lowered point
+
+
+def test_lowered_run_refuses_wrong_activations():
+    _, x, task = case("conv3x3_s1")
+    lowered = dataclasses.replace(task, options={"cuda_cpu_emulation": True}).lower(None)
+    with pytest.raises(ValueError, match="takes 1 activation"):
+        lowered.run(lambda *args: None, [], tvm.cpu())
+    with pytest.raises(ValueError, match=r"has shape \(1, 16, 7, 7\), the kernel takes"):
+        lowered.run(lambda *args: None, [np.zeros((1, 16, 7, 7), np.float32)], tvm.cpu())
+
+
+def test_lowered_run_leaves_nan_where_the_kernel_writes_nothing():
+    _, x, task = case("conv1x1")
+    lowered = dataclasses.replace(task, options={"cuda_cpu_emulation": True}).lower(None)
+    out = lowered.run(lambda *args: None, [x.numpy()], tvm.cpu())  # a "kernel" that writes nothing
+    assert out.shape == (1, 64, 8, 8) and np.isnan(out).all()
+
+
+def test_isolated_measure_times_a_cuda_target_on_the_gpu():
+    import inspect
+
+    from alt_tvm.tuning.remote import isolated_measure
+
+    for target, device in ((V100, "cuda"), (board("kirin990"), "cpu")):
+        runner = inspect.getclosurevars(isolated_measure(target=target)).nonlocals["runner"]
+        assert runner.device == device, target.name
+
+
+def test_detect_cuda_says_why_without_a_gpu():
+    from alt_tvm.target import detect_cuda
+
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match=r"no CUDA device 0: tvm.cuda\(0\).exist is False"):
+        detect_cuda()
+
+
+def test_metaschedule_build_workers_must_be_positive():
+    from alt_tvm.graph.metaschedule import _builder_runner
+
+    with pytest.raises(ValueError, match="build_workers must be a positive int, got 0"):
+        _builder_runner(number=1, repeat=1, timeout_s=1.0, build_workers=0)

@@ -42,10 +42,15 @@ def _measure_with(builder: Builder, runner: Runner) -> MeasureFn:
 
 def isolated_measure(*, target: HardwareTarget, number: int = 10, repeat: int = 3,
                      timeout_s: float = 30.0) -> MeasureFn:
-    """Build in a process pool and time in a separate process on this machine."""
+    """Build in a process pool and time in a separate process on this machine (its GPU for a CUDA target)."""
+    gpu = _is_gpu(target)
     return _measure_with(LocalBuilder(target=target, timeout_s=timeout_s),
                          LocalRunner(number=number, repeat=repeat, timeout_s=timeout_s,
-                                     num_cores=target.num_cores))
+                                     device="cuda" if gpu else "cpu", num_cores=None if gpu else target.num_cores))
+
+
+def _is_gpu(target: HardwareTarget) -> bool:
+    return target.to_tvm().kind.name == "cuda"
 
 
 def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: HardwareTarget, number: int = 10,
@@ -57,10 +62,10 @@ def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: Hardw
     ConnectionError
         At once, if the tracker cannot be reached or no board with ``key`` is registered.
     """
+    gpu = _is_gpu(target)
     runner = RPCRunner(tracker_host=tracker_host, tracker_port=tracker_port, key=key, number=number,
-                       repeat=repeat, timeout_s=timeout_s,
-                       device="cuda" if target.to_tvm().kind.name == "cuda" else "cpu",
-                       threads=target.num_cores if target.to_tvm().kind.name != "cuda" else None)
+                       repeat=repeat, timeout_s=timeout_s, device="cuda" if gpu else "cpu",
+                       threads=None if gpu else target.num_cores)
     why = runner.check_tracker()
     if why is not None:
         raise ConnectionError(why)

@@ -9,6 +9,7 @@ what the build will run. This module knows strategies, not models.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,50 @@ class Lowered:
     func: tvm.tirx.PrimFunc
     arg_specs: list[tuple[tuple[int, ...], str]]  # inputs then the output
     constants: dict[int, np.ndarray] = field(default_factory=dict)  # argument index -> packed data
+    #: argument index -> layout an activation is converted to before the call
+    conversions: dict[int, Any] = field(default_factory=dict)
+    #: layout of the output (None: canonical)
+    output_layout: Any = None
+
+    def run(self, kernel: Any, activations: Sequence[np.ndarray], device: Any) -> np.ndarray:
+        """Call the compiled ``kernel`` on ``activations`` and return its output in canonical layout.
+
+        Parameters
+        ----------
+        kernel
+            The compiled function (e.g. ``tvm.compile(self.func, target)["main"]``).
+        activations
+            The non-constant inputs in argument order, in canonical layout; each is converted
+            to the layout the kernel reads, as the build converts it.
+        device
+            TVM device the kernel runs on (``tvm.cpu()``, ``tvm.cuda(0)``, a remote one).
+
+        Raises
+        ------
+        ValueError
+            If the number or a shape of ``activations`` differs from the partition's.
+        """
+        inputs = [i for i in range(len(self.arg_specs) - 1) if i not in self.constants]
+        if len(activations) != len(inputs):
+            raise ValueError(f"the kernel takes {len(inputs)} activation(s), got {len(activations)}")
+        args = []
+        fed = iter(activations)
+        for i, (shape, dtype) in enumerate(self.arg_specs[:-1]):
+            data = self.constants.get(i)
+            if data is None:
+                data = np.asarray(next(fed), dtype=dtype)
+                if i in self.conversions:
+                    data = self.conversions[i].apply(data)
+                if tuple(data.shape) != tuple(shape):
+                    raise ValueError(f"activation for argument {i} has shape {tuple(data.shape)}, "
+                                     f"the kernel takes {tuple(shape)}")
+            args.append(tvm.runtime.tensor(np.ascontiguousarray(data), device))
+        shape, dtype = self.arg_specs[-1]
+        poison = np.full(shape, np.nan, dtype) if "float" in dtype else np.zeros(shape, dtype)
+        out = tvm.runtime.tensor(poison, device)  # NaN where the kernel writes nothing
+        kernel(*args, out)
+        result = out.numpy()
+        return self.output_layout.inverse_apply(result) if self.output_layout is not None else result
 
 
 @dataclass
@@ -49,7 +94,7 @@ class Task:
         context = PartitionContext(self.partition, self.target, self.variant, {}, params=params,
                                    options=self.options)
         lowered = self.strategy.implement(self.partition.anchor, context)
-        specs, constants = [], {}
+        specs, constants, conversions = [], {}, {}
         for i, arg in enumerate(lowered.args):
             data = const_value(arg)
             if data is not None:
@@ -57,10 +102,11 @@ class Task:
                 constants[i] = data
             elif arg in context.conversions:
                 specs.append((context.conversions[arg].shape, dtype_of(arg)))
+                conversions[i] = context.conversions[arg]
             else:
                 specs.append((static_shape(arg), dtype_of(arg)))
         specs.append((lowered.output_shape, lowered.output_dtype))
-        return Lowered(lowered.func, specs, constants)
+        return Lowered(lowered.func, specs, constants, conversions, lowered.output_layout)
 
 
 def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int = 5, repeat: int = 3,

@@ -70,10 +70,12 @@ def _import_intrinsics() -> float:
     return time.perf_counter() - start
 
 
-def _builder_runner(*, number: int, repeat: int, timeout_s: float) -> tuple[Any, Any]:
+def _builder_runner(*, number: int, repeat: int, timeout_s: float, build_workers: int = 1) -> tuple[Any, Any]:
     from tvm.s_tir import meta_schedule as ms
 
-    builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=1, timeout_sec=timeout_s)
+    if isinstance(build_workers, bool) or not isinstance(build_workers, int) or build_workers < 1:
+        raise ValueError(f"build_workers must be a positive int, got {build_workers!r}")
+    builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=build_workers, timeout_sec=timeout_s)
     runner = ms.runner.LocalRunner(
         evaluator_config=ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=0,
                                                    enable_cpu_cache_flush=False),
@@ -83,8 +85,11 @@ def _builder_runner(*, number: int, repeat: int, timeout_s: float) -> tuple[Any,
 
 def tune_kernel(func: tvm.tirx.PrimFunc, *, target: tvm.target.Target, trials: int, seed: int = 0,
                 work_dir: str | os.PathLike[str] | None = None, per_iter: int = 16, number: int = 3,
-                repeat: int = 3, timeout_s: float = 60.0) -> MSResult:
+                repeat: int = 3, timeout_s: float = 60.0, build_workers: int = 1) -> MSResult:
     """Tune one TE/TIR kernel with MetaSchedule, ``trials`` measured candidates at most.
+
+    ``build_workers`` candidates are compiled at once (1 on a CPU target, where builds
+    would disturb the timings; a GPU target's runs do not share the host's cores).
 
     Returns
     -------
@@ -96,7 +101,7 @@ def tune_kernel(func: tvm.tirx.PrimFunc, *, target: tvm.target.Target, trials: i
 
     trials = _check_trials(trials)
     import_s = _import_intrinsics()
-    builder, runner = _builder_runner(number=number, repeat=repeat, timeout_s=timeout_s)
+    builder, runner = _builder_runner(number=number, repeat=repeat, timeout_s=timeout_s, build_workers=build_workers)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     with tempfile.TemporaryDirectory() as scratch:
         work = str(work_dir) if work_dir is not None else scratch
