@@ -7,18 +7,20 @@ cut short. Readers (:func:`load_records`, :func:`load_best`, :func:`best_params`
 skip such a line, and any other corrupt line or record of an unknown schema version, with
 a :class:`RecordWarning` that names the file and the line number.
 
-Line schema (version 2)::
+Line schema (version 3)::
 
-    {"schema_version": 2, "tvm_version": "0.27.0.post1",
+    {"schema_version": 3, "tvm_version": "0.27.0.post1",
      "target": "<the tvm.target.Target as its JSON string>",
      "workload_key": "<str>",
      "candidate": {"layout": {...}, "loop": {...}},   # opaque to this module
      "latencies_ms": [0.41, 0.40, ...],                # empty for an error
      "error": null | {"code": "BUILD_ERROR", "message": "..."},
      "build_s": 0.8, "run_s": 0.3, "timestamp": 1763760000.0,
-     "trial": 17, "seed": 0}
+     "trial": 17, "seed": 0, "board": "10.0.0.7:9090"}  # "" when measured here
 
-Version 2 changed only the workload keys (canonical attribute spelling, see
+Version 3 added ``board``: the RPC server (``host:port`` as the tracker gave it) that timed
+the candidate, so a fleet's work can be counted per board. Version-2 lines are read as
+version 3 with ``board`` empty. Version 2 changed only the workload keys (canonical attribute spelling, see
 :func:`alt_tvm.strategies.base.workload_key`): version-1 keys would not match any partition,
 so version-1 lines are skipped like any other schema.
 
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "RecordWarning",
     "RecordWriter",
@@ -69,8 +72,10 @@ __all__ = [
     "TunedLog",
 ]
 
-#: Version of the line schema written by this module; readers skip other versions.
-SCHEMA_VERSION = 2
+#: Version of the line schema written by this module; readers skip versions not in READABLE_VERSIONS.
+SCHEMA_VERSION = 3
+#: Versions the readers accept (a version-2 line has no ``board``).
+READABLE_VERSIONS = (2, 3)
 
 # Beyond this many warnings per file, the rest are summarised in one warning.
 _MAX_WARNINGS_PER_FILE = 20
@@ -88,7 +93,12 @@ _FIELDS = (
     "timestamp",
     "trial",
     "seed",
+    "board",
 )
+
+
+def _readable() -> str:
+    return " or ".join(str(v) for v in READABLE_VERSIONS)
 
 
 class RecordWarning(UserWarning):
@@ -210,9 +220,10 @@ class TuningRecord:
     tvm_version: str = field(default_factory=tvm_version)
     schema_version: int = SCHEMA_VERSION
     source: str = field(default="", compare=False)
+    board: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("workload_key", "target", "tvm_version", "error_msg"):
+        for name in ("workload_key", "target", "tvm_version", "error_msg", "board"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"TuningRecord.{name} must be a str, got {type(getattr(self, name)).__name__}")
         if not self.workload_key:
@@ -272,6 +283,7 @@ class TuningRecord:
             "timestamp": self.timestamp,
             "trial": self.trial,
             "seed": self.seed,
+            "board": self.board,
         }
 
     def to_json(self) -> str:
@@ -285,16 +297,18 @@ class TuningRecord:
         Raises
         ------
         ValueError
-            If a field is missing or unknown, or the schema version is not
-            :data:`SCHEMA_VERSION`.
+            If a field is missing or unknown, or the schema version is not one of
+            :data:`READABLE_VERSIONS`.
         TypeError
             If a field has the wrong type.
         """
         if not isinstance(obj, Mapping):
             raise TypeError(f"a record must be a JSON object, got {type(obj).__name__}")
         version = obj.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"schema version {version!r} is not supported (this alt-tvm reads {SCHEMA_VERSION})")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"schema version {version!r} is not supported (this alt-tvm reads {_readable()})")
+        if version == 2:
+            obj = {**obj, "board": ""}
         missing = [k for k in _FIELDS if k not in obj]
         unknown = sorted(set(obj) - set(_FIELDS))
         if missing or unknown:
@@ -315,8 +329,9 @@ class TuningRecord:
             trial=obj["trial"],
             seed=obj["seed"],
             tvm_version=obj["tvm_version"],
-            schema_version=version,
+            schema_version=SCHEMA_VERSION,
             source=source,
+            board=obj["board"],
         )
 
     @classmethod
@@ -460,7 +475,7 @@ def iter_records(path: str | os.PathLike[str], *, workload_key: str | None = Non
     RecordWarning
         For each skipped line (``"<path>:<line>: ..."``): invalid UTF-8 or JSON (e.g. a
         line cut short by a crash), a record that fails validation, or a schema version
-        other than :data:`SCHEMA_VERSION`. Blank lines are skipped silently.
+        not in :data:`READABLE_VERSIONS`. Blank lines are skipped silently.
 
     Raises
     ------
@@ -501,8 +516,8 @@ def _scan(path: str | os.PathLike[str]) -> Iterator[tuple[int, TuningRecord | No
                 if not isinstance(obj, dict):
                     raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
                 version = obj.get("schema_version")
-                if version != SCHEMA_VERSION:
-                    yield lineno, None, f"schema version {version!r} (this alt-tvm reads version {SCHEMA_VERSION})"
+                if version not in READABLE_VERSIONS:
+                    yield lineno, None, f"schema version {version!r} (this alt-tvm reads version {_readable()})"
                     continue
                 record = TuningRecord.from_dict(obj, source=f"{path}:{lineno}")
             except (UnicodeDecodeError, ValueError, TypeError) as err:

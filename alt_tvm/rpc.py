@@ -7,11 +7,13 @@ per session), so both fail the same way when a tracker or board cannot be reache
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["call_with_timeout", "format_exception", "parse_address", "tracker_problem"]
+__all__ = ["call_with_timeout", "count_servers", "format_exception", "parse_address", "request_session",
+           "tracker_problem"]
 
 
 def parse_address(text: Any, *, what: str = "tracker") -> tuple[str, int]:
@@ -85,3 +87,57 @@ def tracker_problem(host: str, port: int, key: str, *, timeout_s: float = 5.0) -
     if key not in keys:
         return f"no RPC server with key {key!r} is registered at tracker {address} (registered keys: {sorted(keys)})"
     return None
+
+
+def _server_keys(summary: dict) -> list[str]:
+    """The key of every server registered in a tracker summary (``"server:kirin"`` -> ``"kirin"``)."""
+    return [str(s.get("key", "")).split(":", 1)[-1] for s in summary.get("server_info", [])]
+
+
+def count_servers(host: str, port: int, key: str, *, timeout_s: float = 5.0) -> int:
+    """How many RPC servers with ``key`` the tracker at ``host:port`` holds, free or busy.
+
+    Raises
+    ------
+    ConnectionError
+        If the tracker does not answer within ``timeout_s``.
+    """
+    outcome = call_with_timeout(lambda: _summary(host, port), timeout_s)
+    if outcome[0] != "ok":
+        why = format_exception(outcome[1]) if outcome[0] == "error" else f"no answer within {timeout_s:g} s"
+        raise ConnectionError(f"tracker {host}:{port} did not answer a summary request: {why}")
+    return sum(k == key for k in _server_keys(outcome[1]))
+
+
+def request_session(host: str, port: int, key: str, *, session_timeout: float = 0.0,
+                    priority: int = 1) -> tuple[Any, str]:
+    """A session on a free server with ``key``, and that server's ``host:port`` as the tracker gave it.
+
+    TVM's ``TrackerSession.request`` does the same but does not say which server it
+    connected to; a fleet's measurements are counted per server, so this asks the tracker
+    itself (one request, no retry: the caller's time limit governs).
+
+    Raises
+    ------
+    RuntimeError
+        If the tracker refuses the request.
+    OSError
+        If the tracker or the server cannot be reached.
+    """
+    import tvm
+    from tvm.rpc import base
+
+    sock = socket.create_connection((host, port))
+    try:
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        magic = struct.unpack("<i", base.recvall(sock, 4))[0]
+        if magic != base.RPC_TRACKER_MAGIC:
+            raise RuntimeError(f"{host}:{port} is not an RPC tracker")
+        base.sendjson(sock, [base.TrackerCode.REQUEST, key, "", priority])
+        value = base.recvjson(sock)
+    finally:
+        sock.close()
+    if value[0] != base.TrackerCode.SUCCESS:
+        raise RuntimeError(f"tracker {host}:{port} refused a session for key {key!r}: {value!r}")
+    url, server_port, match_key = value[1]
+    return tvm.rpc.connect(url, server_port, match_key, session_timeout), f"{url}:{server_port}"

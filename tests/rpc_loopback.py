@@ -43,6 +43,8 @@ class Loopback:
     key: str
     tracker: subprocess.Popen
     servers: list[subprocess.Popen] = field(default_factory=list)
+    #: each server's ``host:port``, as the tracker hands it out (a record's ``board``)
+    boards: list[str] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -67,6 +69,7 @@ def start_loopback(*, servers: int = 1, wait_s: float = 90.0, server_threads: in
     try:
         for _ in range(servers):
             server_port = free_port()
+            loop.boards.append(f"127.0.0.1:{server_port}")
             loop.servers.append(_start(["tvm.exec.rpc_server", "--tracker", loop.address, "--key", key,
                                         "--host", "127.0.0.1", "--port", str(server_port), "--port-end",
                                         str(server_port + 1), "--silent"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -90,7 +91,7 @@ def test_unknown_schema_version_is_skipped_with_a_warning(tmp_path):
     log = tmp_path / "log.jsonl"
     future = _record(5).to_dict() | {"schema_version": 99}
     log.write_text(json.dumps(future) + "\n" + _record(6).to_json() + "\n")
-    expected = rf"{log}:1: skipped schema version 99 \(this alt-tvm reads version {SCHEMA_VERSION}\)"
+    expected = rf"{log}:1: skipped schema version 99 \(this alt-tvm reads version 2 or {SCHEMA_VERSION}\)"
     with pytest.warns(RecordWarning, match=expected):
         records = load_records(log)
     assert [r.trial for r in records] == [6]
@@ -223,3 +224,17 @@ def test_closed_writer_and_bad_record_are_rejected(tmp_path):
     writer.close()  # idempotent
     with pytest.raises(ValueError, match="is closed"):
         writer.write(_record(0))
+
+
+def test_version_2_lines_are_read_without_a_board_and_new_lines_carry_it(tmp_path):
+    log = tmp_path / "log.jsonl"
+    old = _record(1).to_dict()
+    del old["board"]
+    old["schema_version"] = 2
+    new = dataclasses.replace(_record(2), board="10.0.0.7:9090")
+    log.write_text(json.dumps(old) + "\n" + new.to_json() + "\n")
+    first, second = load_records(log)
+    assert (first.board, second.board) == ("", "10.0.0.7:9090")
+    assert json.loads(new.to_json())["schema_version"] == SCHEMA_VERSION == 3
+    with pytest.raises(ValueError, match="unknown"):
+        TuningRecord.from_dict(old | {"schema_version": 2, "extra": 1})

@@ -10,6 +10,7 @@ same run, and again by a resumed run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
@@ -151,19 +152,28 @@ def _trial_record(workload_key: str, target_json: str, trial: Trial, latency: fl
     ok = error_code is None
     return TuningRecord(workload_key=workload_key, target=target_json, candidate=candidate,
                         latencies_ms=(latency,) if ok else (), error_code=error_code,
-                        error_msg="" if ok else error, trial=trial.index, seed=seed)
+                        error_msg="" if ok else error, trial=trial.index, seed=seed, board=trial.board,
+                        build_s=trial.build_s, run_s=trial.run_s)
 
 
-def _measure_once(measure: MeasureFn, task: Task, params: dict[str, Any]) -> tuple[float, str | None, str]:
-    """(latency, error code name or None, error message) of one measurement."""
+def _measure_once(measure: MeasureFn, task: Task, trial: Trial) -> tuple[Trial, float, str | None, str]:
+    """One more measurement of ``trial``'s candidate: (the trial as measured, latency, error code or None, message).
+
+    A batched measure reports where and how long it measured; the returned trial carries that.
+    """
+    batched = getattr(measure, "measure_batch", None)
+    if batched is not None:
+        ((_, outcome),) = list(batched(task, [trial.params]))
+        where = dataclasses.replace(trial, board=outcome.board, build_s=outcome.build_s, run_s=outcome.run_s)
+        return where, outcome.latency_ms, outcome.error_code, outcome.error_msg
     try:
-        latency = float(measure(task, params))
+        latency = float(measure(task, trial.params))
     except Exception as err:  # noqa: BLE001 - a failing candidate is data, not a crash of the run
         code, message = classify_exception(err)
-        return math.inf, code.name, message
+        return trial, math.inf, code.name, message
     if not math.isfinite(latency):
-        return math.inf, "RUN_ERROR", f"the measure function returned {latency}"
-    return latency, None, ""
+        return trial, math.inf, "RUN_ERROR", f"the measure function returned {latency}"
+    return trial, latency, None, ""
 
 
 def _transient(record: TuningRecord) -> bool:
@@ -221,8 +231,8 @@ def _revalidate(task: Task, trials: Sequence[Trial], *, count: int, rounds: int,
                 if not todo[key]:
                     continue
                 todo[key] -= 1
-                latency, code, message = _measure_once(measure, task, fastest[key].params)
-                if not _transient(write(fastest[key], latency, code, message)):
+                measured, latency, code, message = _measure_once(measure, task, fastest[key])
+                if not _transient(write(measured, latency, code, message)):
                     missing[key] -= 1
                     samples[key].append(latency)
     medians = [float(np.median(v)) for v in samples.values()]
@@ -258,7 +268,9 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
         ``measure(task, params) -> ms``; default: build and time in this process. A
         failure raises (``RuntimeError("<ErrorCode name>: ...")`` gives its code; an
         ``OSError`` is transient, see :func:`~alt_tvm.tuning.measure.classify_exception`)
-        or returns ``inf``.
+        or returns ``inf``. A measure with a ``measure_batch`` method
+        (:class:`~alt_tvm.tuning.fleet.PipelinedMeasure`) gets each loop round's ``top_k``
+        candidates as one batch, built and run in parallel, each logged as it finishes.
     cost_model
         ``"xgb"`` (XGBoost on the candidates' parameters), None, or an object with
         ``update`` and ``predict``.
@@ -305,6 +317,7 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
     revalidate, revalidate_rounds = int(revalidate), int(revalidate_rounds)
     budgets = split_budget(tasks, trials)
     measure = measure or (lambda task, params: measure_in_process(task, params))
+    batched = getattr(measure, "measure_batch", None)
     previous = list(iter_records(log)) if resume and os.path.exists(log) else []
     summaries, curves = [], []
     with RecordWriter(log) as writer:
@@ -328,6 +341,9 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
             def on_trial(trial: Trial, bar: Any = bar, best_so_far: list = best_so_far, known: dict = known,
                          write: Callable = write) -> None:
                 if point_key(trial.layout, trial.loop) not in known:  # else already in the log
+                    for lost in trial.retried:  # a board lost while measuring it: logged as the transient failure
+                        write(dataclasses.replace(trial, board=lost.board, build_s=lost.build_s, run_s=lost.run_s),
+                              math.inf, lost.error_code, lost.error_msg)
                     write(trial, trial.latency_ms, trial.error_code, trial.error or "")
                 best_so_far[0] = min(best_so_far[0], trial.latency_ms)
                 bar.update(1)
@@ -339,12 +355,14 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
                                 batch=batch, top_k=min(top_k, search, batch))
             model_ = _cost_model(cost_model, seed + index)
             featurize = tir_featurizer(task) if features == "tir" and model_ is not None else None
+            batch_fn = None if batched is None else lambda ps, task=task, b=batched: b(task, ps)
             result = Tuner(task.space, measure=lambda p, task=task: measure(task, p), config=config,
-                           cost_model=model_, known=known, on_trial=on_trial, featurize=featurize).run()
+                           cost_model=model_, known=known, on_trial=on_trial, featurize=featurize,
+                           measure_batch=batch_fn).run()
             points = [point_key(t.layout, t.loop) for t in result.trials]
             for trial, key in zip(result.trials, points):  # transient failures: once more
                 if _transient(_outcome(history.search[key])):
-                    write(trial, *_measure_once(measure, task, trial.params))
+                    write(*_measure_once(measure, task, trial))
             for trial, key in zip(result.trials, points):  # each point as all its records say
                 outcome = _outcome(history.search[key])
                 trial.latency_ms = outcome.median_ms

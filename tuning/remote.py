@@ -3,9 +3,10 @@
 :func:`isolated_measure` builds in worker processes and runs in another one (a crashing
 candidate cannot take the tuner down); :func:`rpc_measure` builds here — cross-compiled
 for a board described in :mod:`alt_tvm.target` — and times on the board through TVM's
-RPC tracker. Both return ``measure(task, params) -> latency_ms`` for
-:func:`alt_tvm.tuning.driver.tune`; a failed candidate raises ``RuntimeError`` whose
-message starts with its :class:`~alt_tvm.tuning.measure.ErrorCode` name.
+RPC tracker, a batch at a time on every board the tracker holds. Both return
+``measure(task, params) -> latency_ms`` for :func:`alt_tvm.tuning.driver.tune_tasks`; a
+failed candidate raises ``RuntimeError`` whose message starts with its
+:class:`~alt_tvm.tuning.measure.ErrorCode` name.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Any
 
 import tvm
 
-from alt_tvm.target import HardwareTarget
+from alt_tvm.rpc import count_servers, tracker_problem
+from alt_tvm.target import HardwareTarget, process_cores
 
+from .fleet import PipelinedMeasure
 from .measure import Builder, LocalBuilder, LocalRunner, MeasureInput, RPCRunner, Runner, measure
 from .task import Task
 
@@ -54,8 +57,14 @@ def _is_gpu(target: HardwareTarget) -> bool:
 
 
 def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: HardwareTarget, number: int = 10,
-                repeat: int = 3, timeout_s: float = 30.0) -> MeasureFn:
-    """Cross-build for ``target`` and time on the board registered as ``key`` with the tracker.
+                repeat: int = 3, timeout_s: float = 30.0, build_workers: int | None = None,
+                boards: int | None = None) -> PipelinedMeasure:
+    """Cross-build for ``target`` and time on the boards registered as ``key`` with the tracker.
+
+    Batches of candidates are built ``build_workers`` at a time (default: this machine's
+    cores) and run on ``boards`` boards at once (default: every server the tracker holds for
+    ``key`` now), each run started as soon as its build is done
+    (:class:`~alt_tvm.tuning.fleet.PipelinedMeasure`).
 
     Raises
     ------
@@ -63,10 +72,14 @@ def rpc_measure(*, tracker_host: str, tracker_port: int, key: str, target: Hardw
         At once, if the tracker cannot be reached or no board with ``key`` is registered.
     """
     gpu = _is_gpu(target)
-    runner = RPCRunner(tracker_host=tracker_host, tracker_port=tracker_port, key=key, number=number,
-                       repeat=repeat, timeout_s=timeout_s, device="cuda" if gpu else "cpu",
-                       threads=None if gpu else target.num_cores)
-    why = runner.check_tracker()
+    why = tracker_problem(tracker_host, tracker_port, key)
     if why is not None:
         raise ConnectionError(why)
-    return _measure_with(LocalBuilder(target=target, timeout_s=timeout_s), runner)
+    if boards is None:
+        boards = max(1, count_servers(tracker_host, tracker_port, key))
+    build_workers = build_workers or process_cores()
+    runner = RPCRunner(tracker_host=tracker_host, tracker_port=tracker_port, key=key, number=number,
+                       repeat=repeat, timeout_s=timeout_s, device="cuda" if gpu else "cpu",
+                       threads=None if gpu else target.num_cores, n_parallel=boards)
+    builder = LocalBuilder(target=target, timeout_s=timeout_s, n_parallel=build_workers)
+    return PipelinedMeasure(builder=builder, runner=runner, build_workers=build_workers, boards=boards)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,12 @@ class Trial:
     error: str | None = None
     stage: str = "joint"
     error_code: str | None = None
+    #: where and how long it was measured, when the measure function says (a batch measure does)
+    board: str = ""
+    build_s: float = 0.0
+    run_s: float = 0.0
+    #: transient failures measured again before this result (:class:`alt_tvm.tuning.fleet.Attempt`)
+    retried: tuple = ()
 
 
 @dataclass
@@ -137,14 +143,20 @@ class Tuner:
     known
         Latencies already measured (``point_key -> ms``, from a log being resumed):
         those points are not measured again but count toward the budget.
+    measure_batch
+        ``measure_batch(list of params) -> iterator of (index, Outcome)`` (see
+        :class:`alt_tvm.tuning.fleet.PipelinedMeasure`): a loop round's top-k candidates are
+        then measured as one batch, each recorded as its result arrives; None: one at a
+        time with ``measure``.
     """
 
     def __init__(self, space: Space, *, measure: MeasureFn, config: TuneConfig = TuneConfig(),
                  cost_model: Any = None, featurize: Callable[[dict[str, Any]], np.ndarray] | None = None,
                  on_trial: Callable[[Trial], None] | None = None, known: dict[str, float] | None = None,
-                 ppo: PPOConfig | None = None) -> None:
+                 ppo: PPOConfig | None = None, measure_batch: Callable[[list], Iterator] | None = None) -> None:
         self.space = space
         self.measure_fn = measure
+        self.measure_batch = measure_batch
         self.config = config
         self.cost_model = cost_model
         self.featurize = featurize or self._knob_features
@@ -186,8 +198,11 @@ class Tuner:
         key = point_key(layout, loop)
         if key in self.measured:
             return self.measured[key]
+        if self.measure_batch is not None and key not in self.known:
+            return self._measure_all([(layout, loop)], stage)[0]  # a batch of one: it reports its board
         params = self.space.params(layout, loop)
         error = code = None
+        latency = math.inf
         if key in self.known:
             latency = self.known[key]
             if not math.isfinite(latency):
@@ -200,17 +215,48 @@ class Tuner:
             except Exception as err:  # a failing candidate is data, not a crash of the tuner
                 failure, error = classify_exception(err)
                 code = failure.name
-        if error is not None:
-            latency = math.inf  # NaN too: failures sort last
-        self.measured[key] = latency
-        trial = Trial(self.used, dict(layout), dict(loop), params, latency, error, stage, code)
+        return self._record(Trial(self.used, dict(layout), dict(loop), params, latency, error, stage, code))
+
+    def _measure_all(self, points: list[tuple[dict[str, Any], dict[str, Any]]], stage: str) -> list[float]:
+        """Latencies of ``points``; the new ones as one batch when the tuner has ``measure_batch``."""
+        latencies: list[float | None] = [None] * len(points)
+        todo = []
+        for i, (layout, loop) in enumerate(points):
+            key = point_key(layout, loop)
+            if self.measure_batch is None or key in self.measured or key in self.known:
+                latencies[i] = self._measure(layout, loop, stage)
+            else:
+                todo.append(i)
+        if todo:
+            params = [self.space.params(*points[i]) for i in todo]
+            for j, outcome in self.measure_batch(params):
+                layout, loop = points[todo[j]]
+                latencies[todo[j]] = self._record(Trial(
+                    self.used, dict(layout), dict(loop), params[j], outcome.latency_ms, outcome.error_msg or None,
+                    stage, outcome.error_code, outcome.board, outcome.build_s, outcome.run_s, outcome.retried),
+                    train=False)
+            self._train()  # once per batch: the next batch is ranked with all of this one
+        return latencies  # type: ignore[return-value]
+
+    def _train(self) -> None:
+        if self.cost_model is not None and self._latencies:
+            self.cost_model.update(np.stack(self._features), np.asarray(self._latencies))
+
+    def _record(self, trial: Trial, *, train: bool = True) -> float:
+        """Book a measured trial: history, cost model (unless ``train`` is False), ``on_trial``; its latency."""
+        if trial.error_code is not None or not math.isfinite(trial.latency_ms):
+            trial.latency_ms = math.inf  # NaN too: failures sort last
+            trial.error_code = trial.error_code or ErrorCode.RUN_ERROR.name
+            trial.error = trial.error or "no latency"
+        latency, params = trial.latency_ms, trial.params
+        self.measured[point_key(trial.layout, trial.loop)] = latency
         self.result.trials.append(trial)
         if self.upper is None and math.isfinite(latency):
             self.upper = 2.0 * latency
         self._features.append(self.featurize(params))
         self._latencies.append(latency)
-        if self.cost_model is not None:
-            self.cost_model.update(np.stack(self._features), np.asarray(self._latencies))
+        if train:
+            self._train()
         if self.on_trial is not None:
             self.on_trial(trial)
         return latency
@@ -242,8 +288,8 @@ class Tuner:
         chosen = [fresh[i] for i in order[: min(self.config.top_k, budget)]]
         states, actions, old, rewards = [], [], [], []
         best_loop, best = start, self.measured.get(point_key(layout, start), math.inf)
-        for loop, pick, logp in chosen:
-            latency = self._measure(layout, loop, stage)
+        latencies = self._measure_all([(layout, loop) for loop, _, _ in chosen], stage)
+        for (loop, pick, logp), latency in zip(chosen, latencies):
             if latency < best:
                 best_loop, best = loop, latency
             if pick is not None:

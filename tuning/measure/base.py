@@ -294,6 +294,9 @@ class MeasureResult:
     error_msg : str
     build_s, run_s : float
         Seconds spent building and running (wall clock).
+    board : str
+        The RPC server that ran it (``host:port`` as the tracker gave it); "" for a local
+        run, or a failure before a server was assigned.
     """
 
     latencies_ms: tuple[float, ...] = ()
@@ -301,6 +304,7 @@ class MeasureResult:
     error_msg: str = ""
     build_s: float = 0.0
     run_s: float = 0.0
+    board: str = ""
 
     @property
     def ok(self) -> bool:
@@ -330,6 +334,7 @@ class MeasureResult:
             run_s=self.run_s,
             trial=trial,
             seed=seed,
+            board=self.board,
         )
 
 

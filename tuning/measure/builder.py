@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -98,6 +99,7 @@ class LocalBuilder(Builder):
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._target_json = str(self.target)
         self._pool: _WorkerPool | None = None
+        self._pool_lock = threading.Lock()
         self._closed = False
 
     def build(self, inputs: Sequence[MeasureInput]) -> list[BuildResult]:
@@ -109,8 +111,9 @@ class LocalBuilder(Builder):
                 raise TypeError(f"inputs must be MeasureInput, got {type(item).__name__}")
         if not inputs:
             return []
-        if self._pool is None:
-            self._pool = _WorkerPool(self.n_parallel)
+        with self._pool_lock:  # batches may come from several threads (a pipelined measure)
+            if self._pool is None:
+                self._pool = _WorkerPool(self.n_parallel)
         tasks = []
         for item in inputs:
             out_dir = self.work_dir / uuid.uuid4().hex

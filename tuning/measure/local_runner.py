@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -139,6 +140,7 @@ class LocalRunner(Runner):
         self.cache_flush, self.num_cores = cache_flush, num_cores
         self.timeout_s, self.n_parallel, self.device, self.seed = float(timeout_s), n_parallel, device, seed
         self._pool: _WorkerPool | None = None
+        self._pool_lock = threading.Lock()
         self._threads: int | None = None
         self._closed = False
 
@@ -169,8 +171,9 @@ class LocalRunner(Runner):
             tasks.append((builds[i].artifact_path, inputs[i].func_name, specs, self.device, self.timing, self.seed,
                           self.threads))
         if tasks:
-            if self._pool is None:
-                self._pool = _WorkerPool(self.n_parallel)
+            with self._pool_lock:  # batches may come from several threads (a pipelined measure)
+                if self._pool is None:
+                    self._pool = _WorkerPool(self.n_parallel)
             outcomes = self._pool.map(_run_task, tasks, timeout_s=self.timeout_s)
             for i, (status, value, seconds) in zip(todo, outcomes):
                 results[i] = _run_result(status, value, seconds, builds[i].build_s, self.timeout_s)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tvm
 
-from alt_tvm.rpc import call_with_timeout, tracker_problem
+from alt_tvm.rpc import call_with_timeout, request_session, tracker_problem
 from alt_tvm.timing import CACHE_FLUSH_FUNC, TimingPolicy, check_cache_flush
 from alt_tvm.toolchain import elf_machine
 
@@ -159,12 +159,11 @@ class RPCRunner(Runner):
         self._warn_if_not_flushed(build.artifact_path)
         phase = ["requesting a session"]  # updated by the worker thread, read on timeout
 
+        board = [""]  # the server the tracker assigned, once it has
+
         def task() -> list[float]:
-            tracker = tvm.rpc.connect_tracker(self.tracker_host, self.tracker_port)
-            try:
-                remote = tracker.request(self.key, priority=1, session_timeout=self.session_timeout_s, max_retry=1)
-            finally:
-                tracker.close()
+            remote, board[0] = request_session(self.tracker_host, self.tracker_port, self.key,
+                                               session_timeout=self.session_timeout_s)
             dev = remote.cuda(0) if self.device == "cuda" else remote.cpu(0)
             if self.threads is not None and self.device == "cpu" and not self._checked_threads:
                 self._checked_threads = True
@@ -196,19 +195,24 @@ class RPCRunner(Runner):
         outcome = call_with_timeout(task, self.timeout_s)
         seconds = time.perf_counter() - started
         if outcome[0] == "ok":
-            return MeasureResult(latencies_ms=tuple(outcome[1]), build_s=build.build_s, run_s=seconds)
+            return MeasureResult(latencies_ms=tuple(outcome[1]), build_s=build.build_s, run_s=seconds,
+                                 board=board[0])
         if outcome[0] == "timeout":
             if phase[0] == "requesting a session":
                 code, msg = ErrorCode.RPC_ERROR, f"no free server with key {self.key!r} within {self.timeout_s:g} s"
             else:
                 code, msg = ErrorCode.RUN_TIMEOUT, f"{phase[0]} exceeded the {self.timeout_s:g} s limit"
             return MeasureResult(error_code=code, error_msg=REMOTE_PREFIX + msg, build_s=build.build_s,
-                                 run_s=seconds)
+                                 run_s=seconds, board=board[0])
         machinery = ("requesting a session", "asking the server's thread count", "checking the cache flush",
                      "uploading")
-        code = ErrorCode.RPC_ERROR if phase[0] in machinery else ErrorCode.RUN_ERROR
+        # A lost connection while loading or running is the board's failure (it died or the
+        # network did), so the candidate is measured again elsewhere; a kernel that crashes
+        # its server looks the same, and the retry limits bound what it costs.
+        lost = isinstance(outcome[1], OSError | tvm.error.RPCError)
+        code = ErrorCode.RPC_ERROR if phase[0] in machinery or lost else ErrorCode.RUN_ERROR
         return MeasureResult(error_code=code, error_msg=f"{REMOTE_PREFIX}{phase[0]}: {_format_exception(outcome[1])}",
-                             build_s=build.build_s, run_s=seconds)
+                             build_s=build.build_s, run_s=seconds, board=board[0])
 
     def _warn_if_not_flushed(self, artifact_path: str | None) -> None:
         # TVM's builtin silently does nothing on other CPUs: say so (once) rather than
