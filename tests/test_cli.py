@@ -44,6 +44,10 @@ def _one_line_error(capsys, argv):
     (["--trials", "8", "--revalidate", "-1"], "--revalidate must be >= 0, got -1"),
     (["--trials", "8", "--seed", "-1"], "--seed must be >= 0, got -1"),
     (["--trials", "8", "--tracker", "127.0.0.1:9190"], "--tracker and --key go together"),
+    (["--trials", "8", "--in-flight", "0"], "--in-flight must be >= 1, got 0"),
+    (["--trials", "8", "--build-workers", "4"], "--build-workers needs --tracker"),
+    (["--trials", "8", "--tracker", "h:1", "--key", "k", "--boards", "0"], "--boards must be >= 1, got 0"),
+    (["--trials", "8", "--scheduler", "fifo"], "argument --scheduler: invalid choice: 'fifo'"),
     (["--trials", "8", "--tracker", "nohost", "--key", "rasp"], "--tracker must be host:port"),
     (["--trials", "8", "--target", "no_such_board"], "--target: unknown board 'no_such_board'; choose from"),
     (["--trials", "8"], "neither a file nor a reference model"),  # the model below is replaced

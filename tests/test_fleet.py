@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
+import re
 import time
 
 import pytest
 import torch
 
 from alt_tvm.integration import extract_tasks
-from alt_tvm.records import load_records
+from alt_tvm.records import candidate_key, load_records
 from alt_tvm.rpc import count_servers
 from alt_tvm.tuning.driver import tune_tasks
 from alt_tvm.tuning.fleet import Attempt, PipelinedMeasure
-from alt_tvm.tuning.measure import Builder, BuildResult, ErrorCode, MeasureResult, Runner
+from alt_tvm.tuning.measure.simulated import SleepBuilder, SleepRunner
 
 
 @functools.cache
@@ -28,51 +28,6 @@ def small_task():
     model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU()).eval()
     (task,) = extract_tasks(model, example_inputs=(torch.randn(1, 8, 12, 12),))
     return task
-
-
-class SleepBuilder(Builder):
-    """Builds nothing: sleeps ``seconds`` per candidate and counts how many build at once."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.active, self.most = seconds, 0, 0
-        self.lock = threading.Lock()
-
-    def build(self, inputs):
-        with self.lock:
-            self.active += 1
-            self.most = max(self.most, self.active)
-        time.sleep(self.seconds)
-        with self.lock:
-            self.active -= 1
-        return [BuildResult("/nonexistent.so", build_s=self.seconds) for _ in inputs]
-
-
-class SleepRunner(Runner):
-    """``boards`` simulated boards: each run sleeps ``seconds`` on the first free one.
-
-    ``lose`` lists the run numbers (0-based, in start order) whose board is lost mid-run.
-    """
-
-    def __init__(self, boards: int, seconds: float, lose: tuple[int, ...] = ()) -> None:
-        self.free = list(range(boards))
-        self.seconds, self.lose, self.started = seconds, set(lose), 0
-        self.lock = threading.Condition()
-
-    def run(self, inputs, builds):
-        with self.lock:
-            while not self.free:
-                self.lock.wait()
-            board, number = self.free.pop(0), self.started
-            self.started += 1
-        time.sleep(self.seconds)
-        with self.lock:
-            self.free.append(board)
-            self.lock.notify()
-        name = f"sim:{board}"
-        if number in self.lose:
-            return [MeasureResult(error_code=ErrorCode.RPC_ERROR, error_msg="remote: connection lost", board=name)]
-        latency = 1.0 + len(repr(inputs[0].candidate["params"])) % 7 / 10
-        return [MeasureResult(latencies_ms=(latency,), board=name, build_s=builds[0].build_s, run_s=self.seconds)]
 
 
 def points(task, count):
@@ -92,7 +47,7 @@ def points(task, count):
 
 def test_a_batch_builds_in_parallel_runs_on_every_board_and_streams_each_result_once():
     task = small_task()
-    builder, runner = SleepBuilder(0.2), SleepRunner(boards=3, seconds=0.3)
+    builder, runner = SleepBuilder(0.2), SleepRunner(boards=3, run_s=0.3)
     with PipelinedMeasure(builder=builder, runner=runner, build_workers=3, boards=3) as measure:
         start = time.perf_counter()
         seen = [(i, time.perf_counter() - start) for i, _ in measure.measure_batch(task, points(task, 6))]
@@ -107,7 +62,7 @@ def test_a_batch_builds_in_parallel_runs_on_every_board_and_streams_each_result_
 
 def test_a_lost_board_costs_only_its_candidate_which_is_measured_again_elsewhere():
     task = small_task()
-    runner = SleepRunner(boards=3, seconds=0.05, lose=(1,))
+    runner = SleepRunner(boards=3, run_s=0.05, lose=(1,))
     with PipelinedMeasure(builder=SleepBuilder(0.01), runner=runner, build_workers=2, boards=3) as measure:
         outcomes = dict(measure.measure_batch(task, points(task, 6)))
     assert all(o.ok for o in outcomes.values())
@@ -120,7 +75,7 @@ def test_a_lost_board_costs_only_its_candidate_which_is_measured_again_elsewhere
 
 def test_a_board_lost_twice_gives_a_transient_failure_and_no_more_retries():
     task = small_task()
-    runner = SleepRunner(boards=1, seconds=0.01, lose=(0, 1))
+    runner = SleepRunner(boards=1, run_s=0.01, lose=(0, 1))
     with PipelinedMeasure(builder=SleepBuilder(0.0), runner=runner, retries=1) as measure:
         ((_, outcome),) = list(measure.measure_batch(task, points(task, 1)))
         assert outcome.error_code == "RPC_ERROR" and len(outcome.retried) == 1
@@ -155,7 +110,7 @@ def test_the_tuner_measures_each_round_as_one_batch_and_logs_boards_and_lost_att
             batches.append(len(batch))
             yield from super().measure_batch(task, batch)
 
-    runner = SleepRunner(boards=3, seconds=0.01, lose=(4,))
+    runner = SleepRunner(boards=3, run_s=0.01, lose=(4,))
     with Spy(builder=SleepBuilder(0.0), runner=runner, build_workers=2, boards=3) as measure:
         (summary,) = tune_tasks([task], trials=20, log=log, measure=measure, progress=False, top_k=6,
                                 batch=32, revalidate=0, features="knobs", cost_model=None)
@@ -167,6 +122,45 @@ def test_the_tuner_measures_each_round_as_one_batch_and_logs_boards_and_lost_att
     assert {r.board for r in final} == {"sim:0", "sim:1", "sim:2"}
     # the lost attempt and the final measurement are of the same candidate
     assert any(r.candidate == lost[0].candidate for r in final)
+
+
+def test_a_batch_interrupted_half_way_resumes_with_the_other_half(tmp_path):
+    task = small_task()
+    log = tmp_path / "half.jsonl"
+    options = dict(trials=20, log=log, progress=False, top_k=6, batch=32, revalidate=0, features="knobs",
+                   cost_model=None)
+
+    class Interrupted(PipelinedMeasure):
+        """The second batch of six is interrupted after three results."""
+
+        batches = 0
+
+        def measure_batch(self, task, batch):
+            if len(batch) == 6:
+                Interrupted.batches += 1
+            for n, item in enumerate(super().measure_batch(task, batch)):
+                if Interrupted.batches == 2 and n == 3:
+                    raise KeyboardInterrupt
+                yield item
+
+    with Interrupted(builder=SleepBuilder(0.0), runner=SleepRunner(3, 0.01), build_workers=2, boards=3) as measure:
+        with pytest.raises(KeyboardInterrupt):
+            tune_tasks([task], measure=measure, **options)
+    before = load_records(log)
+    assert len(before) == 1 + 5 + 6 + 3  # default, first layout (its start point + 4), a batch, half a batch
+    asked = []
+
+    class Counting(PipelinedMeasure):
+        def measure_batch(self, task, batch):
+            asked.extend(batch)
+            yield from super().measure_batch(task, batch)
+
+    with Counting(builder=SleepBuilder(0.0), runner=SleepRunner(3, 0.01), build_workers=2, boards=3) as measure:
+        (summary,) = tune_tasks([task], measure=measure, resume=True, **options)
+    after = load_records(log)
+    assert summary.trials == len(after) == 20
+    assert len(asked) == 20 - len(before)  # only what the log did not hold
+    assert len({candidate_key(r.candidate) for r in after}) == 20  # nothing measured twice
 
 
 # ------------------------------------------------------------------------------ loopback
@@ -233,3 +227,33 @@ def test_three_boards_behind_one_tracker_each_run_candidates_and_a_killed_one_co
     assert all(r.error_code == "RPC_ERROR" and r.board in (dead, "") for r in lost)
     assert not [r for r in final if r.board == dead and r.timestamp > killed[0] + 0.5]
     assert all(math.isfinite(r.median_ms) for r in final)
+    assert pending_requests(loop) == 0  # no orphaned request left in the tracker's queue
+
+
+def test_the_cli_tunes_on_every_board_reports_each_and_sizes_the_rest(three_servers, tmp_path, capsys):
+    from alt_tvm.cli import main
+
+    loop = three_servers
+    log = tmp_path / "cli.jsonl"
+    status = main(["tune", "small_cnn", "--trials", "18", "--log", str(log), "--tracker", f"{loop.host}:{loop.port}",
+                   "--key", loop.key, "--build-workers", "2", "--revalidate", "0", "--features", "knobs",
+                   "--no-verify"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    records = load_records(log)
+    assert len(records) == 18
+    ran = {b: sum(r.board == b for r in records) for b in loop.boards}
+    assert all(ran.values()), ran  # every server ran candidates
+    for board, count in ran.items():
+        assert f"{board}: {count} timed, 0 lost" in out
+    assert "candidates per board (3 at once, 2 build workers):" in out
+    assert re.search(r"\d+ trials left: about \d+\.\d min", out), out
+    assert pending_requests(loop) == 0
+
+
+def pending_requests(loop):
+    """Session requests the tracker still queues for the loopback's key."""
+    import tvm.rpc
+
+    queue = tvm.rpc.connect_tracker(loop.host, loop.port).summary()["queue_info"]
+    return queue.get(loop.key, {}).get("pending", 0)

@@ -302,13 +302,11 @@ def test_lowered_run_leaves_nan_where_the_kernel_writes_nothing():
 
 
 def test_isolated_measure_times_a_cuda_target_on_the_gpu():
-    import inspect
-
     from alt_tvm.tuning.remote import isolated_measure
 
     for target, device in ((V100, "cuda"), (board("kirin990"), "cpu")):
-        runner = inspect.getclosurevars(isolated_measure(target=target)).nonlocals["runner"]
-        assert runner.device == device, target.name
+        with isolated_measure(target=target) as measure:
+            assert measure.runner.device == device and not measure.overlap, target.name
 
 
 def test_detect_cuda_says_why_without_a_gpu():

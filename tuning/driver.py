@@ -1,6 +1,8 @@
 """Tune a list of tasks: spread the budget, write records, resume, re-validate, plot.
 
-Tasks are tuned in topological order, each with its own seed (``seed + task index``).
+A :class:`~alt_tvm.tuning.scheduler.TaskScheduler` decides which task gets the next trials
+(by default each task its share, in topological order); ``in_flight`` tasks are tuned at
+once, each round in its own thread. Each task has its own seed (``seed + task index``).
 Every measurement is appended to the log as soon as it finishes, so an interrupted run
 loses nothing it finished, and ``resume=True`` skips what the log already holds. A
 measurement that failed transiently (a lost board or connection:
@@ -11,10 +13,14 @@ same run, and again by a resumed run.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import numbers
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +29,12 @@ import numpy as np
 from alt_tvm.records import RecordWriter, TuningRecord, candidate_key, iter_records, target_key
 
 from .measure.base import classify_exception, is_transient
+from .scheduler import TaskProgress, TaskScheduler, make_scheduler
 from .task import Task, measure_in_process
 from .tuner import Trial, TuneConfig, Tuner, TuneResult, point_key
 
 MeasureFn = Callable[[Task, dict[str, Any]], float]
+logger = logging.getLogger(__name__)
 
 
 class BudgetError(ValueError):
@@ -49,8 +57,9 @@ class TaskSummary:
         search visited counts once, whether it ran or failed for a reason of its own, and
         each re-validation measurement counts once. Transient failures
         (:func:`~alt_tvm.tuning.measure.is_transient`) do not count: see ``pending``.
-        ``trials + pending`` equals the task's share unless the space ran out of
-        candidates or too few candidates succeeded to re-validate.
+        With the static scheduler, ``trials + pending`` equals the task's share unless the
+        space ran out of candidates or too few candidates succeeded to re-validate; with the
+        gradient scheduler the shares move between tasks and only the sum is fixed.
     default_ms
         Latency of the untuned point (``inf`` if it failed).
     best_ms
@@ -244,7 +253,8 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
                joint_fraction: float = 0.3, resume: bool = True, measure: MeasureFn | None = None,
                cost_model: Any = "xgb", progress: bool = True, plot: str | os.PathLike[str] | None = None,
                features: str = "tir", batch: int = 128, top_k: int = 8, revalidate: int = 3,
-               revalidate_rounds: int = 2) -> list[TaskSummary]:
+               revalidate_rounds: int = 2, scheduler: str | TaskScheduler = "static",
+               in_flight: int = 1) -> list[TaskSummary]:
     """Tune ``tasks`` (all for one target) and append every measurement to ``log``.
 
     Parameters
@@ -290,6 +300,16 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
         ``trials`` (at most a quarter of a task's budget: fewer finalists, or none, on small
         budgets) and are logged as records whose candidate has ``"revalidation": true``.
         0 turns it off.
+    scheduler
+        How the tasks share ``trials``: ``"static"`` (each task its share, proportional to
+        its weight, in order), ``"gradient"`` (a round of ``top_k`` at a time to the task
+        expected to cut the most off the model's latency,
+        :class:`~alt_tvm.tuning.scheduler.GradientScheduler`), or a
+        :class:`~alt_tvm.tuning.scheduler.TaskScheduler`.
+    in_flight
+        Tasks tuned at once (an int >= 1), each in its own thread: with a batched measure,
+        one task's batch builds while another's runs. Keep 1 when measuring on this
+        machine, where a build beside a timed run disturbs the timing.
 
     Returns
     -------
@@ -305,90 +325,225 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
     check_options(trials=trials, seed=seed, joint_fraction=joint_fraction, batch=batch, top_k=top_k,
                   revalidate=revalidate, revalidate_rounds=revalidate_rounds, features=features,
                   num_tasks=len(tasks), log=log, measure=measure)
+    _check_int("in_flight", in_flight, 1)
     if not tasks:
         raise ValueError("no tasks to tune: the model has no partition a tunable strategy implements")
     targets = {target_key(task.target.to_tvm()) for task in tasks}
     if len(targets) != 1:
         raise ValueError(f"tasks for {len(targets)} different targets; tune one target at a time")
-    from tqdm import tqdm
-
+    top_k = int(top_k)
+    policy = make_scheduler(scheduler, round_trials=top_k) if isinstance(scheduler, str) else scheduler
+    if not isinstance(policy, TaskScheduler):
+        raise TypeError(f"scheduler must be 'static', 'gradient' or a TaskScheduler, got {scheduler!r}")
     (target_json,) = targets
-    trials, seed, batch, top_k = int(trials), int(seed), int(batch), int(top_k)
-    revalidate, revalidate_rounds = int(revalidate), int(revalidate_rounds)
-    budgets = split_budget(tasks, trials)
-    measure = measure or (lambda task, params: measure_in_process(task, params))
-    batched = getattr(measure, "measure_batch", None)
+    options = _RunOptions(target_json=target_json, seed=int(seed), joint_fraction=joint_fraction, batch=int(batch),
+                          top_k=top_k, revalidate=int(revalidate), revalidate_rounds=int(revalidate_rounds),
+                          features=features, cost_model=cost_model, progress=progress,
+                          measure=measure or (lambda task, params: measure_in_process(task, params)))
     previous = list(iter_records(log)) if resume and os.path.exists(log) else []
-    summaries, curves = [], []
     with RecordWriter(log) as writer:
-        for index, (task, budget) in enumerate(zip(tasks, budgets)):
-            history = _History([r for r in previous if r.workload_key == task.key and r.target == target_json])
-            # What the search saw at each point (its first record), so a resumed search replays it.
-            known = {key: records[0].median_ms for key, records in history.search.items()}
-            bar = tqdm(total=budget, desc=f"task {index + 1}/{len(tasks)} {task.key.split('|')[0]}",
-                       disable=not progress, leave=False)
+        runs = [_TaskRun(task, index, len(tasks), budget, options, writer, previous)
+                for index, (task, budget) in enumerate(zip(tasks, split_budget(tasks, int(trials))))]
+        _dispatch(runs, policy, in_flight, _Sizer(options.measure, progress))
+    if plot is not None:
+        plot_curves([run.tuner.result for run in runs],
+                    [s.key.split("|")[0] + f" #{i + 1}" for i, s in enumerate(run.summary for run in runs)], plot)
+    return [run.summary for run in runs]
 
-            def write(trial: Trial, latency: float, code: str | None, message: str, revalidation: bool = False,
-                      task: Task = task, index: int = index, history: _History = history) -> TuningRecord:
-                record = _trial_record(task.key, target_json, trial, latency, code, message, seed=seed + index,
-                                       strategy=task.strategy.name, revalidation=revalidation)
-                writer.write(record)
-                history.add(record)
-                return record
 
-            best_so_far = [math.inf]
+@dataclass(frozen=True)
+class _RunOptions:
+    """The options of :func:`tune_tasks` every task shares."""
 
-            def on_trial(trial: Trial, bar: Any = bar, best_so_far: list = best_so_far, known: dict = known,
-                         write: Callable = write) -> None:
-                if point_key(trial.layout, trial.loop) not in known:  # else already in the log
-                    for lost in trial.retried:  # a board lost while measuring it: logged as the transient failure
-                        write(dataclasses.replace(trial, board=lost.board, build_s=lost.build_s, run_s=lost.run_s),
-                              math.inf, lost.error_code, lost.error_msg)
-                    write(trial, trial.latency_ms, trial.error_code, trial.error or "")
-                best_so_far[0] = min(best_so_far[0], trial.latency_ms)
-                bar.update(1)
-                bar.set_postfix(best_ms=f"{best_so_far[0]:.3f}")
+    target_json: str
+    seed: int
+    joint_fraction: float
+    batch: int
+    top_k: int
+    revalidate: int
+    revalidate_rounds: int
+    features: str
+    cost_model: Any
+    progress: bool
+    measure: MeasureFn
 
-            finalists = min(revalidate, budget // 4 // revalidate_rounds) if revalidate_rounds else 0
-            search = budget - finalists * revalidate_rounds
-            config = TuneConfig(trials=search, joint_fraction=joint_fraction, seed=seed + index,
-                                batch=batch, top_k=min(top_k, search, batch))
-            model_ = _cost_model(cost_model, seed + index)
-            featurize = tir_featurizer(task) if features == "tir" and model_ is not None else None
-            batch_fn = None if batched is None else lambda ps, task=task, b=batched: b(task, ps)
-            result = Tuner(task.space, measure=lambda p, task=task: measure(task, p), config=config,
-                           cost_model=model_, known=known, on_trial=on_trial, featurize=featurize,
-                           measure_batch=batch_fn).run()
-            points = [point_key(t.layout, t.loop) for t in result.trials]
-            for trial, key in zip(result.trials, points):  # transient failures: once more
-                if _transient(_outcome(history.search[key])):
-                    write(*_measure_once(measure, task, trial))
-            for trial, key in zip(result.trials, points):  # each point as all its records say
-                outcome = _outcome(history.search[key])
-                trial.latency_ms = outcome.median_ms
-                trial.error_code = outcome.error_code
-                trial.error = None if outcome.ok else outcome.error_msg
-            pending = sum(_transient(_outcome(history.search[key])) for key in points)
-            counted = len(points) - pending
-            best = result.best
-            best_ms = best.latency_ms if best else math.inf
-            if finalists and best is not None:
-                median, done, missing = _revalidate(
-                    task, result.trials, count=finalists, rounds=revalidate_rounds, history=history,
-                    measure=measure, write=lambda *a, write=write: write(*a, revalidation=True))
-                best_ms = median if math.isfinite(median) else best_ms
-                counted += done
-                pending += missing
-                bar.update(done)
-            bar.close()
+
+class _TaskRun:
+    """One task being tuned: its search, its records, its progress; rounds may come from any thread."""
+
+    _write_lock = threading.Lock()  # one log line at a time, whichever task's thread writes it
+
+    def __init__(self, task: Task, index: int, count: int, budget: int, options: _RunOptions,
+                 writer: RecordWriter, previous: Sequence[TuningRecord]) -> None:
+        self.task, self.index, self.options, self.writer = task, index, options, writer
+        self.history = _History([r for r in previous
+                                 if r.workload_key == task.key and r.target == options.target_json])
+        # What the search saw at each point (its first record), so a resumed search replays it.
+        self.known = {key: records[0].median_ms for key, records in self.history.search.items()}
+        rounds = options.revalidate_rounds
+        self.finalists = min(options.revalidate, budget // 4 // rounds) if rounds else 0
+        search = budget - self.finalists * rounds
+        self.progress = TaskProgress(weight=task.weight, share=search)
+        self.label = f"task {index + 1}/{count} {task.key.split('|')[0]}"
+        self.bar: Any = None
+        self.best_so_far = math.inf
+        self.summary: TaskSummary | None = None
+        config = TuneConfig(trials=search, joint_fraction=options.joint_fraction, seed=options.seed + index,
+                            batch=options.batch, top_k=min(options.top_k, search, options.batch))
+        model_ = _cost_model(options.cost_model, options.seed + index)
+        featurize = tir_featurizer(task) if options.features == "tir" and model_ is not None else None
+        measure, batched = options.measure, getattr(options.measure, "measure_batch", None)
+        self.tuner = Tuner(task.space, measure=lambda p: measure(task, p), config=config, cost_model=model_,
+                           known=self.known, on_trial=self._on_trial, featurize=featurize,
+                           measure_batch=None if batched is None else lambda ps: batched(task, ps))
+
+    @property
+    def owed(self) -> int:
+        """Trials the task still has coming if it gets exactly its share (search and re-validation)."""
+        if self.summary is not None:
+            return 0
+        return max(0, self.progress.share - self.progress.used) + self.finalists * self.options.revalidate_rounds
+
+    def write(self, trial: Trial, latency: float, code: str | None, message: str,
+              revalidation: bool = False) -> TuningRecord:
+        record = _trial_record(self.task.key, self.options.target_json, trial, latency, code, message,
+                               seed=self.options.seed + self.index, strategy=self.task.strategy.name,
+                               revalidation=revalidation)
+        with self._write_lock:
+            self.writer.write(record)
+        self.history.add(record)
+        return record
+
+    def _on_trial(self, trial: Trial) -> None:
+        if point_key(trial.layout, trial.loop) not in self.known:  # else already in the log
+            for lost in trial.retried:  # a board lost while measuring it: logged as the transient failure
+                self.write(dataclasses.replace(trial, board=lost.board, build_s=lost.build_s, run_s=lost.run_s),
+                           math.inf, lost.error_code, lost.error_msg)
+            self.write(trial, trial.latency_ms, trial.error_code, trial.error or "")
+        self.best_so_far = min(self.best_so_far, trial.latency_ms)
+        self.bar.update(1)
+        self.bar.set_postfix(best_ms=f"{self.best_so_far:.3f}")
+
+    def step(self, trials: int) -> None:
+        """Search ``trials`` more candidates (fewer if the space runs out)."""
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.progress.share, desc=self.label, disable=not self.options.progress,
+                            leave=False)
+        target = self.progress.used + trials
+        if target > self.bar.total:
+            self.bar.total = target
+        self.tuner.run(until=target)
+        self.progress.used = self.tuner.used
+        self.progress.finished = self.tuner.finished or self.tuner.used < target
+        best = self.tuner.result.best
+        self.progress.best_ms.append(best.latency_ms if best is not None else math.inf)
+
+    def finish(self) -> TaskSummary:
+        """Measure transient failures once more, re-validate the finalists, summarise."""
+        if self.bar is None:
+            self.step(0)
+        measure, history, result = self.options.measure, self.history, self.tuner.result
+        points = [point_key(t.layout, t.loop) for t in result.trials]
+        for trial, key in zip(result.trials, points):  # transient failures: once more
+            if _transient(_outcome(history.search[key])):
+                self.write(*_measure_once(measure, self.task, trial))
+        for trial, key in zip(result.trials, points):  # each point as all its records say
+            outcome = _outcome(history.search[key])
+            trial.latency_ms = outcome.median_ms
+            trial.error_code = outcome.error_code
+            trial.error = None if outcome.ok else outcome.error_msg
+        pending = sum(_transient(_outcome(history.search[key])) for key in points)
+        counted = len(points) - pending
+        best = result.best
+        best_ms = best.latency_ms if best else math.inf
+        if self.finalists and best is not None:
+            median, done, missing = _revalidate(
+                self.task, result.trials, count=self.finalists, rounds=self.options.revalidate_rounds,
+                history=history, measure=measure, write=lambda *a: self.write(*a, revalidation=True))
+            best_ms = median if math.isfinite(median) else best_ms
+            counted += done
+            pending += missing
+            self.bar.update(done)
+        self.bar.close()
+        if result.trials:
             last = result.trials[-1]
             error = "" if best is not None else f"{last.error_code}: {last.error}"
-            summaries.append(TaskSummary(task.key, task.weight, counted, result.trials[0].latency_ms, best_ms,
-                                         pending=pending, error=error))
-            curves.append(result)
-    if plot is not None:
-        plot_curves(curves, [s.key.split("|")[0] + f" #{i + 1}" for i, s in enumerate(summaries)], plot)
-    return summaries
+            default_ms = result.trials[0].latency_ms
+        else:
+            error, default_ms = "no candidate was measured", math.inf
+        self.summary = TaskSummary(self.task.key, self.task.weight, counted, default_ms, best_ms,
+                                   pending=pending, error=error)
+        return self.summary
+
+
+class _Sizer:
+    """Prints the expected wall time of the remaining budget, from the measure's rates (if it has them)."""
+
+    def __init__(self, measure: MeasureFn, progress: bool, every_s: float = 60.0) -> None:
+        self.estimate = getattr(measure, "expected_wall_s", None)
+        self.progress, self.every_s = progress, every_s
+        self.last = time.monotonic()
+
+    def report(self, trials_left: int, *, force: bool = False) -> None:
+        if self.estimate is None or trials_left <= 0 or (not force and time.monotonic() - self.last < self.every_s):
+            return
+        seconds = self.estimate(trials_left)
+        if seconds is None:
+            return
+        self.last = time.monotonic()
+        line = f"{trials_left} trials left: about {seconds / 60:.1f} min at the build and run rates measured so far"
+        if self.progress:
+            from tqdm import tqdm
+
+            tqdm.write(line)
+        else:
+            logger.info(line)
+
+
+def _dispatch(runs: Sequence[_TaskRun], policy: TaskScheduler, in_flight: int, sizer: _Sizer) -> None:
+    """Run the scheduler's rounds, ``in_flight`` tasks at a time, then finish every task.
+
+    Rounds of different tasks run in their own threads, so one task's batch builds while
+    another's runs; a task is never in two rounds at once.
+    """
+    progress = [run.progress for run in runs]
+    left = sum(p.share for p in progress)  # search trials not yet handed out
+    busy: dict[Any, tuple[int, int, int]] = {}  # future -> (task, trials granted, trials used before)
+
+    def owed() -> int:
+        granted = sum(trials - (runs[i].tuner.used - before) for i, trials, before in busy.values())
+        reserve = sum(r.finalists * r.options.revalidate_rounds for r in runs if r.summary is None)
+        return left + max(0, granted) + reserve
+
+    def finish(out_of_work: bool) -> None:
+        """Hand out the finishing (re-validation) of the tasks that get no more search rounds."""
+        for index, run in enumerate(runs):
+            if (len(busy) < in_flight and run.summary is None and all(i != index for i, _, _ in busy.values())
+                    and (out_of_work or policy.final(run.progress))):
+                busy[pool.submit(run.finish)] = (index, 0, run.progress.used)
+
+    with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="alt_tvm_task") as pool:
+        while True:
+            finish(out_of_work=False)  # first, so a task's log is complete before the next one starts
+            while len(busy) < in_flight:
+                choice = policy.pick(progress, {i for i, _, _ in busy.values()}, left)
+                if choice is None:
+                    break
+                index, trials = choice
+                left -= trials
+                busy[pool.submit(runs[index].step, trials)] = (index, trials, runs[index].progress.used)
+            if not any(trials for _, trials, _ in busy.values()) and policy.pick(progress, set(), left) is None:
+                finish(out_of_work=True)  # the budget is spent
+            if not busy:
+                break
+            done, _ = wait(busy, return_when=FIRST_COMPLETED)
+            for future in done:
+                index, trials, before = busy.pop(future)
+                future.result()  # a crash of the search itself is a bug: raise it
+                left += max(0, trials - (runs[index].progress.used - before))  # a space that ran out
+                sizer.report(owed(), force=not trials)  # after each finished task, and every minute
 
 
 def tir_featurizer(task: Task) -> Callable[[dict[str, Any]], np.ndarray]:

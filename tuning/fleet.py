@@ -102,6 +102,10 @@ class PipelinedMeasure:
         machine's CPU, where parallel runs disturb each other).
     retries
         Times a transiently failed candidate is measured again (0: never).
+    overlap
+        Start each run as soon as its build is done (True), or only once the whole batch
+        is built (False: on a machine that both builds and times, a build beside a timed
+        run disturbs the timing).
 
     Calling the object measures one candidate (``measure(task, params) -> ms``, raising
     ``RuntimeError("<ErrorCode name>: ...")`` on failure), so it also serves where the
@@ -109,12 +113,13 @@ class PipelinedMeasure:
     """
 
     def __init__(self, *, builder: Builder, runner: Runner, build_workers: int = 1, boards: int = 1,
-                 retries: int = 1) -> None:
+                 retries: int = 1, overlap: bool = True) -> None:
         for name, value, low in (("build_workers", build_workers, 1), ("boards", boards, 1), ("retries", retries, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.builder, self.runner = builder, runner
         self.build_workers, self.boards, self.retries = build_workers, boards, retries
+        self.overlap = bool(overlap)
         self.stats = FleetStats()
         self._builds = ThreadPoolExecutor(max_workers=build_workers, thread_name_prefix="alt_tvm_build")
         self._runs = ThreadPoolExecutor(max_workers=boards, thread_name_prefix="alt_tvm_run")
@@ -136,32 +141,34 @@ class PipelinedMeasure:
         """
         done: queue.SimpleQueue[tuple[int, Outcome]] = queue.SimpleQueue()
         stop = threading.Event()
+        built = _Built(len(batch))
         for index, params in enumerate(batch):
-            self._builds.submit(self._build_then_run, task, index, params, done, stop)
+            self._builds.submit(self._build_then_run, task, index, params, done, stop, built)
         try:
             for _ in range(len(batch)):
                 yield done.get()
         finally:
             stop.set()
 
-    def _build_then_run(self, task: Task, index: int, params: dict[str, Any],
-                        done: queue.SimpleQueue, stop: threading.Event) -> None:
-        if stop.is_set():
-            return
-        try:
-            item = _measure_input(task, params)
-        except Exception as err:  # noqa: BLE001 - the candidate's own failure
-            done.put((index, Outcome(math.inf, ErrorCode.BUILD_ERROR.name, f"lowering failed: {err}")))
-            return
-        try:
-            (build,) = self.builder.build([item])
-        except Exception as err:  # noqa: BLE001 - a builder must not raise; if it does, report it
-            done.put((index, Outcome(math.inf, ErrorCode.BUILD_ERROR.name, f"{type(err).__name__}: {err}")))
-            return
-        if build.ok:
-            with self._lock:
-                self.stats.build_s.append(build.build_s)
-        self._runs.submit(self._run, item, build, index, done, stop, [])
+    def _build_then_run(self, task: Task, index: int, params: dict[str, Any], done: queue.SimpleQueue,
+                        stop: threading.Event, built: _Built) -> None:
+        runs = []
+        if not stop.is_set():
+            stage = "lowering"
+            try:
+                item = _measure_input(task, params)
+                stage = "building"
+                (build,) = self.builder.build([item])
+            except Exception as err:  # noqa: BLE001 - the candidate's own failure (or a builder that raised)
+                message = f"{stage} failed: {type(err).__name__}: {err}"
+                done.put((index, Outcome(math.inf, ErrorCode.BUILD_ERROR.name, message)))
+            else:
+                if build.ok:
+                    with self._lock:
+                        self.stats.build_s.append(build.build_s)
+                runs.append((item, build, index))
+        for item, build, index in runs if self.overlap else built.add(runs):
+            self._runs.submit(self._run, item, build, index, done, stop, [])
 
     def _run(self, item: MeasureInput, build: Any, index: int, done: queue.SimpleQueue, stop: threading.Event,
              retried: list[Attempt]) -> None:
@@ -217,6 +224,20 @@ class PipelinedMeasure:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Built:
+    """The builds of one batch, held until the last is done (for ``overlap=False``)."""
+
+    def __init__(self, count: int) -> None:
+        self.left, self.ready, self.lock = count, [], threading.Lock()
+
+    def add(self, runs: list) -> list:
+        """Adds one candidate's build (none if it failed); every build once the batch is built, else []."""
+        with self.lock:
+            self.ready.extend(runs)
+            self.left -= 1
+            return self.ready if self.left == 0 else []
 
 
 def _measure_input(task: Task, params: dict[str, Any]) -> MeasureInput:

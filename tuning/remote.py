@@ -3,53 +3,36 @@
 :func:`isolated_measure` builds in worker processes and runs in another one (a crashing
 candidate cannot take the tuner down); :func:`rpc_measure` builds here — cross-compiled
 for a board described in :mod:`alt_tvm.target` — and times on the board through TVM's
-RPC tracker, a batch at a time on every board the tracker holds. Both return
-``measure(task, params) -> latency_ms`` for :func:`alt_tvm.tuning.driver.tune_tasks`; a
-failed candidate raises ``RuntimeError`` whose message starts with its
-:class:`~alt_tvm.tuning.measure.ErrorCode` name.
+RPC tracker, a batch at a time on every board the tracker holds. Both return a
+:class:`~alt_tvm.tuning.fleet.PipelinedMeasure`: ``measure(task, params) -> latency_ms``
+for :func:`alt_tvm.tuning.driver.tune_tasks` (a failed candidate raises ``RuntimeError``
+whose message starts with its :class:`~alt_tvm.tuning.measure.ErrorCode` name), which
+measures a loop round's candidates as one batch.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
-
-import tvm
 
 from alt_tvm.rpc import count_servers, tracker_problem
 from alt_tvm.target import HardwareTarget, process_cores
 
 from .fleet import PipelinedMeasure
-from .measure import Builder, LocalBuilder, LocalRunner, MeasureInput, RPCRunner, Runner, measure
-from .task import Task
-
-MeasureFn = Callable[[Task, dict[str, Any]], float]
+from .measure import LocalBuilder, LocalRunner, RPCRunner
 
 
-def _measure_with(builder: Builder, runner: Runner) -> MeasureFn:
-    def run(task: Task, params: dict[str, Any]) -> float:
-        try:
-            lowered = task.lower(params)
-        except OSError:
-            raise  # the machine's fault, not the candidate's
-        except Exception as err:  # noqa: BLE001 - the candidate's own failure
-            raise RuntimeError(f"BUILD_ERROR: lowering failed: {type(err).__name__}: {err}") from err
-        mod = tvm.IRModule({"main": lowered.func})
-        (result,) = measure([MeasureInput(task.key, {"params": params}, mod)], builder=builder, runner=runner)
-        if not result.ok:
-            raise RuntimeError(f"{result.error_code.name}: {result.error_msg}")
-        return result.median_ms
+def isolated_measure(*, target: HardwareTarget, number: int = 10, repeat: int = 3, timeout_s: float = 30.0,
+                     build_workers: int | None = None) -> PipelinedMeasure:
+    """Build in a process pool and time in a separate process on this machine (its GPU for a CUDA target).
 
-    return run
-
-
-def isolated_measure(*, target: HardwareTarget, number: int = 10, repeat: int = 3,
-                     timeout_s: float = 30.0) -> MeasureFn:
-    """Build in a process pool and time in a separate process on this machine (its GPU for a CUDA target)."""
+    A batch of candidates is built ``build_workers`` at a time (default: this machine's
+    cores), then timed one at a time once the whole batch is built: here a build beside a
+    timed run disturbs the timing (``scripts/bench_fleet.py`` measured 3.8x on 2 cores).
+    """
     gpu = _is_gpu(target)
-    return _measure_with(LocalBuilder(target=target, timeout_s=timeout_s),
-                         LocalRunner(number=number, repeat=repeat, timeout_s=timeout_s,
-                                     device="cuda" if gpu else "cpu", num_cores=None if gpu else target.num_cores))
+    build_workers = build_workers or process_cores()
+    runner = LocalRunner(number=number, repeat=repeat, timeout_s=timeout_s, device="cuda" if gpu else "cpu",
+                         num_cores=None if gpu else target.num_cores)
+    builder = LocalBuilder(target=target, timeout_s=timeout_s, n_parallel=build_workers)
+    return PipelinedMeasure(builder=builder, runner=runner, build_workers=build_workers, overlap=False)
 
 
 def _is_gpu(target: HardwareTarget) -> bool:

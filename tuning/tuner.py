@@ -174,6 +174,8 @@ class Tuner:
         self._latencies: list[float] = []
         self.upper = None  # U of the reward r = U - l, set from the first latency
         self.rejected = 0  # layouts rejected by Space.check before building
+        self._stalled = 0  # steps in a row that measured nothing new
+        self._loop_stage = False
 
     # ---------------------------------------------------------------- helpers
     def _knob_features(self, params: dict[str, Any]) -> np.ndarray:
@@ -262,8 +264,12 @@ class Tuner:
         return latency
 
     # ------------------------------------------------------------ loop search
-    def _loop_round(self, layout: dict[str, Any], start: dict[str, Any], stage: str, budget: int) -> dict[str, Any]:
-        """One loop round from ``start``; returns the best loop point seen under ``layout``."""
+    def _loop_round(self, layout: dict[str, Any], start: dict[str, Any], stage: str, budget: int, *,
+                    with_start: bool = False) -> dict[str, Any]:
+        """One loop round from ``start``; returns the best loop point seen under ``layout``.
+
+        ``with_start`` measures ``start`` too (if new), in the same batch as the round's top-k.
+        """
         knobs = self.space.loop_knobs(layout)
         state = self._state(layout, start)
         picks, logps = self.agents.loop.sample(state, self.agents.generator, self.config.batch)
@@ -284,11 +290,23 @@ class Tuner:
                 candidates.append((loop, None, None))
         fresh = [c for c in candidates
                  if point_key(layout, c[0]) not in self.measured and self.space.check(layout, c[0]) is None]
+        # Once the walk's neighbourhood is mostly measured, random points fill the round up to
+        # top-k, so a batch keeps every board busy (bounded: a small space may have no more).
+        for _ in range(4 * self.config.batch):
+            if len(fresh) >= min(self.config.top_k, budget):
+                break
+            loop = self.space.random_loop(layout, self.rng)
+            key = point_key(layout, loop)
+            if key not in seen and key not in self.measured and self.space.check(layout, loop) is None:
+                seen.add(key)
+                fresh.append((loop, None, None))
         order = self._rank([self.space.params(layout, c[0]) for c in fresh])
-        chosen = [fresh[i] for i in order[: min(self.config.top_k, budget)]]
+        head = [(start, None, None)] if with_start and point_key(layout, start) not in self.measured else []
+        chosen = head + [fresh[i] for i in order[: max(0, min(self.config.top_k, budget) - len(head))]
+                         if fresh[i][0] != start or not head]
         states, actions, old, rewards = [], [], [], []
-        best_loop, best = start, self.measured.get(point_key(layout, start), math.inf)
         latencies = self._measure_all([(layout, loop) for loop, _, _ in chosen], stage)
+        best_loop, best = start, self.measured.get(point_key(layout, start), math.inf)
         for (loop, pick, logp), latency in zip(chosen, latencies):
             if latency < best:
                 best_loop, best = loop, latency
@@ -327,12 +345,16 @@ class Tuner:
                 self.agents.update(self.agents.layout, state.numpy()[None], raw[None], np.asarray([logp]),
                                    np.asarray([-1.0]))
             return
-        if self.used < limit:
+        # Batched, the layout's first point goes into its first loop round's batch (a batch of
+        # one would leave every board but one idle).
+        with_start = self.measure_batch is not None
+        if self.used < limit and not with_start:
             self._measure(layout, start, stage)
         for _ in range(self.config.loop_rounds):
             if self.used >= limit:
                 break
-            start = self._loop_round(layout, start, stage, limit - self.used)
+            start = self._loop_round(layout, start, stage, limit - self.used, with_start=with_start)
+            with_start = False
         layout_best = min((self.measured[k] for k in self.measured if json.loads(k)["layout"] == layout),
                           default=math.inf)
         if self.upper is not None:
@@ -343,24 +365,38 @@ class Tuner:
         best = self.result.best
         return (best.layout, best.loop) if best is not None else fallback
 
-    def run(self) -> TuneResult:
-        """Spend the budget; returns every trial (``.best`` is the winner)."""
+    @property
+    def finished(self) -> bool:
+        """True once the loop-only stage stalled: 16 steps in a row found no unmeasured point."""
+        return self._loop_stage and self._stalled >= 16
+
+    def run(self, *, until: int | None = None) -> TuneResult:
+        """Spend the budget; returns every trial (``.best`` is the winner).
+
+        ``until`` stops after that many trials in all (default ``config.trials``); calling
+        ``run`` again goes on where the search stopped, so a task scheduler can hand a task
+        its trials a round at a time. The stage split (joint, then loop-only) follows
+        ``config.trials`` whatever ``until`` is, and ``until`` may exceed it (more loop rounds).
+        """
         trials = self.config.trials
+        until = trials if until is None else until
         default = self.space.default()
-        self._measure(*default, "joint")  # the untuned choice is the baseline to beat
-        joint_budget = int(round(trials * self.config.joint_fraction))
-        stalled = 0
-        while self.used < joint_budget and stalled < 16:
-            before = self.used
-            self._layout_episode(*self._best_point(default), "joint", joint_budget)
-            stalled = stalled + 1 if self.used == before else 0
-        stalled = 0
-        while self.used < trials and stalled < 16:
+        if not self.result.trials and until > 0:
+            self._measure(*default, "joint")  # the untuned choice is the baseline to beat
+        joint_target = int(round(trials * self.config.joint_fraction))
+        if not self._loop_stage:
+            while self.used < min(until, joint_target) and self._stalled < 16:
+                before = self.used
+                self._layout_episode(*self._best_point(default), "joint", min(until, joint_target))
+                self._stalled = self._stalled + 1 if self.used == before else 0
+            if self.used >= joint_target or self._stalled >= 16:
+                self._loop_stage, self._stalled = True, 0
+        while self._loop_stage and self.used < until and not self.finished:
             before = self.used
             layout, loop = self._best_point(default)
-            self._loop_round(layout, loop, "loop", trials - self.used)
+            self._loop_round(layout, loop, "loop", until - self.used)
             if self.used == before:
                 # The best layout's loop neighbourhood is exhausted: explore layouts again.
-                self._layout_episode(layout, loop, "loop", trials)
-            stalled = stalled + 1 if self.used == before else 0
+                self._layout_episode(layout, loop, "loop", until)
+            self._stalled = self._stalled + 1 if self.used == before else 0
         return self.result

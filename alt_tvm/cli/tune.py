@@ -3,6 +3,8 @@
     alt-tvm tune small_cnn --trials 64                 # a reference model by name
     alt-tvm tune model.onnx --trials 200 --log logs/model.jsonl --resume
     alt-tvm tune resnet18 --trials 300 --tracker 127.0.0.1:9190 --key rasp --target kirin990
+    alt-tvm tune resnet18 --trials 2000 --tracker 127.0.0.1:9190 --key kirin --target kirin990 \
+        --scheduler gradient --in-flight 2 --build-workers 16
 
 (``python scripts/tune.py ...`` is the same command.)
 
@@ -39,6 +41,17 @@ def _parser() -> Parser:
     parser.add_argument("--tracker", default=None, help="RPC tracker host:port (measure on a remote board)")
     parser.add_argument("--key", default=None, help="RPC device key registered with the tracker")
     parser.add_argument("--target", default=None, help="board name from alt_tvm.target (default: this host)")
+    parser.add_argument("--build-workers", type=int, default=None,
+                        help="with --tracker: candidates cross-built at once (default: this machine's cores)")
+    parser.add_argument("--boards", type=int, default=None,
+                        help="with --tracker: candidates run at once (default: every server the tracker holds "
+                             "for --key)")
+    parser.add_argument("--scheduler", default="static", choices=["static", "gradient"],
+                        help="how tasks share --trials: fixed shares by weight, or rounds to the task that "
+                             "moves the model most")
+    parser.add_argument("--in-flight", type=int, default=None,
+                        help="tasks tuned at once, so one task's batch builds while another's runs (default: 2 "
+                             "with --tracker, else 1: here a build beside a timed run disturbs the timing)")
     parser.add_argument("--layout-levels", type=int, default=1, choices=[1, 2],
                         help="one- or two-level layout tiling templates (paper §5.1)")
     parser.add_argument("--features", default="tir", choices=["tir", "knobs"],
@@ -76,6 +89,13 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--joint-fraction must be in [0, 1], got {args.joint_fraction}"
     if args.revalidate < 0:
         return f"--revalidate must be >= 0, got {args.revalidate}"
+    if args.in_flight is not None and args.in_flight < 1:
+        return f"--in-flight must be >= 1, got {args.in_flight}"
+    for option, value in (("--build-workers", args.build_workers), ("--boards", args.boards)):
+        if value is not None and args.tracker is None:
+            return f"{option} needs --tracker (measuring on this machine builds and runs one at a time)"
+        if value is not None and value < 1:
+            return f"{option} must be >= 1, got {value}"
     if (args.tracker is None) != (args.key is None):
         return "--tracker and --key go together"
     if args.tracker is not None:
@@ -127,7 +147,8 @@ def main(argv=None) -> int:
 
         host_name, port = parse_address(args.tracker, what="--tracker")
         try:
-            measure = rpc_measure(tracker_host=host_name, tracker_port=port, key=args.key, target=target)
+            measure = rpc_measure(tracker_host=host_name, tracker_port=port, key=args.key, target=target,
+                                  build_workers=args.build_workers, boards=args.boards)
         except ConnectionError as err:
             parser.error(f"--tracker: {err}")
     try:
@@ -135,13 +156,20 @@ def main(argv=None) -> int:
                          joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
                          measure=measure, progress=not args.no_progress, plot=plot,
                          layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
-                         verify=not args.no_verify)
+                         scheduler=args.scheduler,
+                         in_flight=args.in_flight or (2 if measure is not None else 1), verify=not args.no_verify)
     except BudgetError as err:
         parser.error(f"--trials: {err}")
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted; {log} keeps every finished measurement: run again with --resume",
               file=sys.stderr)
         return 130
+    finally:
+        if measure is not None:
+            measure.close()
+    if measure is not None:
+        print(f"candidates per board ({measure.boards} at once, {measure.build_workers} build workers):")
+        print(measure.board_report() or "none ran")
     print(f"{'task':60s} {'x':>3s} {'trials':>6s} {'default ms':>10s} {'best ms':>9s} {'speedup':>8s}")
     for s in summaries:
         speedup = s.default_ms / s.best_ms if s.ok and math.isfinite(s.default_ms) else math.nan
