@@ -17,7 +17,6 @@ import logging
 import math
 import numbers
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -371,8 +370,6 @@ class _RunOptions:
 class _TaskRun:
     """One task being tuned: its search, its records, its progress; rounds may come from any thread."""
 
-    _write_lock = threading.Lock()  # one log line at a time, whichever task's thread writes it
-
     def __init__(self, task: Task, index: int, count: int, budget: int, options: _RunOptions,
                  writer: RecordWriter, previous: Sequence[TuningRecord]) -> None:
         self.task, self.index, self.options, self.writer = task, index, options, writer
@@ -397,20 +394,12 @@ class _TaskRun:
                            known=self.known, on_trial=self._on_trial, featurize=featurize,
                            measure_batch=None if batched is None else lambda ps: batched(task, ps))
 
-    @property
-    def owed(self) -> int:
-        """Trials the task still has coming if it gets exactly its share (search and re-validation)."""
-        if self.summary is not None:
-            return 0
-        return max(0, self.progress.share - self.progress.used) + self.finalists * self.options.revalidate_rounds
-
     def write(self, trial: Trial, latency: float, code: str | None, message: str,
               revalidation: bool = False) -> TuningRecord:
         record = _trial_record(self.task.key, self.options.target_json, trial, latency, code, message,
                                seed=self.options.seed + self.index, strategy=self.task.strategy.name,
                                revalidation=revalidation)
-        with self._write_lock:
-            self.writer.write(record)
+        self.writer.write(record)  # thread-safe: one line at a time, whichever task's thread writes
         self.history.add(record)
         return record
 
