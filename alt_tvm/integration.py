@@ -107,7 +107,8 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
          measure: Callable[[Task, dict[str, Any]], float] | None = None, cost_model: Any = "xgb",
          progress: bool = True, plot: str | os.PathLike[str] | None = None, layout_levels: int = 1,
          features: str = "tir", batch: int = 128, top_k: int = 8, revalidate: int = 3,
-         revalidate_rounds: int = 2, scheduler: str | Any = "static", in_flight: int = 1, verify: bool = True,
+         revalidate_rounds: int = 2, scheduler: str | Any = "static", in_flight: int = 1, lookahead: int = 0,
+         verify: bool = True,
          in_model: InModelConfig | None = None, fast_math: bool = False,
          profiler: Profiler | None = None) -> TuneOutcome:
     """Tune every tunable partition of ``model``, then decide and verify in the whole model.
@@ -147,7 +148,7 @@ def tune(model: Any, *, trials: int, log: str | os.PathLike[str], target: Hardwa
     summaries = tune_tasks(tasks, trials=trials, log=log, seed=seed, joint_fraction=joint_fraction, resume=resume,
                            measure=measure, cost_model=cost_model, progress=progress, plot=plot, features=features,
                            batch=batch, top_k=top_k, revalidate=revalidate, revalidate_rounds=revalidate_rounds,
-                           scheduler=scheduler, in_flight=in_flight)
+                           scheduler=scheduler, in_flight=in_flight, lookahead=lookahead)
     result = None
     if verify and not runs_on_host(machine):
         warnings.warn(f"tune: the in-model verification needs the model to run here; target "

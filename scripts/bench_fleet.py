@@ -7,9 +7,10 @@ Two parts, both on tasks of ResNet-18's convolutions (batch 1, conv + bias + ReL
    (``alt_tvm.tuning.measure.simulated``): a build takes ``--build-s`` seconds, a run
    ``--run-s`` on the first free one of N simulated boards, so the wall time measures the
    scheduling alone (the 2-core machine does not bound it). For each N, ``--sim-trials``
-   trials of one task (batches of ``--top-k``), and of two tasks with both in flight;
-   the ideal is ``trials x run_s / N`` (the runs are the slower stage). Nothing is compiled
-   or timed in this part: **it is a simulation**.
+   trials of one task (batches of ``--top-k``), and of several tasks in flight, each with
+   the search running ``--lookahead`` steps ahead of the boards (0: a batch is proposed only
+   once the previous one's results are in); the ideal is ``trials x run_s / N`` (the runs are
+   the slower stage). Nothing is compiled or timed in this part: **it is a simulation**.
 2. **Builds on this machine, real.** ``--candidates`` candidates of the ResNet-18 layer1 task
    built with TVM (``LocalBuilder``) and timed (``LocalRunner``) through
    ``PipelinedMeasure``: one build at a time; ``--workers`` builds at once, runs after the
@@ -20,7 +21,7 @@ Two parts, both on tasks of ResNet-18's convolutions (batch 1, conv + bias + ReL
    both builds and times, a build beside a timed run can disturb the timing.
 
     python scripts/bench_fleet.py [--sim-trials 256] [--boards 1 2 4 8] [--build-s 0.1] [--run-s 0.5]
-                                  [--in-flight 1 2 4]
+                                  [--in-flight 1 2 4] [--lookahead 0 1]
                                   [--candidates 8] [--workers 2] [--rounds 3] [--skip-real] [--json F]
 """
 
@@ -57,7 +58,7 @@ def conv_task(layer: str) -> Any:
 
 
 def simulate(tasks: list[Any], *, boards: int, trials: int, top_k: int, build_s: float, run_s: float,
-             build_workers: int, seed: int) -> float:
+             build_workers: int, seed: int, lookahead: int) -> float:
     """Wall seconds of tuning ``tasks`` (all in flight) for ``trials`` on ``boards`` simulated boards."""
     with tempfile.TemporaryDirectory() as tmp, \
             PipelinedMeasure(builder=SleepBuilder(build_s), runner=SleepRunner(boards, run_s),
@@ -65,7 +66,7 @@ def simulate(tasks: list[Any], *, boards: int, trials: int, top_k: int, build_s:
         start = time.perf_counter()
         summaries = tune_tasks(tasks, trials=trials, log=os.path.join(tmp, "sim.jsonl"), measure=measure,
                                progress=False, features="knobs", top_k=top_k, batch=64, revalidate=0, seed=seed,
-                               in_flight=len(tasks))
+                               in_flight=len(tasks), lookahead=lookahead)
         wall = time.perf_counter() - start
     done = sum(s.trials for s in summaries)
     if done != trials:
@@ -138,6 +139,8 @@ def main() -> int:
     parser.add_argument("--top-k", type=int, default=8, help="candidates per batch")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 2, 4],
                         help="tasks tuned at once (ResNet-18 layer1, layer2, ... in that order)")
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[0, 1],
+                        help="search steps proposed before the previous one's results are in")
     parser.add_argument("--candidates", type=int, default=8, help="real part: candidates built per batch")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="real part: build workers")
     parser.add_argument("--rounds", type=int, default=3)
@@ -147,6 +150,8 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
+    if min(args.lookahead) < 0:
+        parser.error(f"--lookahead: ints >= 0, got {args.lookahead}")
     if max(args.in_flight) > len(LAYERS) or min(args.in_flight) < 1:
         parser.error(f"--in-flight: between 1 and {len(LAYERS)} tasks")
     tasks = [conv_task(layer) for layer in LAYERS][: max(args.in_flight)]
@@ -154,19 +159,20 @@ def main() -> int:
         print(f"1. SIMULATION: {args.sim_trials} trials; a build sleeps {args.build_s} s "
               f"({args.sim_build_workers} at once), a run {args.run_s} s on one of N simulated boards; "
               f"batches of {args.top_k}")
-        print(f"{'boards':>6s} {'ideal s':>8s}" + "".join(f" {f'{n} in flight s':>14s} {'of linear':>9s}"
-                                                        for n in args.in_flight))
+        combos = [(n, ahead) for ahead in args.lookahead for n in args.in_flight]
+        print(f"{'boards':>6s} {'ideal s':>8s}" + "".join(f" {f'{n} in flight, ahead {ahead}':>20s} {'of linear':>9s}"
+                                                        for n, ahead in combos))
         rows = []
         for boards in args.boards:
             ideal = args.sim_trials * args.run_s / boards
             row: dict[str, Any] = {"boards": boards, "ideal_s": ideal}
             line = f"{boards:6d} {ideal:8.1f}"
-            for n in args.in_flight:
+            for n, ahead in combos:
                 wall = simulate(tasks[:n], boards=boards, trials=args.sim_trials, top_k=args.top_k,
                                 build_s=args.build_s, run_s=args.run_s, build_workers=args.sim_build_workers,
-                                seed=args.seed)
-                row[f"in_flight_{n}"] = {"wall_s": wall, "of_linear": ideal / wall}
-                line += f" {wall:14.1f} {ideal / wall:9.2f}"
+                                seed=args.seed, lookahead=ahead)
+                row[f"in_flight_{n}_lookahead_{ahead}"] = {"wall_s": wall, "of_linear": ideal / wall}
+                line += f" {wall:20.1f} {ideal / wall:9.2f}"
             rows.append(row)
             print(line)
             sys.stdout.flush()

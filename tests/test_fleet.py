@@ -163,11 +163,92 @@ def test_a_batch_interrupted_half_way_resumes_with_the_other_half(tmp_path):
     assert len({candidate_key(r.candidate) for r in after}) == 20  # nothing measured twice
 
 
+class _Overlapping(PipelinedMeasure):
+    """Counts the batches out at once and the candidates asked for."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.out = self.most = 0
+        self.asked = []
+
+    def measure_batch(self, task, batch):
+        self.asked.extend(batch)
+        self.out += 1
+        self.most = max(self.most, self.out)
+        try:
+            yield from super().measure_batch(task, batch)
+        finally:
+            self.out -= 1
+
+
+def test_with_lookahead_the_next_batch_builds_while_this_one_runs_and_the_log_is_exact(tmp_path):
+    task = small_task()
+    walls, most = {}, {}
+    for lookahead in (0, 1):
+        log = tmp_path / f"ahead{lookahead}.jsonl"
+        # builds as slow as runs and one batch filling the boards: without lookahead they alternate
+        with _Overlapping(builder=SleepBuilder(0.1), runner=SleepRunner(boards=4, run_s=0.1), build_workers=4,
+                          boards=4) as measure:
+            start = time.perf_counter()
+            (summary,) = tune_tasks([task], trials=41, log=log, measure=measure, progress=False, top_k=4, batch=32,
+                                    revalidate=0, features="knobs", cost_model=None, lookahead=lookahead)
+            walls[lookahead], most[lookahead] = time.perf_counter() - start, measure.most
+        records = load_records(log)
+        assert summary.trials == len(records) == 41
+        assert len({candidate_key(r.candidate) for r in records}) == 41  # no point sent twice
+        assert len(measure.asked) == 41
+    assert most == {0: 1, 1: 2}
+    assert walls[1] < 0.8 * walls[0], walls
+
+
+def test_a_run_with_lookahead_interrupted_resumes_to_an_exact_log(tmp_path):
+    task = small_task()
+    log = tmp_path / "ahead.jsonl"
+    options = dict(trials=30, log=log, progress=False, top_k=4, batch=32, revalidate=0, features="knobs",
+                   cost_model=None, lookahead=1)
+
+    class Interrupted(PipelinedMeasure):
+        """Interrupted at the 15th result, with two batches out."""
+
+        results = 0
+
+        def measure_batch(self, task, batch):
+            for item in super().measure_batch(task, batch):
+                Interrupted.results += 1
+                if Interrupted.results == 15:
+                    raise KeyboardInterrupt
+                yield item
+
+    with Interrupted(builder=SleepBuilder(0.0), runner=SleepRunner(4, 0.02), build_workers=4, boards=4) as measure:
+        with pytest.raises(KeyboardInterrupt):
+            tune_tasks([task], measure=measure, **options)
+    before = load_records(log)
+    assert 10 <= len(before) <= 14  # the other batch's finished results are logged too
+    with _Overlapping(builder=SleepBuilder(0.0), runner=SleepRunner(4, 0.02), build_workers=4, boards=4) as measure:
+        (summary,) = tune_tasks([task], measure=measure, resume=True, **options)
+    after = load_records(log)
+    assert summary.trials == len(after) == 30
+    assert len(measure.asked) == 30 - len(before)  # only what the log did not hold
+    assert len({candidate_key(r.candidate) for r in after}) == 30
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(lookahead=1), "lookahead=1 needs a batched measure"),
+    (dict(lookahead=-1), "lookahead must be an int >= 0"),
+    (dict(in_flight=2), "in_flight=2 needs a measure that runs elsewhere"),
+])
+def test_running_ahead_or_several_tasks_at_once_needs_a_measure_elsewhere(tmp_path, options, match):
+    with pytest.raises(ValueError, match=match):
+        tune_tasks([small_task()], trials=8, log=tmp_path / "x.jsonl", progress=False, **options)
+
+
 # ------------------------------------------------------------------------------ loopback
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def three_servers():
+    """One tracker with three servers for the module (starting them takes ~25 s): the test that
+    kills a server comes last."""
     from rpc_loopback import start_loopback
 
     try:
@@ -183,6 +264,27 @@ def three_servers():
         yield loop
     finally:
         loop.close()
+
+
+def test_the_cli_tunes_on_every_board_reports_each_and_sizes_the_rest(three_servers, tmp_path, capsys):
+    from alt_tvm.cli import main
+
+    loop = three_servers
+    log = tmp_path / "cli.jsonl"
+    status = main(["tune", "small_cnn", "--trials", "18", "--log", str(log), "--tracker", f"{loop.host}:{loop.port}",
+                   "--key", loop.key, "--build-workers", "2", "--revalidate", "0", "--features", "knobs",
+                   "--no-verify"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    records = load_records(log)
+    assert len(records) == 18
+    ran = {b: sum(r.board == b for r in records) for b in loop.boards}
+    assert all(ran.values()), ran  # every server ran candidates
+    for board, count in ran.items():
+        assert f"{board}: {count} timed, 0 lost" in out
+    assert "candidates per board (3 at once, 2 build workers):" in out
+    assert re.search(r"\d+ trials left: about \d+\.\d min", out), out
+    assert pending_requests(loop) == 0
 
 
 def test_three_boards_behind_one_tracker_each_run_candidates_and_a_killed_one_costs_only_its_own(
@@ -228,27 +330,6 @@ def test_three_boards_behind_one_tracker_each_run_candidates_and_a_killed_one_co
     assert not [r for r in final if r.board == dead and r.timestamp > killed[0] + 0.5]
     assert all(math.isfinite(r.median_ms) for r in final)
     assert pending_requests(loop) == 0  # no orphaned request left in the tracker's queue
-
-
-def test_the_cli_tunes_on_every_board_reports_each_and_sizes_the_rest(three_servers, tmp_path, capsys):
-    from alt_tvm.cli import main
-
-    loop = three_servers
-    log = tmp_path / "cli.jsonl"
-    status = main(["tune", "small_cnn", "--trials", "18", "--log", str(log), "--tracker", f"{loop.host}:{loop.port}",
-                   "--key", loop.key, "--build-workers", "2", "--revalidate", "0", "--features", "knobs",
-                   "--no-verify"])
-    out = capsys.readouterr().out
-    assert status == 0, out
-    records = load_records(log)
-    assert len(records) == 18
-    ran = {b: sum(r.board == b for r in records) for b in loop.boards}
-    assert all(ran.values()), ran  # every server ran candidates
-    for board, count in ran.items():
-        assert f"{board}: {count} timed, 0 lost" in out
-    assert "candidates per board (3 at once, 2 build workers):" in out
-    assert re.search(r"\d+ trials left: about \d+\.\d min", out), out
-    assert pending_requests(loop) == 0
 
 
 def pending_requests(loop):

@@ -231,11 +231,13 @@ def test_full_size_cb6_middle_bmr_order():
     _run_kernel(shape)
 
 
-@pytest.mark.parametrize(
-    ("ins", "outs", "rank", "batch"),
-    [((32, 64), (100, 10), 8, 1), ((4, 8, 8), (8, 8, 4), 8, 3), ((2, 4, 4, 2), (4, 2, 2, 4), 8, 2)],
-)
-@pytest.mark.parametrize("optimized", [True, False])
+_CHAINS = [((32, 64), (100, 10), 8, 1), ((4, 8, 8), (8, 8, 4), 8, 3), ((2, 4, 4, 2), (4, 2, 2, 4), 8, 2)]
+
+
+# The unoptimised chain of the largest layer takes ~20 s to build: it runs with the slow tests.
+@pytest.mark.parametrize(("ins", "outs", "rank", "batch", "optimized"), [
+    pytest.param(*case, optimized, marks=[pytest.mark.slow] if case is _CHAINS[0] and not optimized else [])
+    for optimized in (True, False) for case in _CHAINS])
 def test_chain_matches_dense_tt_layer(ins, outs, rank, batch, optimized):
     n, m = int(np.prod(ins)), int(np.prod(outs))
     w = RNG.standard_normal((m, n)).astype(np.float32)

@@ -253,7 +253,7 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
                cost_model: Any = "xgb", progress: bool = True, plot: str | os.PathLike[str] | None = None,
                features: str = "tir", batch: int = 128, top_k: int = 8, revalidate: int = 3,
                revalidate_rounds: int = 2, scheduler: str | TaskScheduler = "static",
-               in_flight: int = 1) -> list[TaskSummary]:
+               in_flight: int = 1, lookahead: int = 0) -> list[TaskSummary]:
     """Tune ``tasks`` (all for one target) and append every measurement to ``log``.
 
     Parameters
@@ -307,8 +307,13 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
         :class:`~alt_tvm.tuning.scheduler.TaskScheduler`.
     in_flight
         Tasks tuned at once (an int >= 1), each in its own thread: with a batched measure,
-        one task's batch builds while another's runs. Keep 1 when measuring on this
-        machine, where a build beside a timed run disturbs the timing.
+        one task's batch builds while another's runs. Measuring in this process (``measure``
+        None) it must be 1: a build beside a timed run disturbs the timing.
+    lookahead
+        Search steps of one task sent to be built before the oldest step's results are in
+        (an int >= 0; :class:`~alt_tvm.tuning.tuner.TuneConfig`): with a batched measure,
+        batch n+1 builds while batch n runs, and the boards do not wait for the search.
+        Needs a measure with ``measure_batch``; 0 on a machine that both builds and times.
 
     Returns
     -------
@@ -325,6 +330,13 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
                   revalidate=revalidate, revalidate_rounds=revalidate_rounds, features=features,
                   num_tasks=len(tasks), log=log, measure=measure)
     _check_int("in_flight", in_flight, 1)
+    _check_int("lookahead", lookahead, 0)
+    if measure is None and in_flight > 1:
+        raise ValueError(f"in_flight={in_flight} needs a measure that runs elsewhere (e.g. rpc_measure): "
+                         "measuring in this process, a task's build would run beside another's timed run")
+    if lookahead and getattr(measure, "measure_batch", None) is None:
+        raise ValueError(f"lookahead={lookahead} needs a batched measure (one with measure_batch, e.g. "
+                         "rpc_measure or PipelinedMeasure); this one measures a candidate at a time")
     if not tasks:
         raise ValueError("no tasks to tune: the model has no partition a tunable strategy implements")
     targets = {target_key(task.target.to_tvm()) for task in tasks}
@@ -337,7 +349,7 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
     (target_json,) = targets
     options = _RunOptions(target_json=target_json, seed=int(seed), joint_fraction=joint_fraction, batch=int(batch),
                           top_k=top_k, revalidate=int(revalidate), revalidate_rounds=int(revalidate_rounds),
-                          features=features, cost_model=cost_model, progress=progress,
+                          features=features, cost_model=cost_model, progress=progress, lookahead=int(lookahead),
                           measure=measure or (lambda task, params: measure_in_process(task, params)))
     previous = list(iter_records(log)) if resume and os.path.exists(log) else []
     with RecordWriter(log) as writer:
@@ -365,6 +377,7 @@ class _RunOptions:
     cost_model: Any
     progress: bool
     measure: MeasureFn
+    lookahead: int = 0
 
 
 class _TaskRun:
@@ -386,7 +399,8 @@ class _TaskRun:
         self.best_so_far = math.inf
         self.summary: TaskSummary | None = None
         config = TuneConfig(trials=search, joint_fraction=options.joint_fraction, seed=options.seed + index,
-                            batch=options.batch, top_k=min(options.top_k, search, options.batch))
+                            batch=options.batch, top_k=min(options.top_k, search, options.batch),
+                            lookahead=options.lookahead)
         model_ = _cost_model(options.cost_model, options.seed + index)
         featurize = tir_featurizer(task) if options.features == "tir" and model_ is not None else None
         measure, batched = options.measure, getattr(options.measure, "measure_batch", None)

@@ -10,13 +10,24 @@ Measurement is injected (``measure(params) -> latency in ms``), so the bookkeepi
 testable without timing; a failed measurement returns ``inf`` (or raises) and is
 recorded with its error code and message, never retried here (the driver measures
 transient failures again).
+
+With a batch measure and ``lookahead`` > 0 the search runs ahead of the boards: the next
+step is proposed and its batch sent to be built while the current one still runs, from the
+cost model, actors and best point as they stand (one batch stale). The builds of batch n+1
+then overlap the runs of batch n, and the tuner's own work (training, ranking) overlaps
+both, so the boards never wait for the search; PPO's clipped ratio (Schulman et al. 2017)
+already corrects for actions sampled from the policy before its last update.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import math
-from collections.abc import Callable, Iterator
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +41,9 @@ from .measure.base import ErrorCode, classify_exception
 from .ppo import DIRECTIONS, CrossExplorationAgents, PPOConfig
 
 MeasureFn = Callable[[dict[str, Any]], float]
+Point = tuple[dict[str, Any], dict[str, Any]]  # (layout, loop)
+#: a search step: yields (points, stage) batches, receives their latencies, returns at its end
+Step = Generator[tuple[list[Point], str], list[float], Any]
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,11 @@ class TuneConfig:
         Loop rounds per layout in the joint stage.
     seed
         Seeds every random choice (numpy and torch generators).
+    lookahead
+        Search steps proposed (and their batches sent to be built) before the oldest step's
+        results are in; 0: strictly one batch at a time. Needs a batch measure; with the
+        same seed a lookahead > 0 explores other points than 0, since it ranks with a
+        one-batch-stale model.
     """
 
     trials: int = 64
@@ -58,6 +77,7 @@ class TuneConfig:
     top_k: int = 8
     loop_rounds: int = 1
     seed: int = 0
+    lookahead: int = 0
 
     def __post_init__(self) -> None:
         for name in ("trials", "batch", "top_k", "loop_rounds"):
@@ -66,6 +86,8 @@ class TuneConfig:
                 raise ValueError(f"TuneConfig.{name} must be a positive int, got {value!r}")
         if not 0.0 <= self.joint_fraction <= 1.0:
             raise ValueError(f"TuneConfig.joint_fraction must be in [0, 1], got {self.joint_fraction!r}")
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 0:
+            raise ValueError(f"TuneConfig.lookahead must be an int >= 0, got {self.lookahead!r}")
         if self.top_k > self.batch:
             raise ValueError(f"TuneConfig.top_k={self.top_k} exceeds batch={self.batch}")
 
@@ -77,7 +99,8 @@ class Trial:
     Attributes
     ----------
     index
-        Position in the search (0: the default point).
+        Order in which results came in (0: the default point); with a lookahead, results
+        of two batches may interleave.
     layout, loop, params
         The point and the strategy parameters it decodes to.
     latency_ms
@@ -115,6 +138,40 @@ class TuneResult:
     def best(self) -> Trial | None:
         ok = [t for t in self.trials if math.isfinite(t.latency_ms)]
         return min(ok, key=lambda t: t.latency_ms) if ok else None
+
+
+@dataclass
+class _Batch:
+    """A step's points on their way to being measured: ``left`` results still to come."""
+
+    ident: int
+    points: list[Point]
+    stage: str
+    latencies: list[float | None]
+    new: int = 0  # points that were not measured yet (each becomes a trial)
+    owned: list[int] = field(default_factory=list)  # indices into points this batch books
+    sent: list[int] = field(default_factory=list)  # indices into points handed to measure_batch
+    params: list[dict[str, Any]] = field(default_factory=list)
+    left: int = 0
+    arrived: dict[int, Trial] = field(default_factory=dict)  # index into points -> its trial, not booked yet
+
+
+@dataclass
+class _InFlight:
+    """A search step waiting for its batch."""
+
+    step: Step
+    batch: _Batch | None = None
+    measured: bool = False  # it recorded at least one trial
+
+
+def _failed_as_inf(trial: Trial) -> Trial:
+    """``trial`` with a failure's latency ``inf`` (NaN too: failures sort last) and its code and message set."""
+    if trial.error_code is not None or not math.isfinite(trial.latency_ms):
+        trial.latency_ms = math.inf
+        trial.error_code = trial.error_code or ErrorCode.RUN_ERROR.name
+        trial.error = trial.error or "no latency"
+    return trial
 
 
 def point_key(layout: dict[str, Any], loop: dict[str, Any]) -> str:
@@ -155,6 +212,9 @@ class Tuner:
                  on_trial: Callable[[Trial], None] | None = None, known: dict[str, float] | None = None,
                  ppo: PPOConfig | None = None, measure_batch: Callable[[list], Iterator] | None = None) -> None:
         self.space = space
+        if config.lookahead and measure_batch is None:
+            raise ValueError(f"TuneConfig.lookahead={config.lookahead} needs a batch measure (measure_batch); "
+                             "measuring one candidate at a time the search cannot run ahead")
         self.measure_fn = measure
         self.measure_batch = measure_batch
         self.config = config
@@ -176,6 +236,12 @@ class Tuner:
         self.rejected = 0  # layouts rejected by Space.check before building
         self._stalled = 0  # steps in a row that measured nothing new
         self._loop_stage = False
+        self._reserved: set[str] = set()  # points of batches started, not booked yet
+        self._batches: dict[int, _Batch] = {}
+        self._idents = itertools.count()
+        self._numbers = itertools.count()  # Trial.index, in the order trials are made
+        self._arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (batch ident, index, Outcome or exception)
+        self._closing = threading.Event()
 
     # ---------------------------------------------------------------- helpers
     def _knob_features(self, params: dict[str, Any]) -> np.ndarray:
@@ -196,79 +262,152 @@ class Tuner:
             return -1.0
         return (self.upper - latency) / self.upper
 
+    @property
+    def _committed(self) -> int:
+        """Trials recorded or on their way (the budget counts both)."""
+        return len(self.result.trials) + len(self._reserved)
+
+    def _taken(self, key: str) -> bool:
+        return key in self.measured or key in self._reserved
+
     def _measure(self, layout: dict[str, Any], loop: dict[str, Any], stage: str) -> float:
         key = point_key(layout, loop)
         if key in self.measured:
             return self.measured[key]
         if self.measure_batch is not None and key not in self.known:
-            return self._measure_all([(layout, loop)], stage)[0]  # a batch of one: it reports its board
+            return self._settle(self._start([(layout, loop)], stage))[0]  # a batch of one: it reports its board
+        if key in self.known:
+            return self._record(self._known_trial(layout, loop, stage))
         params = self.space.params(layout, loop)
         error = code = None
-        latency = math.inf
-        if key in self.known:
-            latency = self.known[key]
+        try:
+            latency = float(self.measure_fn(params))
             if not math.isfinite(latency):
-                code, error = ErrorCode.RUN_ERROR.name, "failed when measured before (see the log)"
-        else:
-            try:
-                latency = float(self.measure_fn(params))
-                if not math.isfinite(latency):
-                    code, error = ErrorCode.RUN_ERROR.name, f"the measure function returned {latency}"
-            except Exception as err:  # a failing candidate is data, not a crash of the tuner
-                failure, error = classify_exception(err)
-                code = failure.name
-        return self._record(Trial(self.used, dict(layout), dict(loop), params, latency, error, stage, code))
+                code, error = ErrorCode.RUN_ERROR.name, f"the measure function returned {latency}"
+        except Exception as err:  # a failing candidate is data, not a crash of the tuner
+            latency = math.inf
+            failure, error = classify_exception(err)
+            code = failure.name
+        return self._record(Trial(next(self._numbers), dict(layout), dict(loop), params, latency, error, stage,
+                                  code))
 
-    def _measure_all(self, points: list[tuple[dict[str, Any], dict[str, Any]]], stage: str) -> list[float]:
-        """Latencies of ``points``; the new ones as one batch when the tuner has ``measure_batch``."""
-        latencies: list[float | None] = [None] * len(points)
-        todo = []
+    def _known_trial(self, layout: dict[str, Any], loop: dict[str, Any], stage: str) -> Trial:
+        latency = self.known[point_key(layout, loop)]
+        error = code = None
+        if not math.isfinite(latency):
+            code, error = ErrorCode.RUN_ERROR.name, "failed when measured before (see the log)"
+        return Trial(next(self._numbers), dict(layout), dict(loop), self.space.params(layout, loop), latency,
+                     error, stage, code)
+
+    def _start(self, points: list[Point], stage: str) -> _Batch:
+        """Start measuring ``points``: the new ones not in the log are sent as one batch.
+
+        Measuring one candidate at a time, every point is measured (and booked) here.
+        """
+        batch = _Batch(next(self._idents), points, stage, [None] * len(points))
         for i, (layout, loop) in enumerate(points):
             key = point_key(layout, loop)
-            if self.measure_batch is None or key in self.measured or key in self.known:
-                latencies[i] = self._measure(layout, loop, stage)
-            else:
-                todo.append(i)
-        if todo:
-            params = [self.space.params(*points[i]) for i in todo]
-            for j, outcome in self.measure_batch(params):
-                layout, loop = points[todo[j]]
-                latencies[todo[j]] = self._record(Trial(
-                    self.used, dict(layout), dict(loop), params[j], outcome.latency_ms, outcome.error_msg or None,
-                    stage, outcome.error_code, outcome.board, outcome.build_s, outcome.run_s, outcome.retried),
-                    train=False)
-            self._train()  # once per batch: the next batch is ranked with all of this one
-        return latencies  # type: ignore[return-value]
+            batch.new += not self._taken(key)
+            if self.measure_batch is None:
+                batch.latencies[i] = self._measure(layout, loop, stage)
+            elif not self._taken(key):
+                self._reserved.add(key)
+                batch.owned.append(i)
+                if key not in self.known:
+                    batch.sent.append(i)
+        if batch.sent:
+            batch.params = [self.space.params(*points[i]) for i in batch.sent]
+            batch.left = len(batch.sent)
+            self._batches[batch.ident] = batch
+            threading.Thread(target=self._forward, args=(batch.ident, batch.params), daemon=True,
+                             name="alt_tvm_batch").start()
+        return batch
+
+    def _forward(self, ident: int, params: list[dict[str, Any]]) -> None:
+        """Hand a batch's results (or the measure's exception) to the search's thread as they come."""
+        results = self.measure_batch(params)
+        try:
+            for index, outcome in results:
+                self._arrivals.put((ident, index, outcome))
+                if self._closing.is_set():
+                    break
+        except BaseException as err:  # noqa: BLE001 - re-raised in the search's thread
+            self._arrivals.put((ident, None, err))
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # stops handing out the rest of an abandoned batch
+
+    def _settle(self, batch: _Batch) -> list[float]:
+        """Wait for ``batch``'s results and book them; the latencies of its points.
+
+        Every result is handed to ``on_trial`` (the log) as it arrives, whichever batch it
+        belongs to; the search books a batch only here, in the batch's order, so what it
+        proposes next does not depend on which board finished first (and a resumed search,
+        booking the log's results at the same places, proposes the same points).
+        """
+        while batch.left:
+            ident, index, outcome = self._arrivals.get()
+            if index is None:
+                raise outcome
+            owner = self._batches[ident]
+            i = owner.sent[index]
+            layout, loop = owner.points[i]
+            trial = _failed_as_inf(Trial(
+                next(self._numbers), dict(layout), dict(loop), owner.params[index], outcome.latency_ms,
+                outcome.error_msg or None, owner.stage, outcome.error_code, outcome.board, outcome.build_s,
+                outcome.run_s, outcome.retried))
+            owner.arrived[i] = trial
+            owner.left -= 1
+            if self.on_trial is not None:
+                self.on_trial(trial)
+        self._batches.pop(batch.ident, None)
+        if self.measure_batch is None:
+            return batch.latencies  # type: ignore[return-value]  # measured and booked when started
+        for i in batch.owned:
+            trial = batch.arrived.get(i) or self._known_trial(*batch.points[i], batch.stage)
+            self._book(trial)
+            if i not in batch.arrived and self.on_trial is not None:
+                self.on_trial(trial)
+        for i, point in enumerate(batch.points):
+            batch.latencies[i] = self.measured[point_key(*point)]
+        self._train()  # once per batch: the next batch is ranked with all of this one
+        return batch.latencies  # type: ignore[return-value]
 
     def _train(self) -> None:
         if self.cost_model is not None and self._latencies:
             self.cost_model.update(np.stack(self._features), np.asarray(self._latencies))
 
-    def _record(self, trial: Trial, *, train: bool = True) -> float:
-        """Book a measured trial: history, cost model (unless ``train`` is False), ``on_trial``; its latency."""
-        if trial.error_code is not None or not math.isfinite(trial.latency_ms):
-            trial.latency_ms = math.inf  # NaN too: failures sort last
-            trial.error_code = trial.error_code or ErrorCode.RUN_ERROR.name
-            trial.error = trial.error or "no latency"
-        latency, params = trial.latency_ms, trial.params
-        self.measured[point_key(trial.layout, trial.loop)] = latency
+    def _book(self, trial: Trial) -> float:
+        """Add a measured trial to the search's history; its latency."""
+        latency = _failed_as_inf(trial).latency_ms
+        key = point_key(trial.layout, trial.loop)
+        self._reserved.discard(key)
+        self.measured[key] = latency
         self.result.trials.append(trial)
         if self.upper is None and math.isfinite(latency):
             self.upper = 2.0 * latency
-        self._features.append(self.featurize(params))
+        self._features.append(self.featurize(trial.params))
         self._latencies.append(latency)
-        if train:
-            self._train()
+        return latency
+
+    def _record(self, trial: Trial) -> float:
+        """Book a trial measured on its own, train the cost model, hand it to ``on_trial``; its latency."""
+        latency = self._book(trial)
+        self._train()
         if self.on_trial is not None:
             self.on_trial(trial)
         return latency
 
     # ------------------------------------------------------------ loop search
     def _loop_round(self, layout: dict[str, Any], start: dict[str, Any], stage: str, budget: int, *,
-                    with_start: bool = False) -> dict[str, Any]:
-        """One loop round from ``start``; returns the best loop point seen under ``layout``.
+                    with_start: bool = False) -> Generator[tuple[list[Point], str], list[float],
+                                                           tuple[dict[str, Any], bool]]:
+        """One loop round from ``start`` (a step); returns the best loop point seen under ``layout``
+        and whether the round chose anything to measure.
 
         ``with_start`` measures ``start`` too (if new), in the same batch as the round's top-k.
+        Points already measured or on their way are not chosen again.
         """
         knobs = self.space.loop_knobs(layout)
         state = self._state(layout, start)
@@ -289,7 +428,7 @@ class Tuner:
                 seen.add(key)
                 candidates.append((loop, None, None))
         fresh = [c for c in candidates
-                 if point_key(layout, c[0]) not in self.measured and self.space.check(layout, c[0]) is None]
+                 if not self._taken(point_key(layout, c[0])) and self.space.check(layout, c[0]) is None]
         # Once the walk's neighbourhood is mostly measured, random points fill the round up to
         # top-k, so a batch keeps every board busy (bounded: a small space may have no more).
         for _ in range(4 * self.config.batch):
@@ -297,15 +436,17 @@ class Tuner:
                 break
             loop = self.space.random_loop(layout, self.rng)
             key = point_key(layout, loop)
-            if key not in seen and key not in self.measured and self.space.check(layout, loop) is None:
+            if key not in seen and not self._taken(key) and self.space.check(layout, loop) is None:
                 seen.add(key)
                 fresh.append((loop, None, None))
         order = self._rank([self.space.params(layout, c[0]) for c in fresh])
-        head = [(start, None, None)] if with_start and point_key(layout, start) not in self.measured else []
+        head = [(start, None, None)] if with_start and not self._taken(point_key(layout, start)) else []
         chosen = head + [fresh[i] for i in order[: max(0, min(self.config.top_k, budget) - len(head))]
                          if fresh[i][0] != start or not head]
+        if not chosen:
+            return start, False
         states, actions, old, rewards = [], [], [], []
-        latencies = self._measure_all([(layout, loop) for loop, _, _ in chosen], stage)
+        latencies = yield [(layout, loop) for loop, _, _ in chosen], stage
         best_loop, best = start, self.measured.get(point_key(layout, start), math.inf)
         for (loop, pick, logp), latency in zip(chosen, latencies):
             if latency < best:
@@ -318,7 +459,7 @@ class Tuner:
         if rewards and self.upper is not None:
             self.agents.update(self.agents.loop, np.stack(states), torch.as_tensor(np.stack(actions)),
                                np.asarray(old), np.asarray(rewards))
-        return best_loop
+        return best_loop, True
 
     def _rank(self, params: list[dict[str, Any]]) -> np.ndarray:
         if not params:
@@ -331,7 +472,7 @@ class Tuner:
 
     # ---------------------------------------------------------------- driver
     def _layout_episode(self, best_layout: dict[str, Any], best_loop: dict[str, Any], stage: str,
-                        limit: int) -> None:
+                        limit: int) -> Step:
         """Cross-exploration step: a layout from the layout actor, loop rounds under it, reward back."""
         state = self._state(best_layout, best_loop)
         actions, raw, logp = self.agents.layout.sample(state, self.agents.generator)
@@ -348,12 +489,13 @@ class Tuner:
         # Batched, the layout's first point goes into its first loop round's batch (a batch of
         # one would leave every board but one idle).
         with_start = self.measure_batch is not None
-        if self.used < limit and not with_start:
-            self._measure(layout, start, stage)
+        if self._committed < limit and not with_start:
+            yield [(layout, start)], stage
         for _ in range(self.config.loop_rounds):
-            if self.used >= limit:
+            if self._committed >= limit:
                 break
-            start = self._loop_round(layout, start, stage, limit - self.used, with_start=with_start)
+            start, _ = yield from self._loop_round(layout, start, stage, limit - self._committed,
+                                                   with_start=with_start)
             with_start = False
         layout_best = min((self.measured[k] for k in self.measured if json.loads(k)["layout"] == layout),
                           default=math.inf)
@@ -370,6 +512,39 @@ class Tuner:
         """True once the loop-only stage stalled: 16 steps in a row found no unmeasured point."""
         return self._loop_stage and self._stalled >= 16
 
+    def _loop_step(self, until: int, default: Point) -> Step:
+        """Loop-only step: a loop round from the best point; a new layout once its neighbourhood is spent."""
+        layout, loop = self._best_point(default)
+        _, chose = yield from self._loop_round(layout, loop, "loop", until - self._committed)
+        if not chose:
+            yield from self._layout_episode(layout, loop, "loop", until)
+
+    def _next_step(self, until: int, default: Point, *, busy: bool) -> Step | None:
+        """The step to start next; None when the budget (counting trials on their way) is spent,
+        or when the stage ends and the steps still in flight (``busy``) must finish first."""
+        joint_target = int(round(self.config.trials * self.config.joint_fraction))
+        if not self._loop_stage:
+            limit = min(until, joint_target)
+            if self._committed < limit and self._stalled < 16:
+                return self._layout_episode(*self._best_point(default), "joint", limit)
+            if busy or not (self.used >= joint_target or self._stalled >= 16):
+                return None
+            self._loop_stage, self._stalled = True, 0
+        if self._committed < until and not self.finished:
+            return self._loop_step(until, default)
+        return None
+
+    def _advance(self, flight: _InFlight, latencies: list[float] | None) -> bool:
+        """Run ``flight``'s step to its next batch (started) or its end; False at its end."""
+        try:
+            points, stage = flight.step.send(latencies)
+        except StopIteration:
+            self._stalled = 0 if flight.measured else self._stalled + 1
+            return False
+        flight.batch = self._start(points, stage)
+        flight.measured |= flight.batch.new > 0
+        return True
+
     def run(self, *, until: int | None = None) -> TuneResult:
         """Spend the budget; returns every trial (``.best`` is the winner).
 
@@ -377,26 +552,28 @@ class Tuner:
         ``run`` again goes on where the search stopped, so a task scheduler can hand a task
         its trials a round at a time. The stage split (joint, then loop-only) follows
         ``config.trials`` whatever ``until`` is, and ``until`` may exceed it (more loop rounds).
+        Every step started is finished before ``run`` returns (``config.lookahead`` runs
+        ahead within one call).
         """
-        trials = self.config.trials
-        until = trials if until is None else until
+        until = self.config.trials if until is None else until
         default = self.space.default()
-        if not self.result.trials and until > 0:
-            self._measure(*default, "joint")  # the untuned choice is the baseline to beat
-        joint_target = int(round(trials * self.config.joint_fraction))
-        if not self._loop_stage:
-            while self.used < min(until, joint_target) and self._stalled < 16:
-                before = self.used
-                self._layout_episode(*self._best_point(default), "joint", min(until, joint_target))
-                self._stalled = self._stalled + 1 if self.used == before else 0
-            if self.used >= joint_target or self._stalled >= 16:
-                self._loop_stage, self._stalled = True, 0
-        while self._loop_stage and self.used < until and not self.finished:
-            before = self.used
-            layout, loop = self._best_point(default)
-            self._loop_round(layout, loop, "loop", until - self.used)
-            if self.used == before:
-                # The best layout's loop neighbourhood is exhausted: explore layouts again.
-                self._layout_episode(layout, loop, "loop", until)
-            self._stalled = self._stalled + 1 if self.used == before else 0
-        return self.result
+        flights: collections.deque[_InFlight] = collections.deque()
+        try:
+            if not self.result.trials and until > 0:
+                self._measure(*default, "joint")  # the untuned choice is the baseline to beat
+            while True:
+                while len(flights) <= self.config.lookahead:
+                    step = self._next_step(until, default, busy=bool(flights))
+                    if step is None:
+                        break
+                    flight = _InFlight(step)
+                    if self._advance(flight, None):
+                        flights.append(flight)
+                if not flights:
+                    return self.result
+                flight = flights.popleft()
+                if self._advance(flight, self._settle(flight.batch)):
+                    flights.append(flight)
+        except BaseException:
+            self._closing.set()  # batches still out stop handing out work
+            raise

@@ -4,7 +4,7 @@
     alt-tvm tune model.onnx --trials 200 --log logs/model.jsonl --resume
     alt-tvm tune resnet18 --trials 300 --tracker 127.0.0.1:9190 --key rasp --target kirin990
     alt-tvm tune resnet18 --trials 2000 --tracker 127.0.0.1:9190 --key kirin --target kirin990 \
-        --scheduler gradient --in-flight 2 --build-workers 16
+        --scheduler gradient --in-flight 2 --lookahead 1 --build-workers 16
 
 (``python scripts/tune.py ...`` is the same command.)
 
@@ -52,6 +52,10 @@ def _parser() -> Parser:
     parser.add_argument("--in-flight", type=int, default=None,
                         help="tasks tuned at once, so one task's batch builds while another's runs (default: 2 "
                              "with --tracker, else 1: here a build beside a timed run disturbs the timing)")
+    parser.add_argument("--lookahead", type=int, default=None,
+                        help="with --tracker: search steps of a task sent to be built before the last one's "
+                             "results are in, so batch n+1 builds while batch n runs (default: 1 with "
+                             "--tracker, else 0)")
     parser.add_argument("--layout-levels", type=int, default=1, choices=[1, 2],
                         help="one- or two-level layout tiling templates (paper §5.1)")
     parser.add_argument("--features", default="tir", choices=["tir", "knobs"],
@@ -89,13 +93,14 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--joint-fraction must be in [0, 1], got {args.joint_fraction}"
     if args.revalidate < 0:
         return f"--revalidate must be >= 0, got {args.revalidate}"
-    if args.in_flight is not None and args.in_flight < 1:
-        return f"--in-flight must be >= 1, got {args.in_flight}"
-    for option, value in (("--build-workers", args.build_workers), ("--boards", args.boards)):
-        if value is not None and args.tracker is None:
+    for option, value, low in (("--build-workers", args.build_workers, 1), ("--boards", args.boards, 1),
+                               ("--in-flight", args.in_flight, 1), ("--lookahead", args.lookahead, 0)):
+        if value is not None and value < low:
+            return f"{option} must be >= {low}, got {value}"
+    for option, value, alone in (("--build-workers", args.build_workers, None), ("--boards", args.boards, None),
+                                 ("--in-flight", args.in_flight, 1), ("--lookahead", args.lookahead, 0)):
+        if value is not None and value != alone and args.tracker is None:
             return f"{option} needs --tracker (measuring on this machine builds and runs one at a time)"
-        if value is not None and value < 1:
-            return f"{option} must be >= 1, got {value}"
     if (args.tracker is None) != (args.key is None):
         return "--tracker and --key go together"
     if args.tracker is not None:
@@ -104,6 +109,10 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         except ValueError as err:
             return str(err)
     return None
+
+
+def _default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _number(value: float, width: int, digits: int = 3, *, suffix: str = "", missing: str = "failed") -> str:
@@ -157,7 +166,9 @@ def main(argv=None) -> int:
                          measure=measure, progress=not args.no_progress, plot=plot,
                          layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
                          scheduler=args.scheduler,
-                         in_flight=args.in_flight or (2 if measure is not None else 1), verify=not args.no_verify)
+                         in_flight=_default(args.in_flight, 2 if measure is not None else 1),
+                         lookahead=_default(args.lookahead, 1 if measure is not None else 0),
+                         verify=not args.no_verify)
     except BudgetError as err:
         parser.error(f"--trials: {err}")
     except KeyboardInterrupt:
