@@ -88,13 +88,17 @@ def unpinned() -> None:
     os.sched_setaffinity(0, alt_tvm.target._AFFINITY_AT_IMPORT)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def loopback():
-    """A TVM RPC tracker with one server on 127.0.0.1 (:class:`rpc_loopback.Loopback`), stopped afterwards."""
+    """A TVM RPC tracker with one server on 127.0.0.1 (:class:`rpc_loopback.Loopback`), one per test module.
+
+    Starting one takes ~20 s here, so a module's tests share it: its server runs TVM with one
+    thread (what the tests of that warning need), and a test that kills it comes last in its module.
+    """
     from rpc_loopback import start_loopback
 
     try:
-        loop = start_loopback()
+        loop = start_loopback(server_threads=1)
     except RuntimeError as err:
         pytest.fail(str(err))
     try:

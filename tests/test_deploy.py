@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 from conftest import build_messages, unpinned
-from rpc_loopback import free_port, kill_group, start_loopback
+from rpc_loopback import free_port, kill_group
 
 import alt_tvm
 from alt_tvm.deploy.artifact import LIBRARY, METADATA, ArtifactError
@@ -154,6 +154,26 @@ def test_bad_artifacts_are_clear_errors(small, artifact, tmp_path):
 
 
 # --------------------------------------------------------------------------- remote runs
+def test_remote_errors_name_the_tracker_and_the_key(artifact, loopback):
+    with pytest.raises(ConnectionError, match="no RPC server with key 'no-such-board' is registered"):
+        alt_tvm.load(artifact, remote=loopback.address, key="no-such-board")
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"cannot reach tracker 127.0.0.1:{port}"):
+        alt_tvm.load(artifact, remote=f"127.0.0.1:{port}", key="k", connect_timeout_s=2)
+    assert time.monotonic() - started < 10
+    with pytest.raises(ValueError, match="remote must be host:port"):
+        alt_tvm.load(artifact, remote="localhost", key="k")
+
+
+def test_a_server_running_fewer_threads_than_the_target_has_cores_is_named(artifact, loopback):
+    # the loopback's server runs TVM with one thread
+    with build_messages() as messages, alt_tvm.load(artifact, remote=loopback.address, key=loopback.key) as board:
+        assert board.metadata["target"]["num_cores"] >= 2
+    assert any("the server's TVM runs 1 thread(s)" in m and "TVM_NUM_THREADS=" in m for m in messages)
+
+
+# kills the module's loopback server: keep it last of the tests that use it
 def test_a_remote_model_runs_and_times_on_the_board_and_fails_cleanly_when_it_dies(small, artifact, loopback):
     built, arrays = small
     remote = alt_tvm.load(artifact, remote=loopback.address, key=loopback.key, timeout_s=30)
@@ -191,25 +211,3 @@ def test_a_remote_model_runs_and_times_on_the_board_and_fails_cleanly_when_it_di
     assert f"board {loopback.key!r} at tracker {loopback.address}" in str(outcome[0])
     with pytest.raises(ConnectionError, match="session was lost"):
         slow(*arrays)
-
-
-def test_remote_errors_name_the_tracker_and_the_key(artifact, loopback):
-    with pytest.raises(ConnectionError, match="no RPC server with key 'no-such-board' is registered"):
-        alt_tvm.load(artifact, remote=loopback.address, key="no-such-board")
-    port = free_port()
-    started = time.monotonic()
-    with pytest.raises(ConnectionError, match=f"cannot reach tracker 127.0.0.1:{port}"):
-        alt_tvm.load(artifact, remote=f"127.0.0.1:{port}", key="k", connect_timeout_s=2)
-    assert time.monotonic() - started < 10
-    with pytest.raises(ValueError, match="remote must be host:port"):
-        alt_tvm.load(artifact, remote="localhost", key="k")
-
-
-def test_a_server_running_fewer_threads_than_the_target_has_cores_is_named(artifact):
-    loop = start_loopback(server_threads=1)
-    try:
-        with build_messages() as messages, alt_tvm.load(artifact, remote=loop.address, key=loop.key) as board:
-            assert board.metadata["target"]["num_cores"] >= 2
-        assert any("the server's TVM runs 1 thread(s)" in m and "TVM_NUM_THREADS=" in m for m in messages)
-    finally:
-        loop.close()

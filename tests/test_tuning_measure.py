@@ -267,15 +267,9 @@ def test_unreachable_tracker_fails_fast_with_rpc_error():
     assert f"cannot reach tracker 127.0.0.1:{port}" in result.error_msg
 
 
-def test_rpc_runner_warns_when_the_server_runs_fewer_threads_than_the_kernels_get(builder):
-    from rpc_loopback import start_loopback
-
-    loop = start_loopback(server_threads=1)
-    try:
-        rpc = RPCRunner(tracker_host=loop.host, tracker_port=loop.port, key=loop.key, number=1, repeat=1,
-                        timeout_s=60, threads=2)
-        with pytest.warns(RuntimeWarning, match="runs 1 TVM thread\\(s\\) for kernels built for 2.*TVM_NUM_THREADS=2"):
-            [result] = measure([_matmul(tiled=False)], builder=builder, runner=rpc)
-        assert result.ok
-    finally:
-        loop.close()
+def test_rpc_runner_warns_when_the_server_runs_fewer_threads_than_the_kernels_get(builder, loopback):
+    rpc = RPCRunner(tracker_host=loopback.host, tracker_port=loopback.port, key=loopback.key, number=1, repeat=1,
+                    timeout_s=60, threads=2)
+    with pytest.warns(RuntimeWarning, match="runs 1 TVM thread\\(s\\) for kernels built for 2.*TVM_NUM_THREADS=2"):
+        [result] = measure([_matmul(tiled=False)], builder=builder, runner=rpc)
+    assert result.ok
