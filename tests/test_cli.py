@@ -45,7 +45,9 @@ def _one_line_error(capsys, argv):
     (["--trials", "8", "--seed", "-1"], "--seed must be >= 0, got -1"),
     (["--trials", "8", "--tracker", "127.0.0.1:9190"], "--tracker and --key go together"),
     (["--trials", "8", "--in-flight", "0"], "--in-flight must be >= 1, got 0"),
-    (["--trials", "8", "--build-workers", "4"], "--build-workers needs --tracker"),
+    (["--trials", "8", "--boards", "2"], "--boards needs --tracker"),
+    (["--trials", "8", "--build-workers", "0"], "--build-workers must be >= 1, got 0"),
+    (["--trials", "8", "--build-workers", "2", "--target", "kirin990"], "--target kirin990 does not run here"),
     (["--trials", "8", "--in-flight", "2"], "--in-flight needs --tracker"),
     (["--trials", "8", "--lookahead", "1"], "--lookahead needs --tracker"),
     (["--trials", "8", "--tracker", "h:1", "--key", "k", "--lookahead", "-1"], "--lookahead must be >= 0, got -1"),
@@ -108,6 +110,25 @@ def test_a_task_without_a_successful_measurement_fails_the_command(capsys, tmp_p
         "alt-tvm tune: task 3 (conv2d): 2 measurement(s) failed transiently (RPC, connection, remote timeout); "
         "run again with --resume to make them"]
     assert log.parent.is_dir()
+
+
+def test_tune_with_build_workers_builds_batches_in_workers_and_times_them_here(capsys, tmp_path):
+    import torch
+
+    from alt_tvm.records import load_records
+
+    model = tmp_path / "conv.onnx"
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU()).eval(),
+                      (torch.randn(1, 8, 16, 16),), str(model), dynamo=False, opset_version=17)
+    log = tmp_path / "bw.jsonl"
+    status = main(["tune", str(model), "--trials", "3", "--log", str(log), "--build-workers", "2", "--revalidate",
+                   "0", "--features", "knobs", "--no-verify", "--no-progress"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    records = load_records(log)
+    # built in a worker (in-process tuning records no build time), timed here
+    assert len(records) == 3 and all(r.ok and r.build_s > 0 for r in records)
+    assert "candidates per board (1 at once, 2 build workers):" in out and "this machine: 3 timed, 0 lost" in out
 
 
 def test_console_script_is_installed():

@@ -2,6 +2,7 @@
 
     alt-tvm tune small_cnn --trials 64                 # a reference model by name
     alt-tvm tune model.onnx --trials 200 --log logs/model.jsonl --resume
+    alt-tvm tune model.onnx --trials 200 --build-workers 2      # built and timed in worker processes
     alt-tvm tune resnet18 --trials 300 --tracker 127.0.0.1:9190 --key rasp --target kirin990
     alt-tvm tune resnet18 --trials 2000 --tracker 127.0.0.1:9190 --key kirin --target kirin990 \
         --scheduler gradient --in-flight 2 --lookahead 1 --build-workers 16
@@ -42,7 +43,10 @@ def _parser() -> Parser:
     parser.add_argument("--key", default=None, help="RPC device key registered with the tracker")
     parser.add_argument("--target", default=None, help="board name from alt_tvm.target (default: this host)")
     parser.add_argument("--build-workers", type=int, default=None,
-                        help="with --tracker: candidates cross-built at once (default: this machine's cores)")
+                        help="candidates built at once in worker processes: with --tracker cross-built for the "
+                             "boards (default: this machine's cores); without, each batch is built in parallel "
+                             "here, then timed one at a time in a separate process, so a crashing candidate costs "
+                             "only itself (default without: built and timed in this process, one at a time)")
     parser.add_argument("--boards", type=int, default=None,
                         help="with --tracker: candidates run at once (default: every server the tracker holds "
                              "for --key)")
@@ -97,8 +101,8 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
                                ("--in-flight", args.in_flight, 1), ("--lookahead", args.lookahead, 0)):
         if value is not None and value < low:
             return f"{option} must be >= {low}, got {value}"
-    for option, value, alone in (("--build-workers", args.build_workers, None), ("--boards", args.boards, None),
-                                 ("--in-flight", args.in_flight, 1), ("--lookahead", args.lookahead, 0)):
+    for option, value, alone in (("--boards", args.boards, None), ("--in-flight", args.in_flight, 1),
+                                 ("--lookahead", args.lookahead, 0)):
         if value is not None and value != alone and args.tracker is None:
             return f"{option} needs --tracker (measuring on this machine builds and runs one at a time)"
     if (args.tracker is None) != (args.key is None):
@@ -151,7 +155,15 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     target = board(args.target) if args.target else host()
     measure = None
-    if args.tracker:
+    if args.build_workers is not None and not args.tracker:
+        from alt_tvm.target import runs_on_host
+        from alt_tvm.tuning.remote import isolated_measure
+
+        if not runs_on_host(target):
+            parser.error(f"--build-workers without --tracker builds and times here, but --target {args.target} "
+                         "does not run here: add --tracker and --key")
+        measure = isolated_measure(target=target, build_workers=args.build_workers)
+    elif args.tracker:
         from alt_tvm.tuning.remote import rpc_measure
 
         host_name, port = parse_address(args.tracker, what="--tracker")
@@ -166,8 +178,8 @@ def main(argv=None) -> int:
                          measure=measure, progress=not args.no_progress, plot=plot,
                          layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
                          scheduler=args.scheduler,
-                         in_flight=_default(args.in_flight, 2 if measure is not None else 1),
-                         lookahead=_default(args.lookahead, 1 if measure is not None else 0),
+                         in_flight=_default(args.in_flight, 2 if args.tracker else 1),
+                         lookahead=_default(args.lookahead, 1 if args.tracker else 0),
                          verify=not args.no_verify)
     except BudgetError as err:
         parser.error(f"--trials: {err}")
