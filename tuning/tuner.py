@@ -371,7 +371,8 @@ class Tuner:
                 self.on_trial(trial)
         for i, point in enumerate(batch.points):
             batch.latencies[i] = self.measured[point_key(*point)]
-        self._train()  # once per batch: the next batch is ranked with all of this one
+        if batch.owned:
+            self._train()  # once per batch: the next batch is ranked with all of this one
         return batch.latencies  # type: ignore[return-value]
 
     def _train(self) -> None:
