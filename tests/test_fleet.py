@@ -124,6 +124,42 @@ def test_the_tuner_measures_each_round_as_one_batch_and_logs_boards_and_lost_att
     assert any(r.candidate == lost[0].candidate for r in final)
 
 
+class _Overlapping(PipelinedMeasure):
+    """Counts the batches out at once and the candidates asked for."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.out = self.most = 0
+        self.asked = []
+
+    def measure_batch(self, task, batch):
+        self.asked.extend(batch)
+        self.out += 1
+        self.most = max(self.most, self.out)
+        try:
+            yield from super().measure_batch(task, batch)
+        finally:
+            self.out -= 1
+
+
+def _interrupt_then_resume(task, interrupted, options, *, boards, run_s):
+    """Tune with ``interrupted`` (a PipelinedMeasure class that raises KeyboardInterrupt) then resume.
+
+    Returns the log's records before and after the resume, and what the resumed run asked for.
+    """
+    sizes = dict(build_workers=boards, boards=boards)
+    with interrupted(builder=SleepBuilder(0.0), runner=SleepRunner(boards, run_s), **sizes) as measure:
+        with pytest.raises(KeyboardInterrupt):
+            tune_tasks([task], measure=measure, **options)
+    before = load_records(options["log"])
+    with _Overlapping(builder=SleepBuilder(0.0), runner=SleepRunner(boards, run_s), **sizes) as measure:
+        (summary,) = tune_tasks([task], measure=measure, resume=True, **options)
+    after = load_records(options["log"])
+    assert summary.trials == len(after) == options["trials"]
+    assert len({candidate_key(r.candidate) for r in after}) == len(after)  # nothing measured twice
+    return before, after, measure.asked
+
+
 def test_a_batch_interrupted_half_way_resumes_with_the_other_half(tmp_path):
     task = small_task()
     log = tmp_path / "half.jsonl"
@@ -143,42 +179,9 @@ def test_a_batch_interrupted_half_way_resumes_with_the_other_half(tmp_path):
                     raise KeyboardInterrupt
                 yield item
 
-    with Interrupted(builder=SleepBuilder(0.0), runner=SleepRunner(3, 0.01), build_workers=2, boards=3) as measure:
-        with pytest.raises(KeyboardInterrupt):
-            tune_tasks([task], measure=measure, **options)
-    before = load_records(log)
+    before, _, asked = _interrupt_then_resume(task, Interrupted, options, boards=3, run_s=0.01)
     assert len(before) == 1 + 5 + 6 + 3  # default, first layout (its start point + 4), a batch, half a batch
-    asked = []
-
-    class Counting(PipelinedMeasure):
-        def measure_batch(self, task, batch):
-            asked.extend(batch)
-            yield from super().measure_batch(task, batch)
-
-    with Counting(builder=SleepBuilder(0.0), runner=SleepRunner(3, 0.01), build_workers=2, boards=3) as measure:
-        (summary,) = tune_tasks([task], measure=measure, resume=True, **options)
-    after = load_records(log)
-    assert summary.trials == len(after) == 20
     assert len(asked) == 20 - len(before)  # only what the log did not hold
-    assert len({candidate_key(r.candidate) for r in after}) == 20  # nothing measured twice
-
-
-class _Overlapping(PipelinedMeasure):
-    """Counts the batches out at once and the candidates asked for."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.out = self.most = 0
-        self.asked = []
-
-    def measure_batch(self, task, batch):
-        self.asked.extend(batch)
-        self.out += 1
-        self.most = max(self.most, self.out)
-        try:
-            yield from super().measure_batch(task, batch)
-        finally:
-            self.out -= 1
 
 
 def test_with_lookahead_the_next_batch_builds_while_this_one_runs_and_the_log_is_exact(tmp_path):
@@ -219,17 +222,9 @@ def test_a_run_with_lookahead_interrupted_resumes_to_an_exact_log(tmp_path):
                     raise KeyboardInterrupt
                 yield item
 
-    with Interrupted(builder=SleepBuilder(0.0), runner=SleepRunner(4, 0.02), build_workers=4, boards=4) as measure:
-        with pytest.raises(KeyboardInterrupt):
-            tune_tasks([task], measure=measure, **options)
-    before = load_records(log)
+    before, _, asked = _interrupt_then_resume(task, Interrupted, options, boards=4, run_s=0.02)
     assert 10 <= len(before) <= 14  # the other batch's finished results are logged too
-    with _Overlapping(builder=SleepBuilder(0.0), runner=SleepRunner(4, 0.02), build_workers=4, boards=4) as measure:
-        (summary,) = tune_tasks([task], measure=measure, resume=True, **options)
-    after = load_records(log)
-    assert summary.trials == len(after) == 30
-    assert len(measure.asked) == 30 - len(before)  # only what the log did not hold
-    assert len({candidate_key(r.candidate) for r in after}) == 30
+    assert len(asked) == 30 - len(before)  # only what the log did not hold
 
 
 @pytest.mark.parametrize("options, match", [
