@@ -63,7 +63,8 @@ class Partition:
     #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
     prologue: list[relax.VarBinding] = field(default_factory=list)
     #: attention's softmax over the epilogue's last axis and the matmul of its result, when the
-    #: anchor's strategy :attr:`Strategy.fuses_attention`
+    #: anchor's strategy :attr:`Strategy.fuses_attention`; or, after a 1x1 conv, a depthwise
+    #: conv and a 1x1 conv with their epilogues, when :meth:`Strategy.fuses_block` takes them
     tail: list[relax.VarBinding] = field(default_factory=list)
 
     @property
@@ -141,6 +142,14 @@ class Strategy(abc.ABC):
     #: and a matmul taking the softmax as its left operand (``Partition.tail``): attention
     #: computed per query block, the scores never stored whole.
     fuses_attention: bool = False
+
+    def fuses_block(self, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding], target: HardwareTarget,
+                    options: Any = None) -> bool:
+        """Whether to lower the 1x1 conv ``anchor`` with ``tail`` (a depthwise conv and a 1x1
+        conv with their epilogues, read one by the next) as one kernel; the tail is then
+        :attr:`Partition.tail`. ``options``: the build's options for this strategy. The
+        default: never."""
+        return False
 
     @abc.abstractmethod
     def applicable(self, info: OpInfo) -> str | None:
@@ -251,13 +260,19 @@ class PartitionContext:
         self.views.append((tensor, layout))
         return tensor
 
-    def epilogue_te(self, anchor_out: te.Tensor) -> list[te.Tensor]:
-        """TE of the partition's epilogue ops applied after ``anchor_out``; returns every stage."""
+    def epilogue_te(self, anchor_out: te.Tensor, *, anchor: relax.VarBinding | None = None,
+                    epilogue: Sequence[relax.VarBinding] | None = None, first: int = 0) -> list[te.Tensor]:
+        """TE of the partition's epilogue ops applied after ``anchor_out``; returns every stage.
+
+        ``anchor`` and ``epilogue`` name another anchor of the partition and its element-wise
+        ops (a conv of a block tail), whose stages are numbered from ``first`` on.
+        """
         from .epilogue import epilogue_te
 
         stages = []
-        values = {self.partition.anchor.var: anchor_out}  # region var -> its TE stage
-        for k, binding in enumerate(self.partition.epilogue):
+        anchor = self.partition.anchor if anchor is None else anchor
+        values = {anchor.var: anchor_out}  # region var -> its TE stage
+        for k, binding in enumerate(self.partition.epilogue if epilogue is None else epilogue, start=first):
             operands = []
             for j, arg in enumerate(binding.value.args):
                 if arg in values:
@@ -405,6 +420,17 @@ def workload_key(partition: Partition) -> str:
 def _tail_key(partition: Partition) -> str:
     if not partition.tail:
         return ""
+    if str(partition.tail[0].value.op.name).startswith("relax.nn.conv"):
+        # A block tail: every op, and each conv's weight shape and attributes.
+        parts = []
+        for binding in partition.tail:
+            call = binding.value
+            name = str(call.op.name).removeprefix("relax.")
+            if name.startswith("nn.conv"):
+                attrs = json.dumps(attrs_dict(call.attrs), sort_keys=True, separators=(",", ":"), default=str)
+                name = f"{name}:{static_shape(call.args[1])}:{attrs}"
+            parts.append(name)
+        return f"|then={'+'.join(parts)}:out={static_shape(partition.output)}"
     ops = "+".join(str(b.value.op.name).removeprefix("relax.") for b in partition.tail)
     rhs = partition.tail[-1].value.args[1]
     return f"|then={ops}:{static_shape(rhs)}:{dtype_of(rhs)}"

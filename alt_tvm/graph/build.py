@@ -50,7 +50,7 @@ from alt_tvm.target import HardwareTarget, host, resolve, runs_on_host
 from .canonical import canonicalize
 from .ieee import legalize_overrides
 from .in_layout import channel_blocked, legalize_alone, parallelize, relayout, schedule_in_layout
-from .partition import consumers, plan_partitions
+from .partition import block_pieces, consumers, plan_partitions
 
 LOGGER = logging.getLogger("alt_tvm")
 VARIANTS = ("alt", "alt-wp", "alt-ol")
@@ -578,6 +578,18 @@ class _Mutator(relax.PyExprMutator):
             message = f"{type(err).__name__}: {message}"
         reason = f"strategy {strategy.name!r} failed on {key.split('|')[0]} {key.split('|')[1]}: {message}"
         report.failed[key] = reason
+        pieces = block_pieces(partition)
+        if pieces:
+            # A fused block that failed: its convs are lowered one by one instead.
+            for piece in pieces:
+                if piece.anchor.var in self.selected:
+                    self._emit_partition(piece)
+                else:
+                    for binding in piece.bindings:
+                        for used in relax.analysis.free_vars(binding.value):
+                            self._canonical_arg(used)
+                        super().visit_var_binding_(binding)
+            return
         known = report.fallbacks.setdefault(partition.ops[0], [])
         if reason not in known:
             known.append(reason)

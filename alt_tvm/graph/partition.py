@@ -63,7 +63,8 @@ def _joins(binding: relax.VarBinding, region: set, shape: tuple[int, ...]) -> bo
 def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool],
                     epilogues: bool = True,
                     absorbs_pad: Callable[[relax.VarBinding], bool] | None = None,
-                    fuses_attention: Callable[[relax.VarBinding], bool] | None = None) -> list[Partition]:
+                    fuses_attention: Callable[[relax.VarBinding], bool] | None = None,
+                    fuses_block: Callable[[relax.VarBinding, list], bool] | None = None) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
     The epilogue is the largest run of element-wise ops after the anchor that reads the
@@ -72,7 +73,10 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
     With ``epilogues=False`` every partition is its anchor alone (the ALT-WP ablation).
     Where ``absorbs_pad(anchor)`` holds, a zero ``relax.nn.pad`` feeding the anchor joins it.
     Where ``fuses_attention(anchor)`` holds, the partition goes on through attention's softmax
-    and second matmul (:func:`_attention_tail`).
+    and second matmul (:func:`_attention_tail`). Where a 1x1 conv is followed by a depthwise
+    conv and a 1x1 conv, each read only by the next (an inverted-residual block,
+    :func:`_block_tail`), and ``fuses_block(anchor, tail)`` holds, the partition goes on
+    through both with their epilogues.
     """
     users = consumers(func)
     partitions: list[Partition] = []
@@ -83,27 +87,100 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
             if binding.var in taken or not isinstance(binding, relax.VarBinding) or not is_anchor(binding):
                 continue
             part = Partition(binding)
-            shape = static_shape(binding.var)
-            region = {binding.var}
-            for later in bindings[pos + 1:] if epilogues else []:
-                if later.var in taken or not isinstance(later, relax.VarBinding):
-                    continue
-                reads_region = any(v in region for v in relax.analysis.free_vars(later.value))
-                if not reads_region:
-                    continue
-                if is_anchor(later) or not _joins(later, region, shape):
-                    break
-                part.epilogue.append(later)
-                region.add(later.var)
-            _trim(part, users)
+            if epilogues:
+                part.epilogue = _epilogue(binding, bindings[pos + 1:], users, taken, is_anchor)
             if epilogues and fuses_attention is not None and fuses_attention(binding):
                 part.tail = _attention_tail(part, bindings[pos + 1:], users, taken)
             producer = _pad_producer(binding, bindings[:pos], users) if absorbs_pad and absorbs_pad(binding) else None
             if producer is not None and producer.var not in taken:
                 part.prologue.append(producer)
+            elif epilogues and fuses_block is not None and not part.tail:
+                tail = _block_tail(part, bindings[pos + 1:], users, taken, is_anchor)
+                if tail and fuses_block(binding, tail):
+                    part.tail = tail
             taken.update(b.var for b in part.bindings)
             partitions.append(part)
     return partitions
+
+
+def _epilogue(anchor: relax.VarBinding, later: list, users: dict, taken: set,
+              is_anchor: Callable[[relax.VarBinding], bool]) -> list[relax.VarBinding]:
+    """The epilogue of ``anchor`` among the ``later`` bindings (:func:`find_partitions`)."""
+    part = Partition(anchor)
+    shape = static_shape(anchor.var)
+    region = {anchor.var}
+    for binding in later:
+        if binding.var in taken or not isinstance(binding, relax.VarBinding):
+            continue
+        if not any(v in region for v in relax.analysis.free_vars(binding.value)):
+            continue
+        if is_anchor(binding) or not _joins(binding, region, shape):
+            break
+        part.epilogue.append(binding)
+        region.add(binding.var)
+    _trim(part, users)
+    return part.epilogue
+
+
+def _conv2d_attrs(binding: relax.VarBinding | None) -> dict | None:
+    """The attributes of an NCHW/OIHW ``conv2d`` with a constant weight, else None."""
+    if binding is None or op_name(binding.value) != "relax.nn.conv2d" or const_value(binding.value.args[1]) is None:
+        return None
+    attrs = attrs_dict(binding.value.attrs)
+    if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW":
+        return None
+    return attrs
+
+
+def _pointwise(binding: relax.VarBinding | None) -> bool:
+    """Is ``binding`` a dense 1x1 conv2d with stride 1 and no padding?"""
+    attrs = _conv2d_attrs(binding)
+    return (attrs is not None and int(attrs.get("groups", 1)) == 1
+            and static_shape(binding.value.args[1])[2:] == (1, 1)
+            and all(int(v) == 1 for v in (*attrs.get("strides", [1, 1]), *attrs.get("dilation", [1, 1])))
+            and not any(int(p) for p in attrs.get("padding", [0] * 4)))
+
+
+def _block_tail(part: Partition, later: list, users: dict, taken: set,
+                is_anchor: Callable[[relax.VarBinding], bool]) -> list[relax.VarBinding]:
+    """``[depthwise, *its epilogue, 1x1 conv, *its epilogue]`` when the 1x1 conv ``part``'s
+    value is read only by a depthwise conv2d whose value is read only by a 1x1 conv2d (the
+    expand -> depthwise -> project chain of an inverted-residual block, MobileNetV2 §3.3),
+    else ``[]``."""
+    if not _pointwise(part.anchor):
+        return []
+    by_var = {b.var: b for b in later if isinstance(b, relax.VarBinding)}
+
+    def only_reader(value: relax.Var) -> relax.VarBinding | None:
+        readers = users.get(value, [])
+        return by_var.get(readers[0]) if len(readers) == 1 else None
+
+    depthwise = only_reader(part.output)
+    attrs = _conv2d_attrs(depthwise)
+    channels = static_shape(part.anchor.var)[1]
+    if (attrs is None or int(attrs.get("groups", 1)) != channels or not depthwise.value.args[0].same_as(part.output)
+            or static_shape(depthwise.var)[1] != channels):
+        return []
+    rest = later[later.index(depthwise) + 1:]
+    dw_epilogue = _epilogue(depthwise, rest, users, taken, is_anchor)
+    dw_value = (dw_epilogue[-1] if dw_epilogue else depthwise).var
+    project = only_reader(dw_value)
+    if not _pointwise(project) or not project.value.args[0].same_as(dw_value):
+        return []
+    project_epilogue = _epilogue(project, later[later.index(project) + 1:], users, taken, is_anchor)
+    tail = [depthwise, *dw_epilogue, project, *project_epilogue]
+    return [] if any(b.var in taken for b in tail) else tail
+
+
+def block_pieces(partition: Partition) -> list[Partition]:
+    """A partition with a block tail (:func:`_block_tail`) as its three convs' own partitions
+    (for lowering them one by one when the fused kernel cannot be built); ``[]`` for others."""
+    if not partition.tail or op_name(partition.tail[0].value) != "relax.nn.conv2d":
+        return []
+    project = next(i for i, b in enumerate(partition.tail) if i and op_name(b.value) == "relax.nn.conv2d")
+    return [Partition(partition.anchor, list(partition.epilogue), list(partition.prologue)),
+            Partition(partition.tail[0], partition.tail[1:project]),
+            Partition(partition.tail[project], partition.tail[project + 1:])]
 
 
 def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> list[relax.VarBinding]:
@@ -312,7 +389,9 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
     def partition() -> list[Partition]:
         return find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
                                absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad,
-                               fuses_attention=lambda b: plan.strategies[b.var].fuses_attention)
+                               fuses_attention=lambda b: plan.strategies[b.var].fuses_attention,
+                               fuses_block=lambda b, tail: plan.strategies[b.var].fuses_block(
+                                   b, tail, target, options.get(plan.strategies[b.var].name)))
 
     plan.partitions = partition()
     for part in plan.partitions if chosen else []:

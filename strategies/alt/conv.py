@@ -32,6 +32,7 @@ from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, static_shape
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
+from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, split_tail, work_ratio
 from .tiling import DefaultConvTiling, default_conv_tiling
 
 LayoutKind = Literal["nchw", "nhwc", "tiled"]
@@ -409,9 +410,34 @@ class AltConvStrategy(Strategy):
                                    in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
                                    registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes)
 
+    def fuses_block(self, anchor, tail, target, options=None) -> bool:
+        """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the
+        L2 cache with a band per core and, by default, the recomputed rows leave the fused
+        kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work. The
+        option ``fuse_blocks``: True (that rule), False (never), ``"always"`` (wherever a band fits)."""
+        fuse = (options or {}).get("fuse_blocks", True)
+        if fuse not in (True, False, "always"):
+            raise ValueError(f"strategy_options['alt']['fuse_blocks'] must be True, False or 'always', got {fuse!r}")
+        if fuse is False or target.to_tvm().kind.name != "llvm":
+            return False
+        try:
+            geometry = BlockGeometry.of(anchor, tail)
+        except ValueError:
+            return False
+        tiling = self.default_tiling(ConvGeometry.of(split_tail(tail)[2]), target)
+        rows = band_rows(geometry, row_tile=tiling.spatial[0], cores=target.num_cores, l2_bytes=target.l2_bytes)
+        if rows is None or tiling.two_level:
+            return False
+        return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= MAX_WORK_RATIO
+
     def space(self, anchor, context) -> Any:
-        """The tuning space of this partition (the defaults are the untuned build's choice)."""
+        """The tuning space of this partition (the defaults are the untuned build's choice).
+        A fused block (a partition with a tail) has none yet: it is lowered with its analytic
+        bands and register blocks."""
         from .space import ConvSpace
+
+        if context.partition.tail:
+            return None
 
         geometry = ConvGeometry.of(anchor)
         machine = context.target
@@ -481,6 +507,10 @@ class AltConvStrategy(Strategy):
             pad_in_tile=geometry.in_per_group == 1 and geometry.out_per_group == 1)
 
     def implement(self, anchor, context) -> Any:
+        if context.partition.tail:
+            project = split_tail(context.partition.tail)[2]
+            return implement_block(anchor, context, strategy=self.name,
+                                   project_tiling=self.default_tiling(ConvGeometry.of(project), context.target))
         call = anchor.value
         geometry = ConvGeometry.of(anchor, context.partition.prologue)
         rank = geometry.rank

@@ -1,0 +1,141 @@
+"""Inverted-residual blocks fused into one kernel, against the same blocks as three kernels.
+
+Builds each model three ways: ``unfused`` (``strategy_options={"alt": {"fuse_blocks": False}}``),
+``default`` (fused where the expanded map exceeds the L2 cache) and ``always`` (every block
+whose band fits). Every build is checked against ONNX Runtime. Then:
+
+* per block, inside the model (``CompiledModel.profile``, median of ``--repeat`` runs): the
+  fused kernel's time against the sum of the three unfused kernels (expand, depthwise,
+  project) of the same block, and the traffic fusion removes;
+* whole models timed interleaved (:func:`alt_tvm.graph.baselines.time_interleaved`, TVM's
+  pool not spinning, ONNX Runtime with 2 intra-op threads and spinning off).
+
+    python scripts/bench_blocks.py models/public/tv_mobilenet_v2.onnx [more.onnx] [--rounds 9]
+        [--repeat 30] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = {"unfused": False, "default": True, "always": "always"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", type=Path, help="ONNX files")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the whole-model timing")
+    parser.add_argument("--repeat", type=int, default=30, help="profiled runs per build (median per kernel)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    return parser.parse_args(argv)
+
+
+def block_rows(fused, unfused, fused_profile, unfused_profile) -> list[dict]:
+    """One row per fused kernel of ``fused``: its time, and its three kernels' in ``unfused``.
+
+    A fused kernel's workload key is its expand conv's key with the tail appended; the
+    unfused build emits that expand conv's kernel followed by its depthwise and project
+    kernels. Blocks with equal keys are matched in program order.
+    """
+    fused_ms = {r.kernel: r.ms for r in fused_profile.rows()}
+    unfused_ms = {r.kernel: r.ms for r in unfused_profile.rows()}
+    plain = [k for k in unfused.report.kernels if k.kind == "partition"]
+    seen: dict[str, int] = defaultdict(int)
+    rows = []
+    for kernel in fused.report.kernels:
+        if kernel.kind != "partition" or "|then=nn.conv2d" not in kernel.workload:
+            continue
+        expand_key = kernel.workload.split("|then=")[0]
+        matches = [i for i, k in enumerate(plain) if k.workload == expand_key]
+        index = matches[seen[expand_key]]
+        seen[expand_key] += 1
+        three = plain[index:index + 3]
+        parts = [unfused_ms[k.name] for k in three]
+        fields = kernel.workload.split("|")
+        dw = re.search(r"then=nn\.conv2d:\(\d+, 1, (\d+), (\d+)\):(\{[^}]*\})", kernel.workload)
+        strides = json.loads(dw.group(3)).get("strides", [1, 1])
+        rows.append({"kernel": kernel.name, "block": f"{fields[1].split(':')[0]} -> {fields[-1].split('out=')[-1]}",
+                     "depthwise": f"{dw.group(1)}x{dw.group(2)}/{strides[0]}",
+                     "unfused_ms": parts, "unfused_total_ms": sum(parts), "fused_ms": fused_ms[kernel.name],
+                     "speedup": sum(parts) / fused_ms[kernel.name]})
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import onnx
+
+    import alt_tvm
+    from alt_tvm.deploy.model import use_runtime_threads
+    from alt_tvm.graph import baselines
+    from alt_tvm.target import host
+    from alt_tvm.timing import measure_memory_bandwidth, measure_peak_gflops
+
+    baselines.quiet_tvm_pool()
+    machine = host()
+    threads = machine.num_cores
+    use_runtime_threads(threads)
+    peak = measure_peak_gflops(threads=threads)
+    bandwidth = measure_memory_bandwidth(threads=threads)
+    print(f"{threads} threads; FP32 FMA peak {peak:.0f} GFLOP/s, memory bandwidth {bandwidth:.0f} GB/s, "
+          f"L2 {machine.l2_bytes >> 10} KiB")
+    results = []
+    for path in args.models:
+        model = onnx.load(str(path))
+        ort = baselines.onnxruntime_session(path, threads=threads)
+        builds = {name: alt_tvm.build(model, strategy_options={"alt": {"fuse_blocks": value}})
+                  for name, value in VARIANTS.items()}
+        rng = np.random.default_rng(0)
+        unfused = builds["unfused"]
+        x = [rng.standard_normal(s).astype(d) for s, d in zip(unfused.input_shapes, unfused.input_dtypes)]
+        reference = ort(*x)[0]
+        errors = {}
+        for name, built in builds.items():
+            out = built(*x)[0]
+            errors[name] = float(np.abs(out - reference).max() / np.abs(reference).max())
+            if errors[name] > 1e-3:
+                raise SystemExit(f"{path.name} {name}: max relative error {errors[name]:.2e} against ONNX Runtime")
+        profiles = {name: built.profile(*x, repeat=args.repeat) for name, built in builds.items()}
+        blocks = block_rows(builds["always"], unfused, profiles["always"], profiles["unfused"])
+        runners = {name: (built, x) for name, built in builds.items()}
+        runners["onnxruntime"] = (ort, x)
+        timed = baselines.time_interleaved(runners, rounds=args.rounds, repeat=10)
+        print(f"\n{path.name}: max relative error vs ONNX Runtime "
+              + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
+        print("| block (input -> output) | depthwise | unfused: expand + dw + project ms | fused ms | speed-up |"
+              " fused by default |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for row in blocks:
+            parts = " + ".join(f"{p:.3f}" for p in row["unfused_ms"])
+            row["default"] = _same_block(row, builds)
+            default = "yes" if row["default"] else "no"
+            print(f"| {row['block']} | {row['depthwise']} | {parts} = {row['unfused_total_ms']:.3f} | "
+                  f"{row['fused_ms']:.3f} | {row['speedup']:.2f}x | {default} |")
+        ort_ms = timed["onnxruntime"][0]
+        print("\n| build | model ms | vs unfused | ORT / alt-tvm |\n| --- | --- | --- | --- |")
+        for name in [*VARIANTS, "onnxruntime"]:
+            ms = timed[name][0]
+            print(f"| {name} | {ms:.3f} | {timed['unfused'][0] / ms:.3f}x | {ort_ms / ms:.2f}x |")
+        results.append({"model": path.name, "errors": errors, "blocks": blocks,
+                        "model_ms": {n: t[0] for n, t in timed.items()}, "peak_gflops": peak,
+                        "bandwidth_gbs": bandwidth})
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _same_block(row: dict, builds: dict) -> bool:
+    """Whether the default build fused the block of ``row`` (same expand key and tail)."""
+    always = {k.name: k.workload for k in builds["always"].report.kernels}
+    return always[row["kernel"]] in {k.workload for k in builds["default"].report.kernels}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

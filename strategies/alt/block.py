@@ -1,0 +1,264 @@
+"""An inverted-residual block as one kernel: expand 1x1 -> depthwise -> project 1x1.
+
+MobileNetV2 (Sandler et al. 2018, §3.3 and §5.1) notes that the block's expanded
+intermediate need never be materialised whole. Computed one op at a time, the expanded map
+(``M = 6 C`` channels at full resolution: 4.8 MB for MobileNet-V2's second block) is written
+to memory by the expand conv and read back by the depthwise conv, whose output is written
+and read again by the project conv: on a CPU these kernels run at the memory roof.
+
+Here each parallel task takes a band of ``R`` output rows (:func:`band_rows`) and computes,
+in order, the expanded rows that band's depthwise windows read (with the expand conv's
+epilogue), the depthwise rows (with its epilogue) and the band's output (with the project
+conv's epilogue, e.g. the residual add). The band's intermediates live in cache. Interior
+bands recompute the ``K - S`` expanded rows their windows share with the next band: the
+band is chosen to keep that recomputation small while its buffers fit in the L2 cache.
+
+Layouts (ALT paper §5.1): the expanded and depthwise maps are stored per band as rows of
+channel vectors (``N H 1 M/mt 1 W mt``: a depthwise tap reads one vector, a 1x1 conv reads
+the channels of one position contiguously); the output is stored as the unfused project
+conv would store it, so the consumers see the same layout either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax, te
+
+from alt_tvm import ops
+from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.layout.templates import conv_output_tiled, conv_weight_tiled
+from alt_tvm.strategies.base import attrs_dict, static_shape
+from alt_tvm.target import HardwareTarget
+
+from .tiling import channel_tile, register_block
+
+__all__ = ["MAX_WORK_RATIO", "BlockGeometry", "band_rows", "implement_block", "split_tail", "work_ratio"]
+
+
+def split_tail(tail: Sequence[relax.VarBinding]) -> tuple[Any, list, Any, list]:
+    """``(depthwise, its epilogue, project, its epilogue)`` of a block tail."""
+    convs = [i for i, b in enumerate(tail) if str(b.value.op.name) == "relax.nn.conv2d"]
+    if len(convs) != 2 or convs[0] != 0:
+        raise ValueError(f"a block tail is [depthwise, *epilogue, conv1x1, *epilogue], got "
+                         f"{[str(b.value.op.name) for b in tail]}")
+    k = convs[1]
+    return tail[0], list(tail[1:k]), tail[k], list(tail[k + 1:])
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    """The shapes of an expand -> depthwise -> project chain (NCHW, batch ``n``)."""
+
+    n: int
+    c: int  #: input channels
+    m: int  #: expanded channels
+    o: int  #: output channels
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    #: depthwise padding: top, left, bottom, right
+    pads: tuple[int, int, int, int]
+
+    @classmethod
+    def of(cls, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding]) -> BlockGeometry:
+        depthwise, _, project, _ = split_tail(tail)
+        n, c, h, w = static_shape(anchor.value.args[0])
+        m = static_shape(anchor.var)[1]
+        attrs = attrs_dict(depthwise.value.attrs)
+        if any(int(d) != 1 for d in attrs.get("dilation", [1, 1])):
+            raise ValueError(f"block fusion needs an undilated depthwise conv, got dilation {attrs['dilation']}")
+        _, o, oh, ow = static_shape(project.var)
+        return cls(n=n, c=c, m=m, o=o, h=h, w=w, oh=oh, ow=ow,
+                   kernel=tuple(static_shape(depthwise.value.args[1])[2:]),
+                   stride=tuple(int(s) for s in attrs.get("strides", [1, 1])),
+                   pads=tuple(int(p) for p in attrs.get("padding", [0, 0, 0, 0])))
+
+    def expanded_rows(self, rows: int) -> int:
+        """Padded expanded rows the depthwise windows of ``rows`` output rows read."""
+        return (rows - 1) * self.stride[0] + self.kernel[0]
+
+    @property
+    def expanded_bytes(self) -> int:
+        return 4 * self.n * self.m * self.h * self.w
+
+    def band_bytes(self, rows: int) -> int:
+        """The band's expanded (padded) and depthwise buffers, in bytes."""
+        padded_w = self.w + self.pads[1] + self.pads[3]
+        return 4 * self.m * (self.expanded_rows(rows) * padded_w + rows * self.ow)
+
+    def flops(self, rows: int) -> float:
+        """FLOPs of one band of ``rows`` output rows, its expanded rows recomputed."""
+        expand = 2 * self.c * self.m * self.w * min(self.expanded_rows(rows), self.h)
+        depthwise = 2 * self.kernel[0] * self.kernel[1] * self.m * rows * self.ow
+        project = 2 * self.m * self.o * rows * self.ow
+        return float(expand + depthwise + project)
+
+
+#: Fuse by default while the fused kernel's estimated work (recomputed rows, bands in rounds
+#: over the cores) is at most this multiple of the three kernels'. Measured in MobileNet-V2 on
+#: 2 cores: blocks at 1.05-1.54x the work ran 1.14-1.85x faster fused; the 7x7 blocks, whose
+#: bands are single rows (1.89x and 2.25x the work), ran 0.84-0.93x as fast.
+MAX_WORK_RATIO = 1.6
+
+
+def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
+    """The fused kernel's work with bands of ``rows`` rows over ``cores``, over the unfused kernels'."""
+    g = geometry
+    bands = g.n * g.oh // rows
+    unfused = g.n * (2 * g.c * g.m * g.h * g.w + 2 * g.kernel[0] * g.kernel[1] * g.m * g.oh * g.ow
+                     + 2 * g.m * g.o * g.oh * g.ow)
+    return -(-bands // cores) * cores * g.flops(rows) / unfused
+
+
+def band_rows(geometry: BlockGeometry, *, row_tile: int, cores: int, l2_bytes: int) -> int | None:
+    """Output rows per parallel band: a multiple of the output layout's ``row_tile`` that
+    divides the output height, leaves at least one band per core, and whose buffers fit
+    half the L2 cache, with the least estimated time (FLOPs with recomputed rows, times the
+    rounds of bands over ``cores``). None when no band qualifies."""
+    best = None
+    for rows in range(row_tile, geometry.oh + 1, row_tile):
+        bands = geometry.n * geometry.oh // rows
+        if geometry.oh % rows or bands < cores or geometry.band_bytes(rows) > l2_bytes // 2:
+            continue
+        rounds = -(-bands // cores)
+        cost = rounds * geometry.flops(rows)
+        if best is None or cost < best[0]:
+            best = (cost, rows)
+    return None if best is None else best[1]
+
+
+def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: Any, strategy: str) -> Any:
+    """Lower the partition ``context.partition`` (a 1x1 conv with a block tail) to one kernel.
+
+    ``project_tiling`` is the project conv's analytic tiling (a ``DefaultConvTiling``): the
+    output is stored and register-blocked as the unfused conv would be.
+    """
+    target: HardwareTarget = context.target
+    geometry = BlockGeometry.of(anchor, context.partition.tail)
+    depthwise, dw_epilogue, project, project_epilogue = split_tail(context.partition.tail)
+    lanes = target.vector_lanes("float32")
+    budget = max(1, (target.vector_registers or 16) * 3 // 4)
+    rows = band_rows(geometry, row_tile=project_tiling.spatial[0], cores=target.num_cores,
+                     l2_bytes=target.l2_bytes)
+    if rows is None:
+        raise ValueError(f"no band of output rows of {geometry} fits half the L2 cache ({target.l2_bytes} B)")
+    g = geometry
+    top, left, bottom, right = g.pads
+    hp, wp = g.h + top + bottom, g.w + left + right
+    data = context.te_input(anchor.value.args[0], "data")
+    expand_w = context.te_input(anchor.value.args[1], "expand_weight")
+    dw_w = context.te_input(depthwise.value.args[1], "depthwise_weight")
+    project_w = context.te_input(project.value.args[1], "project_weight")
+    # The expand conv and its epilogue run over the depthwise conv's padded domain, reading
+    # the input at clamped (always valid) positions; the last stage zeroes the border. So the
+    # depthwise conv reads the expanded rows as they are written, with no pad stage between.
+    clamped = te.compute((g.n, g.c, hp, wp), lambda n, c, y, x: data(
+        n, c, te.max(te.min(y - top, g.h - 1), 0), te.max(te.min(x - left, g.w - 1), 0)), name="expand_input")
+    expand = ops.conv(clamped, expand_w, strides=1, dilation=1, name="expand")
+    expand_stages = context.epilogue_te(expand)
+    last = expand_stages[-1] if expand_stages else expand
+    zero = tvm.tirx.const(0.0, "float32")
+    padded = te.compute((g.n, g.m, hp, wp), lambda n, m, y, x: tvm.tirx.if_then_else(
+        tvm.tirx.all(y >= top, y < top + g.h, x >= left, x < left + g.w), last(n, m, y, x), zero), name="expand_pad")
+    dw = ops.conv(padded, dw_w, strides=g.stride, dilation=1, groups=g.m, name="depthwise")
+    first = len(context.partition.epilogue)
+    dw_stages = context.epilogue_te(dw, anchor=depthwise, epilogue=dw_epilogue, first=first)
+    pw = ops.conv(dw_stages[-1] if dw_stages else dw, project_w, strides=1, dilation=1, name="project")
+    pw_stages = context.epilogue_te(pw, anchor=project, epilogue=project_epilogue, first=first + len(dw_epilogue))
+
+    mt = channel_tile(g.m, lanes)
+    layouts = TensorMap()
+    for conv, stages in ((expand, [*expand_stages, padded]), (dw, dw_stages)):
+        shape = [int(s) for s in conv.shape]
+        rows_of_vectors = conv_output_tiled(shape, spatial_tiles=[1, shape[3]], channel_tile=mt)
+        layouts.update((t, rows_of_vectors) for t in [conv, *stages])
+    out_shape = [int(s) for s in pw.shape]
+    output = conv_output_tiled(out_shape, spatial_tiles=list(project_tiling.spatial), channel_tile=project_tiling.ot)
+    layouts.update((t, output) for t in [pw, *pw_stages])
+    layouts[expand_w] = conv_weight_tiled([g.m, g.c, 1, 1], out_tile=mt, in_tile=1)
+    layouts[dw_w] = conv_weight_tiled([g.m, 1, *g.kernel], out_tile=mt, in_tile=1)
+    layouts[project_w] = conv_weight_tiled([g.o, g.m, 1, 1], out_tile=project_tiling.ot, in_tile=1)
+    mt_vectors = -(-mt // lanes)
+    params = dict(
+        band=rows // project_tiling.spatial[0],
+        expand_reg=register_block(wp, budget // mt_vectors),
+        channel_vector=mt,
+        dw_reg=register_block(g.ow, budget // mt_vectors),
+        project_reg=project_tiling.reg)
+
+    def schedule(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+        return schedule_block(func, clamped=clamped, expand=(expand, [*expand_stages, padded]),
+                              depthwise=(dw, dw_stages), project=(pw, pw_stages), **params)
+
+    return context.finish(output=pw_stages[-1] if pw_stages else pw, layouts=layouts, strategy=strategy,
+                          schedule=schedule)
+
+
+def _registers(sch: tvm.s_tir.Schedule, block: Any, stages: list, *, at: Any, positions: Any, vector: Any,
+               reduction: Any) -> Any:
+    """Accumulate ``block`` in registers, written back (through ``stages``, its epilogue,
+    inlined) once per register block at loop ``at``; returns the write-back block."""
+    for stage in stages[:-1]:
+        sch.compute_inline(sch.get_sblock(stage.op.name))
+    write = sch.cache_write(block, 0, "local")
+    if stages:
+        sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
+    sch.reverse_compute_at(write, at)
+    sch.vectorize(vector)
+    sch.unroll(positions)
+    sch.decompose_reduction(block, reduction)
+    sch.vectorize(sch.get_loops(write)[-1])
+    return write
+
+
+def schedule_block(func: tvm.tirx.PrimFunc, *, clamped: te.Tensor, expand: tuple, depthwise: tuple,
+                   project: tuple, band: int, expand_reg: int, dw_reg: int, project_reg: int,
+                   channel_vector: int) -> tvm.IRModule:
+    """Loops (outer to inner)::
+
+        parallel(n, bands)
+          padded expanded rows . M/mt . Wp/reg . C . reg . mt       (+ epilogue per register block)
+          depthwise rows . M/mt . OW/reg . Kh . Kw . reg . mt      (+ epilogue)
+          band rows . OW/wt . O/ot . wt/reg . M/mt . ht . reg . mt . ot (+ epilogue)
+    """
+    sch = tvm.s_tir.Schedule(func)
+    sch.compute_inline(sch.get_sblock(clamped.op.name))
+    # The project conv: the output layout's loops, rows grouped into bands.
+    pw, pw_stages = project
+    block = sch.get_sblock(pw.op.name)
+    n, ho, wo, oo, hi, wi, oi, rc, *window = sch.get_loops(block)
+    bands, ho = sch.split(ho, [None, band])
+    wio, wii = sch.split(wi, [None, project_reg])
+    rco, rci = sch.split(rc, [None, channel_vector])  # the depthwise map's channel vectors
+    sch.reorder(n, bands, ho, wo, oo, wio, rco, *window, rci, hi, wii, oi)
+    task = sch.fuse(n, bands)
+    sch.parallel(task)
+    sch.unroll(hi)
+    _registers(sch, block, pw_stages, at=wio, positions=wii, vector=oi, reduction=rco)
+    # The depthwise conv and the expand conv: rows of channel vectors, per band.
+    for (conv, stages), reg in ((depthwise, dw_reg), (expand, expand_reg)):
+        for stage in stages[:-1]:
+            sch.compute_inline(sch.get_sblock(stage.op.name))
+        final = sch.cache_write(sch.get_sblock(conv.op.name), 0, "local")
+        if stages:
+            sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
+        sch.compute_at(final, task, preserve_unit_loops=True)
+        conv_block = sch.get_sblock(conv.op.name)
+        sch.compute_at(conv_block, task, preserve_unit_loops=True)
+        _, h, _, mo, _, w, mi, *reduce = sch.get_loops(conv_block)[1:]
+        wo_, wi_ = sch.split(w, [None, reg])
+        channels, window = reduce[0], reduce[1:]
+        sch.reorder(h, mo, wo_, channels, *window, wi_, mi)
+        sch.vectorize(mi)
+        sch.unroll(wi_)
+        sch.decompose_reduction(conv_block, channels)
+        sch.reverse_compute_at(final, wo_)
+        sch.vectorize(sch.get_loops(final)[-1])
+    return sch.mod

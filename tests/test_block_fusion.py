@@ -1,0 +1,124 @@
+"""Inverted-residual blocks (expand 1x1 -> depthwise -> project 1x1) lowered as one kernel.
+
+Each block is built fused (``fuse_blocks="always"``, as these maps are small enough to stay
+in cache either way) and checked against PyTorch; the IR checks say what was fused.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from alt_tvm.graph import build as build_module
+from alt_tvm.graph.build import build
+from alt_tvm.graph.partition import block_pieces, plan_partitions
+from alt_tvm.strategies.alt import block
+from alt_tvm.target import resolve
+
+
+class _InvertedResidual(nn.Module):  # MobileNet-V2's block: ReLU6 after expand and depthwise
+    def __init__(self, c, o, *, expand=6, kernel=3, stride=1, residual=True, act=nn.ReLU6):
+        super().__init__()
+        m = c * expand
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.expand, self.act1 = nn.Conv2d(c, m, 1), act()
+        self.dw, self.act2 = nn.Conv2d(m, m, kernel, stride, kernel // 2, groups=m), act()
+        self.project = nn.Conv2d(m, o, 1)
+        self.residual = residual and stride == 1 and c == o
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        y = self.project(self.act2(self.dw(self.act1(self.expand(x)))))
+        return y + x if self.residual else y
+
+
+CASES = {
+    "stride1_residual": (dict(c=16, o=16), (1, 3, 20, 20)),
+    "stride2": (dict(c=8, o=24, stride=2), (1, 3, 28, 28)),
+    "kernel5_silu": (dict(c=8, o=16, kernel=5, act=nn.SiLU), (1, 3, 14, 14)),
+    "odd_map_stride2": (dict(c=16, o=32, stride=2, expand=4), (1, 3, 15, 15)),
+    "batch2": (dict(c=8, o=8), (2, 3, 12, 12)),
+}
+
+ALWAYS = {"alt": {"fuse_blocks": "always"}}
+
+
+def _fused(built):
+    return [k for k in built.report.kernels if k.kind == "partition" and k.ops.count("relax.nn.conv2d") == 3]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_block_matches_pytorch(case):
+    kwargs, shape = CASES[case]
+    torch.manual_seed(0)
+    model = _InvertedResidual(**kwargs).eval()
+    x = torch.randn(*shape)
+    built = build(model, example_inputs=[x], strategy_options=ALWAYS, strict=True)
+    fused = _fused(built)
+    assert len(fused) == 1, [k.ops for k in built.report.kernels]
+    assert "then=nn.conv2d" in fused[0].workload
+    if model.residual:
+        assert fused[0].ops[-1] == "relax.add"  # the residual add is the project conv's epilogue
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    assert not [k for k in built.report.kernels if k.kind == "conversion" and not k.boundary]
+
+
+def test_single_row_bands_are_not_fused_by_default_and_nothing_with_the_option_off():
+    """On a 7x7 map every band is one output row, whose three expanded rows are recomputed
+    by the next band: more work than the rule allows (:data:`block.MAX_WORK_RATIO`)."""
+    torch.manual_seed(0)
+    model = _InvertedResidual(32, 32).eval()
+    x = torch.randn(1, 3, 7, 7)
+    for options in (None, {"alt": {"fuse_blocks": False}}):
+        built = build(model, example_inputs=[x], strategy_options=options)
+        assert _fused(built) == []
+        assert sum(k.ops[0] == "relax.nn.conv2d" for k in built.report.kernels if k.kind == "partition") == 4
+
+
+def test_fuse_blocks_option_rejects_other_values():
+    torch.manual_seed(0)
+    model = _InvertedResidual(8, 8).eval()
+    with pytest.raises(ValueError, match="fuse_blocks.*True, False or 'always'.*'yes'"):
+        build(model, example_inputs=[torch.randn(1, 3, 8, 8)], strategy_options={"alt": {"fuse_blocks": "yes"}})
+
+
+def test_a_block_with_cheap_bands_is_fused_by_default():
+    torch.manual_seed(0)
+    model = _InvertedResidual(16, 24, stride=2).eval()
+    x = torch.randn(1, 3, 56, 56)
+    from alt_tvm.graph.frontend import load_model
+
+    target = resolve(None)
+    plan = plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"], target=target)
+    tails = [p for p in plan.partitions if p.tail]
+    assert len(tails) == 1 and len(block_pieces(tails[0])) == 3
+    assert [len(piece.epilogue) for piece in block_pieces(tails[0])] == [2, 2, 1]  # bias + clip, bias + clip, bias
+    geometry = block.BlockGeometry.of(tails[0].anchor, tails[0].tail)
+    assert (geometry.c, geometry.m, geometry.o, geometry.oh, geometry.stride) == (16, 96, 24, 28, (2, 2))
+
+
+def test_a_fused_block_that_fails_is_lowered_as_three_kernels(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this block")
+
+    monkeypatch.setattr("alt_tvm.strategies.alt.conv.implement_block", broken)
+    torch.manual_seed(0)
+    model = _InvertedResidual(16, 16).eval()
+    x = torch.randn(1, 3, 12, 12)
+    built = build(model, example_inputs=[x], strategy_options=ALWAYS)
+    assert _fused(built) == []
+    assert any("no kernel for this block" in why for why in built.report.failed.values())
+    convs = [k for k in built.report.kernels if k.kind == "partition" and k.ops[0] == "relax.nn.conv2d"]
+    assert len(convs) == 4  # stem, expand, depthwise, project: each an alt-tvm kernel, none left to TVM
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_band_rows_fit_half_the_l2_cache_and_divide_the_output():
+    geometry = block.BlockGeometry(n=1, c=16, m=96, o=24, h=112, w=112, oh=56, ow=56, kernel=(3, 3),
+                                   stride=(2, 2), pads=(1, 1, 1, 1))
+    rows = block.band_rows(geometry, row_tile=4, cores=2, l2_bytes=2 << 20)
+    assert rows is not None and rows % 4 == 0 and 56 % rows == 0
+    assert geometry.band_bytes(rows) <= 1 << 20
+    assert block.band_rows(geometry, row_tile=4, cores=2, l2_bytes=64 << 10) is None  # no band fits 32 KiB
