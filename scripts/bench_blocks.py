@@ -1,8 +1,10 @@
 """Inverted-residual blocks fused into one kernel, against the same blocks as three kernels.
 
 Builds each model three ways: ``unfused`` (``strategy_options={"alt": {"fuse_blocks": False}}``),
-``default`` (fused where the expanded map exceeds the L2 cache) and ``always`` (every block
-whose band fits). Every build is checked against ONNX Runtime. Then:
+``default`` (fused where the bands' recomputed rows cost little: ``block.MAX_WORK_RATIO``) and
+``always`` (every block whose band fits); with ``--scale-fold`` also ``unscaled``: the default
+build without squeeze-excitation scaling folded into the next conv (the multiply then runs as
+a kernel of its own, as before). Every build is checked against ONNX Runtime. Then:
 
 * per block, inside the model (``CompiledModel.profile``, median of ``--repeat`` runs): the
   fused kernel's time against the sum of the three unfused kernels (expand, depthwise,
@@ -34,6 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the whole-model timing")
     parser.add_argument("--repeat", type=int, default=30, help="profiled runs per build (median per kernel)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--scale-fold", action="store_true",
+                        help="also build without squeeze-excitation scaling folded into the next conv")
     return parser.parse_args(argv)
 
 
@@ -92,6 +96,8 @@ def main(argv=None) -> int:
         ort = baselines.onnxruntime_session(path, threads=threads)
         builds = {name: alt_tvm.build(model, strategy_options={"alt": {"fuse_blocks": value}})
                   for name, value in VARIANTS.items()}
+        if args.scale_fold:
+            builds["unscaled"] = _without_scale_folding(alt_tvm.build, model)
         rng = np.random.default_rng(0)
         unfused = builds["unfused"]
         x = [rng.standard_normal(s).astype(d) for s, d in zip(unfused.input_shapes, unfused.input_dtypes)]
@@ -120,7 +126,7 @@ def main(argv=None) -> int:
                   f"{row['fused_ms']:.3f} | {row['speedup']:.2f}x | {default} |")
         ort_ms = timed["onnxruntime"][0]
         print("\n| build | model ms | vs unfused | ORT / alt-tvm |\n| --- | --- | --- | --- |")
-        for name in [*VARIANTS, "onnxruntime"]:
+        for name in [*builds, "onnxruntime"]:
             ms = timed[name][0]
             print(f"| {name} | {ms:.3f} | {timed['unfused'][0] / ms:.3f}x | {ort_ms / ms:.2f}x |")
         results.append({"model": path.name, "errors": errors, "blocks": blocks,
@@ -129,6 +135,17 @@ def main(argv=None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _without_scale_folding(build, model):
+    """``build(model)`` with the conv strategy not absorbing squeeze-excitation multiplies."""
+    from alt_tvm.strategies.alt.conv import AltConvStrategy
+
+    AltConvStrategy.absorbs_scale = False
+    try:
+        return build(model)
+    finally:
+        AltConvStrategy.absorbs_scale = True
 
 
 def _same_block(row: dict, builds: dict) -> bool:

@@ -134,6 +134,9 @@ class Strategy(abc.ABC):
     #: The strategy lowers a zero-padding producer of its anchor as part of the partition
     #: (``context.partition.prologue``); others get the pad computed separately.
     absorbs_pad: bool = False
+    #: The strategy lowers a per-channel multiply feeding a 1x1 conv (``Partition.prologue``:
+    #: squeeze-excitation scaling) by scaling the weights in the kernel.
+    absorbs_scale: bool = False
     #: The kernel computes the operator as written (up to float rounding). Approximations
     #: (a TT-factorised weight) set False: they are never chosen for a partition by
     #: measured speed, only when the user asks for them.
@@ -402,7 +405,8 @@ def workload_key(partition: Partition) -> str:
 
         <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
 
-    and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``.
+    and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``;
+    a partition that scales its input channels first ends in ``|prologue=multiply``.
     """
     anchor = partition.anchor
     call = anchor.value
@@ -412,9 +416,11 @@ def workload_key(partition: Partition) -> str:
     if "out_dtype" in attrs and attrs["out_dtype"] in (None, ""):
         attrs["out_dtype"] = out_dtype
     ops = [str(b.value.op.name).removeprefix("relax.") for b in partition.epilogue]
+    scaled = any(str(b.value.op.name) == "relax.multiply" for b in partition.prologue)
     return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
             f"{json.dumps(attrs, sort_keys=True, separators=(',', ':'), default=str)}|"
-            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}{_tail_key(partition)}")
+            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}{_tail_key(partition)}"
+            + ("|prologue=multiply" if scaled else ""))
 
 
 def _tail_key(partition: Partition) -> str:

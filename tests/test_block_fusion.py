@@ -122,3 +122,36 @@ def test_band_rows_fit_half_the_l2_cache_and_divide_the_output():
     assert rows is not None and rows % 4 == 0 and 56 % rows == 0
     assert geometry.band_bytes(rows) <= 1 << 20
     assert block.band_rows(geometry, row_tile=4, cores=2, l2_bytes=64 << 10) is None  # no band fits 32 KiB
+
+
+class _SqueezeExciteProject(nn.Module):  # EfficientNet's MBConv tail: SE scaling, then the project conv
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.reduce, self.expand = nn.Conv2d(32, 8, 1), nn.Conv2d(8, 32, 1)
+        self.project = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = nn.functional.silu(self.dw(torch.relu(self.stem(x))))
+        s = torch.sigmoid(self.expand(nn.functional.silu(self.reduce(y.mean((2, 3), keepdim=True)))))
+        return self.project(y * s)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_squeeze_excitation_scaling_is_folded_into_the_next_conv_at_batch_1(batch):
+    torch.manual_seed(0)
+    model = _SqueezeExciteProject().eval()
+    x = torch.randn(batch, 3, 14, 14)
+    built = build(model, example_inputs=[x], strict=True)
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    scaled = [k for k in built.report.kernels if k.kind == "partition" and k.workload.endswith("|prologue=multiply")]
+    multiplies = [k for k in built.report.kernels if k.ops == ("relax.multiply",)]
+    if batch == 1:  # one weight scaling per call serves the whole map
+        assert len(scaled) == 1 and multiplies == []
+        func = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == scaled[0].name)
+        assert "scaled_weight" in func.script()
+    else:  # a scale per sample: the multiply stays a kernel of its own
+        assert scaled == [] and len(multiplies) == 1
+    assert not [k for k in built.report.kernels if k.kind == "conversion" and not k.boundary]

@@ -64,14 +64,17 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                     epilogues: bool = True,
                     absorbs_pad: Callable[[relax.VarBinding], bool] | None = None,
                     fuses_attention: Callable[[relax.VarBinding], bool] | None = None,
-                    fuses_block: Callable[[relax.VarBinding, list], bool] | None = None) -> list[Partition]:
+                    fuses_block: Callable[[relax.VarBinding, list], bool] | None = None,
+                    absorbs_scale: Callable[[relax.VarBinding], bool] | None = None) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
     The epilogue is the largest run of element-wise ops after the anchor that reads the
     anchor's value (a chain, or a small DAG such as GELU's ``x * (1 + erf(x))``) and whose
     intermediate values are used nowhere else: only the last value leaves the kernel.
     With ``epilogues=False`` every partition is its anchor alone (the ALT-WP ablation).
-    Where ``absorbs_pad(anchor)`` holds, a zero ``relax.nn.pad`` feeding the anchor joins it.
+    Where ``absorbs_pad(anchor)`` holds, a zero ``relax.nn.pad`` feeding the anchor joins it;
+    where ``absorbs_scale(anchor)`` holds, so does a per-channel multiply feeding a 1x1 conv
+    (:func:`_channel_scale`).
     Where ``fuses_attention(anchor)`` holds, the partition goes on through attention's softmax
     and second matmul (:func:`_attention_tail`). Where a 1x1 conv is followed by a depthwise
     conv and a 1x1 conv, each read only by the next (an inverted-residual block,
@@ -92,6 +95,8 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
             if epilogues and fuses_attention is not None and fuses_attention(binding):
                 part.tail = _attention_tail(part, bindings[pos + 1:], users, taken)
             producer = _pad_producer(binding, bindings[:pos], users) if absorbs_pad and absorbs_pad(binding) else None
+            if producer is None and absorbs_scale is not None and absorbs_scale(binding):
+                producer = _channel_scale(binding, bindings[:pos], users)
             if producer is not None and producer.var not in taken:
                 part.prologue.append(producer)
             elif epilogues and fuses_block is not None and not part.tail:
@@ -299,6 +304,32 @@ def _pad_producer(anchor: relax.VarBinding, earlier: list, users: dict) -> relax
     return None
 
 
+def _channel_scale(anchor: relax.VarBinding, earlier: list, users: dict) -> relax.VarBinding | None:
+    """The ``multiply(x, s)`` feeding the 1x1 conv ``anchor``, with ``s`` of shape ``(1, C, 1, 1)``
+    and batch 1, if only the conv reads it: a squeeze-excitation scaling (EfficientNet,
+    MobileNetV3) that the conv computes by scaling its weights' input channels, ``C x O``
+    products per call instead of a pass over the ``C x H x W`` map; taken only where that is
+    fewer (``H x W > O``)."""
+    if not _pointwise(anchor):
+        return None
+    out = static_shape(anchor.var)
+    if out[2] * out[3] <= out[1]:
+        return None
+    data = anchor.value.args[0]
+    shape = static_shape(data)
+    for binding in earlier:
+        if not binding.var.same_as(data):
+            continue
+        call = binding.value
+        if op_name(call) != "relax.multiply" or len(users.get(binding.var, [])) != 1 or shape[0] != 1:
+            return None
+        shapes = [static_shape(a) for a in call.args]
+        if sorted(shapes, key=str) == sorted([shape, (1, shape[1], 1, 1)], key=str) and shape != (1, shape[1], 1, 1):
+            return binding
+        return None
+    return None
+
+
 def op_info(binding: relax.VarBinding, target: HardwareTarget, *,
             options: Mapping[str, Any] | None = None) -> OpInfo:
     """What a strategy sees of one Relax call (:class:`~alt_tvm.strategies.base.OpInfo`)."""
@@ -390,6 +421,7 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
         return find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
                                absorbs_pad=lambda b: plan.strategies[b.var].absorbs_pad,
                                fuses_attention=lambda b: plan.strategies[b.var].fuses_attention,
+                               absorbs_scale=lambda b: plan.strategies[b.var].absorbs_scale,
                                fuses_block=lambda b, tail: plan.strategies[b.var].fuses_block(
                                    b, tail, target, options.get(plan.strategies[b.var].name)))
 

@@ -326,6 +326,8 @@ class ConvGeometry:
     groups: int
     #: the partition reads the data through an absorbed transpose
     transposed_input: bool
+    #: the data is scaled per input channel first (an absorbed squeeze-excitation multiply)
+    scaled_input: bool = False
 
     @property
     def in_per_group(self) -> int:
@@ -348,7 +350,8 @@ class ConvGeometry:
         pads = list(attrs.get("padding", [0] * (2 * rank)))
         data_shape = static_shape(call.args[0])
         absorbs_transpose = bool(prologue) and str(prologue[0].value.op.name) == "relax.permute_dims"
-        if prologue and not absorbs_transpose and not transposed:
+        scaled = bool(prologue) and str(prologue[0].value.op.name) == "relax.multiply"
+        if prologue and not absorbs_transpose and not scaled and not transposed:
             # An explicit pad op before the conv joins the conv's own padding (one pad stage).
             widths = [int(w) for w in prologue[0].value.attrs.pad_width]
             before, after = widths[4::2], widths[5::2]
@@ -357,7 +360,8 @@ class ConvGeometry:
         return cls(rank=rank, transposed=transposed, data_shape=data_shape,
                    weight_shape=static_shape(call.args[1]), out_shape=static_shape(anchor.var),
                    strides=tuple(attrs.get("strides", [1] * rank)), dilation=tuple(attrs.get("dilation", [1] * rank)),
-                   pads=tuple(pads), groups=int(attrs.get("groups", 1)), transposed_input=absorbs_transpose)
+                   pads=tuple(pads), groups=int(attrs.get("groups", 1)), transposed_input=absorbs_transpose,
+                   scaled_input=scaled)
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,7 @@ class AltConvStrategy(Strategy):
     target_kinds = ("llvm",)
     priority = 10
     absorbs_pad = True
+    absorbs_scale = True
 
     def applicable(self, info: OpInfo) -> str | None:
         rank, transposed = _CONV_OPS[info.op]
@@ -520,11 +525,19 @@ class AltConvStrategy(Strategy):
             axes = [int(a) for a in prologue[0].value.attrs.axes]
             view = Layout(geometry.data_shape).reorder([axes.index(d) for d in range(len(axes))])
             data = context.te_view(prologue[0].value.args[0], shape=geometry.data_shape, layout=view, name="data")
+        elif geometry.scaled_input:
+            # x * s before a 1x1 conv: sum_c W[o, c] s[c] x[c], with W * s computed in the kernel.
+            full, vector = sorted(prologue[0].value.args, key=lambda a: static_shape(a)[2:] == (1, 1))
+            data = context.te_input(full, "data")
+            scale = context.te_input(vector, "scale")
         elif prologue and not geometry.transposed:
             data = context.te_input(prologue[0].value.args[0], "data")
         else:
             data = context.te_input(call.args[0], "data")
-        weight = context.te_input(call.args[1], "weight")
+        weight = packed = context.te_input(call.args[1], "weight")
+        if geometry.scaled_input:
+            weight = te.compute(packed.shape, lambda o, c, *k: packed(o, c, *k) * scale(0, c, 0, 0),
+                                name="scaled_weight")
         pads = geometry.pads
         if geometry.transposed:
             attrs = attrs_dict(call.attrs)
@@ -545,6 +558,7 @@ class AltConvStrategy(Strategy):
         layouts = TensorMap((t, chosen.output) for t in [conv, *stages])
         if chosen.weight is not None:
             layouts[weight] = chosen.weight
+            layouts[packed] = chosen.weight  # (the same tensor, or the one the scaled weights read)
         if source.same_as(data):
             current = context.input_layouts.get(context.source_of(data))
             if not (current is not None and current.is_bijective and current.shape[-1] == chosen.source.shape[-1]):
@@ -555,9 +569,21 @@ class AltConvStrategy(Strategy):
         else:
             layouts[source] = chosen.source  # the pad stage writes the conv's input layout
             pad_stage = source
-        return context.finish(output=final, layouts=layouts, strategy=self.name,
-                              schedule=self.schedule(conv=conv, stages=stages, pad_stage=pad_stage,
-                                                     geometry=geometry, layouts=chosen, context=context))
+        schedule = self.schedule(conv=conv, stages=stages, pad_stage=pad_stage, geometry=geometry, layouts=chosen,
+                                 context=context)
+        if weight is not packed:
+            schedule = _with_scaled_weights(schedule, weight)
+        return context.finish(output=final, layouts=layouts, strategy=self.name, schedule=schedule)
+
+
+def _with_scaled_weights(schedule: Any, scaled: te.Tensor) -> Any:
+    """``schedule``, then the scaled weights computed once per call with whole vectors."""
+    def apply(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+        sch = tvm.s_tir.Schedule(schedule(func))
+        sch.vectorize(sch.get_loops(sch.get_sblock(scaled.op.name))[-1])
+        return sch.mod
+
+    return apply
 
 
 def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool) -> Layout:

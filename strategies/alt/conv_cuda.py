@@ -282,6 +282,7 @@ class AltConvCudaStrategy(AltConvStrategy):
     """
 
     target_kinds = ("cuda",)
+    absorbs_scale = False  # (the GPU schedule has no block for the scaled weights)
 
     def _tiling(self, geometry: ConvGeometry, context: Any) -> CudaConvTiling:
         if context.params is not None:
