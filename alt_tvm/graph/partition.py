@@ -24,6 +24,7 @@ from alt_tvm.strategies.base import (
     const_value,
     dtype_of,
     op_name,
+    split_block_tail,
     static_shape,
     workload_key,
 )
@@ -182,10 +183,9 @@ def block_pieces(partition: Partition) -> list[Partition]:
     (for lowering them one by one when the fused kernel cannot be built); ``[]`` for others."""
     if not partition.tail or op_name(partition.tail[0].value) != "relax.nn.conv2d":
         return []
-    project = next(i for i, b in enumerate(partition.tail) if i and op_name(b.value) == "relax.nn.conv2d")
+    depthwise, dw_epilogue, project, project_epilogue = split_block_tail(partition.tail)
     return [Partition(partition.anchor, list(partition.epilogue), list(partition.prologue)),
-            Partition(partition.tail[0], partition.tail[1:project]),
-            Partition(partition.tail[project], partition.tail[project + 1:])]
+            Partition(depthwise, dw_epilogue), Partition(project, project_epilogue)]
 
 
 def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> list[relax.VarBinding]:

@@ -31,22 +31,12 @@ from tvm import relax, te
 from alt_tvm import ops
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.layout.templates import conv_output_tiled, conv_weight_tiled
-from alt_tvm.strategies.base import attrs_dict, static_shape
+from alt_tvm.strategies.base import attrs_dict, split_block_tail, static_shape
 from alt_tvm.target import HardwareTarget
 
 from .tiling import channel_tile, register_block
 
-__all__ = ["MAX_WORK_RATIO", "BlockGeometry", "band_rows", "implement_block", "split_tail", "work_ratio"]
-
-
-def split_tail(tail: Sequence[relax.VarBinding]) -> tuple[Any, list, Any, list]:
-    """``(depthwise, its epilogue, project, its epilogue)`` of a block tail."""
-    convs = [i for i, b in enumerate(tail) if str(b.value.op.name) == "relax.nn.conv2d"]
-    if len(convs) != 2 or convs[0] != 0:
-        raise ValueError(f"a block tail is [depthwise, *epilogue, conv1x1, *epilogue], got "
-                         f"{[str(b.value.op.name) for b in tail]}")
-    k = convs[1]
-    return tail[0], list(tail[1:k]), tail[k], list(tail[k + 1:])
+__all__ = ["MAX_WORK_RATIO", "BlockGeometry", "band_rows", "implement_block", "work_ratio"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +58,7 @@ class BlockGeometry:
 
     @classmethod
     def of(cls, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding]) -> BlockGeometry:
-        depthwise, _, project, _ = split_tail(tail)
+        depthwise, _, project, _ = split_block_tail(tail)
         n, c, h, w = static_shape(anchor.value.args[0])
         m = static_shape(anchor.var)[1]
         attrs = attrs_dict(depthwise.value.attrs)
@@ -142,7 +132,7 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: A
     """
     target: HardwareTarget = context.target
     geometry = BlockGeometry.of(anchor, context.partition.tail)
-    depthwise, dw_epilogue, project, project_epilogue = split_tail(context.partition.tail)
+    depthwise, dw_epilogue, project, project_epilogue = split_block_tail(context.partition.tail)
     lanes = target.vector_lanes("float32")
     budget = max(1, (target.vector_registers or 16) * 3 // 4)
     rows = band_rows(geometry, row_tile=project_tiling.spatial[0], cores=target.num_cores,

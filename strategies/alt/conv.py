@@ -28,11 +28,11 @@ from alt_tvm.layout.templates import (
     conv_weight_tiled,
     weight_channels_last,
 )
-from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, static_shape
+from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, split_block_tail, static_shape
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
-from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, split_tail, work_ratio
+from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, work_ratio
 from .tiling import DefaultConvTiling, default_conv_tiling
 
 LayoutKind = Literal["nchw", "nhwc", "tiled"]
@@ -429,7 +429,7 @@ class AltConvStrategy(Strategy):
             geometry = BlockGeometry.of(anchor, tail)
         except ValueError:
             return False
-        tiling = self.default_tiling(ConvGeometry.of(split_tail(tail)[2]), target)
+        tiling = self.default_tiling(ConvGeometry.of(split_block_tail(tail)[2]), target)
         rows = band_rows(geometry, row_tile=tiling.spatial[0], cores=target.num_cores, l2_bytes=target.l2_bytes)
         if rows is None or tiling.two_level:
             return False
@@ -513,7 +513,7 @@ class AltConvStrategy(Strategy):
 
     def implement(self, anchor, context) -> Any:
         if context.partition.tail:
-            project = split_tail(context.partition.tail)[2]
+            project = split_block_tail(context.partition.tail)[2]
             return implement_block(anchor, context, strategy=self.name,
                                    project_tiling=self.default_tiling(ConvGeometry.of(project), context.target))
         call = anchor.value
