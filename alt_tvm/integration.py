@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from alt_tvm.deploy.model import use_runtime_threads
-from alt_tvm.graph.build import VARIANTS, prepare
+from alt_tvm.graph.build import VARIANTS
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
+from alt_tvm.graph.prepare import prepare
 from alt_tvm.in_model import InModelConfig, InModelResult, Profiler, decide_in_model
 from alt_tvm.strategies.base import PartitionContext
 from alt_tvm.strategies.registry import check_names, check_strategy_options

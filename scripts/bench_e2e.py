@@ -174,9 +174,10 @@ def main(argv=None) -> int:
         torch_runner,
         tvm_default_build,
     )
-    from alt_tvm.graph.build import build, prepare
+    from alt_tvm.graph.build import build
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.graph.metaschedule import tune_model
+    from alt_tvm.graph.prepare import prepare
     from alt_tvm.integration import tune
     from alt_tvm.models import MODEL_NAMES, MODELS
     from alt_tvm.target import host

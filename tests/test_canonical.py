@@ -21,8 +21,8 @@ import torch
 from conftest import build_messages
 
 import alt_tvm
-from alt_tvm.graph.build import prepare
 from alt_tvm.graph.frontend import load_model
+from alt_tvm.graph.prepare import prepare
 from alt_tvm.integration import extract_tasks, tune
 from alt_tvm.models import export_onnx, get_model
 from alt_tvm.records import candidate_key

@@ -90,8 +90,8 @@ def _baseline(name: str, source: ModelArgument, threads: int, workdir: str):
 
         return torch_runner(get_model(source.text)[0], threads=threads)
     from alt_tvm.graph.baselines import tvm_default_build
-    from alt_tvm.graph.build import prepare
     from alt_tvm.graph.frontend import load_model
+    from alt_tvm.graph.prepare import prepare
 
     if source.kind == "reference":
         from alt_tvm.models import get_model

@@ -47,10 +47,17 @@ from alt_tvm.strategies.base import (
 from alt_tvm.strategies.epilogue import epilogue_te, joinable
 from alt_tvm.target import HardwareTarget, host, resolve, runs_on_host
 
-from .canonical import canonicalize
 from .ieee import legalize_overrides
-from .in_layout import channel_blocked, legalize_alone, parallelize, relayout, schedule_in_layout
+from .in_layout import (
+    channel_blocked,
+    legalize_alone,
+    parallelize,
+    relayout,
+    schedule_concat,
+    schedule_in_layout,
+)
 from .partition import block_pieces, consumers, plan_partitions
+from .prepare import prepare
 
 LOGGER = logging.getLogger("alt_tvm")
 VARIANTS = ("alt", "alt-wp", "alt-ol")
@@ -208,7 +215,7 @@ class AltLayoutPass:
             known.extend(r for r in reasons if r not in known)
         partitions, selected = plan.partitions, plan.strategies
         backward = self._backward_layouts(func, partitions, selected) if self.variant != "alt-wp" else {}
-        mutator = _Mutator(mod, partitions, selected, self, backward)
+        mutator = _Mutator(mod, partitions, selected, self, backward, _elementwise_chains(func, backward))
         new_func = mutator.visit_expr(func)
         new_mod = mutator.builder_.get()
         new_mod["main"] = relax.analysis.remove_all_unused(new_func)
@@ -306,6 +313,35 @@ class AltLayoutPass:
         return wanted
 
 
+def _elementwise_chains(func: relax.Function, backward: dict) -> dict:
+    """The element-wise ops computed in a propagated layout, grouped into one kernel each.
+
+    An op of ``backward`` whose only consumer is another such op (a batch norm's multiply
+    and add before its ReLU) is computed inside its consumer's kernel, so the chain makes
+    one pass over memory instead of one per op. Returns: last op of a chain -> the chain's
+    bindings in program order (a lone op is a chain of one).
+    """
+    users = consumers(func)
+    bindings = [b for block in func.body.blocks for b in block.bindings
+                if b.var in backward and joinable(b.value)]
+    inner = {b.var for b in bindings if len(users.get(b.var, [])) == 1 and users[b.var][0] in backward
+             and any(u.var.same_as(users[b.var][0]) for u in bindings)}
+    chains: dict = {}
+    pending: list = []
+    for binding in bindings:
+        pending.append(binding)
+        if binding.var not in inner:
+            reached = {binding.var}
+            chain = []
+            for earlier in reversed(pending):  # the members this op reads, directly or not
+                if earlier.var in reached:
+                    chain.append(earlier)
+                    reached.update(a for a in earlier.value.args if isinstance(a, relax.Var) and a in inner)
+            chains[binding.var] = chain[::-1]
+            pending = [b for b in pending if b not in chain]
+    return chains
+
+
 def _stored(layout: Layout | None) -> str:
     """A layout as the shape it stores, e.g. ``1x8x56x56x8`` ("" when canonical)."""
     return "" if layout is None or layout.is_identity else "x".join(str(int(d)) for d in layout.shape)
@@ -368,10 +404,12 @@ def _lower(mod: tvm.IRModule, alt_pass: AltLayoutPass, machine: HardwareTarget, 
 @relax.expr_functor.mutator
 class _Mutator(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, partitions: list[Partition], selected: dict, owner: AltLayoutPass,
-                 backward: dict):
+                 backward: dict, chains: dict):
         super().__init__(mod)
         self.owner = owner
         self.backward = backward  # element-wise var -> layout its consumer wants
+        self.chains = chains  # last element-wise op of a chain -> the chain's bindings
+        self.chained = {b.var for chain in chains.values() for b in chain[:-1]}
         self.selected = selected
         self.final = {p.output: p for p in partitions}
         self.members = {b.var for p in partitions for b in p.bindings}
@@ -425,8 +463,10 @@ class _Mutator(relax.PyExprMutator):
         if var in self.final:
             self._emit_partition(self.final[var])
             return
-        if var in self.backward and joinable(binding.value):
-            self._emit_elementwise(binding, self.backward[var])
+        if var in self.chained:
+            return  # computed inside the kernel of its chain's last op
+        if var in self.chains:
+            self._emit_elementwise(self.chains[var], self.backward[var])
             return
         name = op_name(binding.value)
         if name is not None and name not in self.owner.report.fallbacks:
@@ -464,9 +504,15 @@ class _Mutator(relax.PyExprMutator):
             current = self.layouts.get(arg) if isinstance(arg, relax.Var) and arg not in self.canonical else None
             args.append(current[0] if current else self.visit_expr(arg))
             inputs.append(current[1] if current else None)
+        cores = self.owner.target.num_cores
         try:
-            func = schedule_in_layout(relayout(legal.func, inputs, wanted), cores=self.owner.target.num_cores,
-                                      output=wanted)
+            func = relayout(legal.func, inputs, wanted)
+            concat = None
+            if op_name(call) == "relax.concat" and isinstance(call.args[0], relax.Tuple):
+                axis = int(call.attrs.axis) % len(static_shape(var))
+                concat = schedule_concat(func, cores=cores, output=wanted, axis=axis,
+                                         sizes=[static_shape(f)[axis] for f in call.args[0].fields])
+            func = concat or schedule_in_layout(func, cores=cores, output=wanted)
         except Exception:  # noqa: BLE001 - a layout TIR cannot express: convert instead
             return False
         self.count += 1
@@ -480,33 +526,45 @@ class _Mutator(relax.PyExprMutator):
             self.layouts[var] = (new_var, wanted)
         return True
 
-    def _emit_elementwise(self, binding: relax.VarBinding, layout: Layout) -> None:
-        """An element-wise op computed directly in ``layout`` (backward propagation)."""
-        call = binding.value
-        operands, args, layouts = [], [], TensorMap()
-        for j, arg in enumerate(call.args):
-            shape = static_shape(arg)
-            if shape is None:
-                operands.append(None)
-                continue
-            tensor = te.placeholder(shape, dtype=dtype_of(arg), name=f"in{j}")
-            operands.append(tensor)
-            if isinstance(arg, relax.Var) and arg in self.layouts:
-                args.append(self.layouts[arg][0])
-                layouts[tensor] = self.layouts[arg][1]
-            else:
-                args.append(self.visit_expr(arg))
-        out = epilogue_te(call, operands, index=0, fast_math=self.owner.fast_math)
-        layouts[out] = layout
+    def _emit_elementwise(self, chain: list[relax.VarBinding], layout: Layout) -> None:
+        """A chain of element-wise ops computed directly in ``layout`` (backward propagation),
+        as one kernel: intermediate values are inlined, never stored."""
+        values: dict = {}  # chain var -> its TE stage
+        args, layouts, inputs = [], TensorMap(), []
+        for k, binding in enumerate(chain):
+            operands = []
+            for j, arg in enumerate(binding.value.args):
+                shape = static_shape(arg)
+                if arg in values:
+                    operands.append(values[arg])
+                    continue
+                if shape is None:
+                    operands.append(None)
+                    continue
+                tensor = te.placeholder(shape, dtype=dtype_of(arg), name=f"in{k}_{j}")
+                operands.append(tensor)
+                inputs.append(tensor)
+                if isinstance(arg, relax.Var) and arg in self.layouts:
+                    args.append(self.layouts[arg][0])
+                    layouts[tensor] = self.layouts[arg][1]
+                else:
+                    args.append(self.visit_expr(arg))
+            values[binding.var] = epilogue_te(binding.value, operands, index=k, fast_math=self.owner.fast_math)
+            layouts[values[binding.var]] = layout
+        out = values[chain[-1].var]
         result = rewrite([out], layouts=layouts)
-        inputs = [result[t] for t in operands if t is not None]
-        func = parallelize(te.create_prim_func([*inputs, result[out]]), self.owner.target.num_cores)
+        sch = tvm.s_tir.Schedule(te.create_prim_func([*(result[t] for t in inputs), result[out]]))
+        for binding in chain[:-1]:
+            sch.compute_inline(sch.get_sblock(result[values[binding.var]].op.name))
+        func = parallelize(sch.mod["main"], self.owner.target.num_cores)
         self.count += 1
-        name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "elementwise", ops=(op_name(call),), layout=_stored(layout)))
-        new_var = self._emit_call(func, name, args, layout.shape, dtype_of(binding.var))
-        self.layouts[binding.var] = (new_var, layout)
-        self.owner.report.partitions.append(("alt", op_name(call), [op_name(call)]))
+        ops = tuple(op_name(b.value) for b in chain)
+        name = f"alt_{ops[-1].split('.')[-1]}_{self.count}"
+        self.owner.report.kernels.append(Kernel(name, "elementwise", ops=ops, layout=_stored(layout)))
+        new_var = self._emit_call(func, name, args, layout.shape, dtype_of(chain[-1].var))
+        self.layouts[chain[-1].var] = (new_var, layout)
+        for op in ops:
+            self.owner.report.partitions.append(("alt", op, [op]))
 
     def _emit_partition(self, partition: Partition) -> None:
         strategy = self.selected[partition.anchor.var]
@@ -669,62 +727,6 @@ class CompiledModel(RunnableModel):
             self._kernel_info = info
         return self._kernel_info
 
-#: PrimFuncs that TVM's importers emit directly (``bb.emit_te(topi.maximum, ...)`` for ONNX
-#: Clip) and the Relax op with the same broadcasting semantics.
-_LIFTABLE_TE = {"maximum": relax.op.maximum, "minimum": relax.op.minimum}
-
-
-@relax.expr_functor.mutator
-class _LiftTECalls(relax.PyExprMutator):
-    """Turn importer-emitted ``call_tir(maximum|minimum, (x, c))`` back into Relax ops,
-    so that, e.g., ONNX's Clip (ReLU6) joins its convolution's epilogue."""
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if op_name(call) != "relax.call_tir":
-            return call
-        name = call.args[0].name_hint.rstrip("0123456789").rstrip("_")
-        args = call.args[1]
-        if name in _LIFTABLE_TE and isinstance(args, relax.Tuple) and len(args.fields) == 2:
-            return _LIFTABLE_TE[name](*args.fields)
-        return call
-
-
-@relax.expr_functor.mutator
-class _TrainingBatchNorms(relax.PyExprMutator):
-    """Give every training-mode batch norm (ONNX ``training_mode=1``) its batch statistics.
-
-    ``DecomposeOpsForInference`` decomposes every batch norm with its running statistics,
-    whatever its ``training`` attribute says, which made such a batch norm silently wrong.
-    Here it becomes an inference batch norm over the batch's mean and (biased) variance,
-    returning the running statistics updated as Relax's legalization does:
-    ``(1 - momentum) * running + momentum * batch``.
-    """
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if op_name(call) != "relax.nn.batch_norm" or not bool(call.attrs.training):
-            return call
-        data, gamma, beta, running_mean, running_var = call.args
-        attrs, shape = call.attrs, static_shape(data)
-        if shape is None:
-            raise ValueError(f"a training-mode batch norm needs data of known rank, got {data.ty} in {call}")
-        axis = int(attrs.axis) % len(shape)
-        axes = [a for a in range(len(shape)) if a != axis]
-        emit = self.builder_.emit
-        mean = emit(relax.op.mean(data, axes))
-        var = emit(relax.op.variance(data, axes))
-        normed = emit(relax.op.nn.batch_norm(data, gamma, beta, mean, var, axis, float(attrs.epsilon),
-                                             bool(attrs.center), bool(attrs.scale), training=False))
-        momentum, dtype = float(attrs.momentum), dtype_of(running_mean)
-
-        def update(running: relax.Expr, batch: relax.Expr) -> relax.Expr:
-            kept = emit(relax.op.multiply(running, relax.const(1.0 - momentum, dtype)))
-            return emit(relax.op.add(kept, emit(relax.op.multiply(batch, relax.const(momentum, dtype)))))
-
-        return relax.Tuple([relax.TupleGetItem(normed, 0), update(running_mean, mean), update(running_var, var)])
-
-
 def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -> tvm.IRModule:
     """TVM's legalization for everything no strategy took, fused, with a minimal schedule.
 
@@ -752,20 +754,6 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -
             continue
         mod[gvar] = schedule_in_layout(func, cores=cores)
     return mod
-
-
-def prepare(mod: tvm.IRModule) -> tvm.IRModule:
-    """Inference simplifications that expose weights and epilogues to the partitioner."""
-    mod = mod.clone() if hasattr(mod, "clone") else mod
-    mod["main"] = _LiftTECalls(mod).visit_expr(mod["main"])
-    mod["main"] = _TrainingBatchNorms(mod).visit_expr(mod["main"])  # before the inference decomposition
-    seq = tvm.ir.transform.Sequential([
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
-        relax.transform.CanonicalizeBindings(),
-        relax.transform.DeadCodeElimination(),  # e.g. batch norm's unused statistics tuple
-    ])
-    return canonicalize(seq(mod))
 
 
 def build(model: Any, target: Any = None, *, records: Any = None, variant: str = "alt",

@@ -168,7 +168,7 @@ def tune_model(mod: tvm.IRModule, *, target: tvm.target.Target, trials: int, see
                repeat: int = 3, timeout_s: float = 60.0) -> MSResult:
     """Tune every fused kernel of a Relax model (``trials`` in total) and compile it.
 
-    ``mod`` is the model after :func:`alt_tvm.graph.build.prepare` (operators decomposed,
+    ``mod`` is the model after :func:`alt_tvm.graph.prepare.prepare` (operators decomposed,
     constants folded); TVM's CPU pipeline legalizes and fuses it, MetaSchedule tunes the
     fused kernels and the compiled ``Executable`` applies the best schedule of each.
     ``per_iter`` (candidates measured per task per round) defaults to what lets every

@@ -380,7 +380,7 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
     Parameters
     ----------
     func
-        A Relax function after :func:`alt_tvm.graph.build.prepare`.
+        A Relax function after :func:`alt_tvm.graph.prepare.prepare`.
     target
         The hardware the partitions are lowered for.
     variant

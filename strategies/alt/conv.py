@@ -279,7 +279,11 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     if not parallel_channels:
         sch.parallel(sch.fuse(n, *outer))
     else:
-        oo = sch.fuse(n, *outer, *channel_outer)
+        # Channel tiles outermost: each thread then runs all spatial tiles of one channel
+        # tile in a row, so that tile's weights are read from memory once, not once per
+        # spatial tile (7x7 maps have few spatial tiles and large weights).
+        sch.reorder(*channel_outer, n, *outer)
+        oo = sch.fuse(*channel_outer, n, *outer)
         sch.parallel(oo)
     # Accumulate the register block in a local buffer (registers after unrolling).
     write = sch.cache_write(block, 0, "local")
@@ -413,7 +417,8 @@ class AltConvStrategy(Strategy):
         """The analytic tiling for ``target`` (the untuned build's choice)."""
         return default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
                                    in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
-                                   registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes)
+                                   registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
+                                   l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape))
 
     def fuses_block(self, anchor, tail, target, options=None) -> bool:
         """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the

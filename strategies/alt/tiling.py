@@ -85,7 +85,7 @@ class DefaultConvTiling:
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
                         lanes: int, registers: int, in_channels: int | None = None,
-                        l1_bytes: int = 0) -> DefaultConvTiling:
+                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0) -> DefaultConvTiling:
     """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
 
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
@@ -94,6 +94,11 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     lanes in about three quarters of the register file. An output tile of one channel
     vector must fit a quarter of the L1 data cache (``l1_bytes``; 0: no limit), leaving
     the rest to the input window and the weights it is reused with.
+
+    Weights larger than half the L2 cache (``weight_bytes``, ``l2_bytes``; 0: unknown) set
+    ``parallel_channels``: the parallel loop then runs channel tiles outermost, so each
+    channel tile's weights are read from memory once rather than once per spatial tile
+    (ResNet-18's 512-channel 3x3 convs, 9.4 MB of weights on a 7x7 map: 1.9x faster).
     """
 
     spatial = list(out_shape[2:])
@@ -119,7 +124,9 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     _, lead, wt = best
     vectors = -(-ot // lanes)
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
-    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)))
+    streams_weights = bool(l2_bytes and weight_bytes > l2_bytes // 2)
+    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)),
+                             parallel_channels=True if streams_weights else None)
 
 
 def register_block(extent: int, cap: int) -> int:
