@@ -87,11 +87,26 @@ def test_default_tiling_follows_registers_and_l1():
     from alt_tvm.strategies.alt.tiling import default_conv_tiling
 
     big = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=48 * 1024)
-    assert big.ot == 16 and big.spatial[0] * big.reg <= 24  # accumulators within 3/4 of 32 registers
+    # two vectors of channels; accumulators within 3/4 of 32 registers
+    assert big.ot == 32 and big.spatial[0] * big.reg * 2 <= 24
     small_l1 = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=8 * 1024)
     assert small_l1.spatial[0] * small_l1.spatial[1] * 16 * 4 <= 2 * 1024 < big.spatial[0] * big.spatial[1] * 64
     few_regs = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=8, registers=16, l1_bytes=32 * 1024)
-    assert few_regs.spatial[0] * few_regs.reg <= 12 and few_regs.ot == 8
+    assert few_regs.spatial[0] * few_regs.reg * 2 <= 12 and few_regs.ot == 16
+    narrow = default_conv_tiling((1, 48, 56, 56), 48, 48, lanes=16, registers=32, l1_bytes=48 * 1024)
+    assert narrow.ot == 16  # 48 channels are not two whole vectors
+
+
+def test_weights_over_half_the_l2_run_channel_tiles_outermost():
+    from alt_tvm.strategies.alt.tiling import default_conv_tiling
+
+    def tiling(channels, size):
+        return default_conv_tiling((1, channels, size, size), channels, channels, lanes=16, registers=32,
+                                   l1_bytes=48 * 1024, l2_bytes=2 << 20, weight_bytes=channels * channels * 9 * 4)
+
+    assert tiling(512, 7).parallel_channels is True  # 9.4 MB of weights
+    assert tiling(256, 14).parallel_channels is True  # 2.4 MB
+    assert tiling(128, 28).parallel_channels is None  # 0.6 MB: the schedule decides from the task count
 
 
 def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():
@@ -133,3 +148,23 @@ def test_depthwise_conv_padding_per_tile_matches_pytorch(kernel, stride):
     assert not built.report.failed
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_large_weights_are_read_once_per_channel_tile_in_the_model():
+    """512 -> 512 3x3 on a 7x7 map (9.4 MB of weights): the parallel loop runs channel
+    tiles outermost, so a thread finishes one channel tile's weights before the next."""
+    import dataclasses
+
+    import alt_tvm
+    from alt_tvm.target import host
+
+    machine = dataclasses.replace(host(), l2_bytes=2 << 20)
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(512, 512, 3, padding=1).eval()
+    x = torch.randn(1, 512, 7, 7)
+    built = alt_tvm.build(model, machine, example_inputs=[x])
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-3)
+    kernel = next(k for k in built.report.kernels if k.kind == "partition")
+    script = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
+    parallel = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
+    assert any(name.startswith("o_o_n_h") for name in parallel), parallel

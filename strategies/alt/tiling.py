@@ -145,6 +145,10 @@ def register_block(extent: int, cap: int) -> int:
     return -(-extent // blocks)
 
 
+#: Layers with at least this many channels (a multiple of two vectors) get two-vector channel tiles.
+WIDE_CHANNELS = 64
+
+
 def channel_tile(channels: int, lanes: int) -> int:
     """The channel tile for ``channels``: one vector, two for wide layers.
 
@@ -152,7 +156,7 @@ def channel_tile(channels: int, lanes: int) -> int:
     consumer's input tile and 1x1 convolutions read their input without conversion.
     Two vectors per accumulator row keep the register block full on small maps.
     """
-    if channels >= 256 and channels % (2 * lanes) == 0:
+    if channels >= WIDE_CHANNELS and channels % (2 * lanes) == 0:
         return 2 * lanes
     return tiles_for(channels, lanes)
 
