@@ -8,9 +8,10 @@ threads, spinning off) timed in the same process in interleaved rounds (medians)
 quiet, then while a second process busy-loops (``python -c "while True: pass"``, free to
 run on any core), then quiet again. ``alt-tvm`` is the model as built, its thread governor
 included (``alt_tvm.deploy.threads``); ``alt-tvm all threads`` is the same model with the
-governor off, on all threads every call. Settings: ``default`` (TVM's pool as ``alt_tvm.build`` leaves it: spinning
-workers, not bound to cores since ``use_runtime_threads`` sets ``TVM_BIND_THREADS=0``),
-``spin0`` (``TVM_THREAD_POOL_SPIN_COUNT=0``), ``nobind`` (``TVM_BIND_THREADS=0``), ``bind``
+governor off, on all threads every call. Settings: ``default`` (TVM's pool as ``alt_tvm.build`` leaves it: polling
+workers for ``POOL_SPIN_COUNT`` polls, not bound to cores since ``use_runtime_threads`` sets ``TVM_BIND_THREADS=0``),
+``spin0`` (``TVM_THREAD_POOL_SPIN_COUNT=0``), ``tvmspin`` (300000: TVM's own default, which
+alt-tvm's short poll replaced), ``nobind`` (``TVM_BIND_THREADS=0``), ``bind``
 (``TVM_BIND_THREADS=1``, TVM's own default), ``threads1`` (``TVM_NUM_THREADS=1``). Also counts the model's
 parallel kernels (each ends in a barrier of TVM's pool).
 """
@@ -25,7 +26,8 @@ import sys
 import tempfile
 import time
 
-SETTINGS = {"default": {}, "spin0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"}, "nobind": {"TVM_BIND_THREADS": "0"},
+SETTINGS = {"default": {}, "spin0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
+            "tvmspin": {"TVM_THREAD_POOL_SPIN_COUNT": "300000"}, "nobind": {"TVM_BIND_THREADS": "0"},
             "bind": {"TVM_BIND_THREADS": "1"}, "threads1": {"TVM_NUM_THREADS": "1"}}
 
 

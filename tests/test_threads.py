@@ -11,6 +11,7 @@ import pytest
 from conftest import unpinned
 
 import alt_tvm.target
+from alt_tvm.deploy.model import POOL_SPIN_COUNT
 from alt_tvm.deploy.threads import ThreadGovernor, ThreadPolicy
 
 
@@ -104,7 +105,8 @@ x = inputs[0].numpy()
 want = built(x)[0]
 governor = built.thread_governor
 facts = {"pool": int(count()), "cores": governor.cores, "state": governor.state,
-         "bind": __import__("os").environ.get("TVM_BIND_THREADS")}
+         "bind": __import__("os").environ.get("TVM_BIND_THREADS"),
+         "spin": __import__("os").environ.get("TVM_THREAD_POOL_SPIN_COUNT")}
 governor.state = "one"  # as after a trial under load
 facts["same_on_one"] = bool(np.array_equal(built(x)[0], want))  # same code, fewer larger blocks
 facts["threads_on_one"] = int(count())
@@ -124,13 +126,15 @@ def test_the_built_model_has_a_governor_that_switches_tvms_pool(tmp_path):
     """In a fresh process (TVM's pool is sized once per process, and other tests size it to 1)."""
     if len(os.sched_getaffinity(0) | alt_tvm.target._AFFINITY_AT_IMPORT) < 2:
         pytest.skip("one CPU: nothing to govern")
-    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")}
     done = subprocess.run([sys.executable, "-c", _GOVERNED, str(tmp_path / "m.alt")], capture_output=True, text=True,
                           timeout=300, env=env, preexec_fn=unpinned)
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
     assert facts["pool"] >= 2 and facts["cores"] == facts["pool"] and facts["state"] == "all"
     assert facts["bind"] == "0"  # the pool does not pin the caller (and its children) to one core
+    assert facts["spin"] == str(POOL_SPIN_COUNT)  # workers poll briefly, then sleep
     assert facts["same_on_one"] and facts["threads_on_one"] == 1
     assert facts["threads_on_all"] == facts["threads_after_other"] == facts["pool"]
     assert facts["loaded_cores"] == facts["pool"]

@@ -248,16 +248,20 @@ def time_callable(fn: Callable[..., Any], args: Sequence[Any], *, warmup: int = 
 
 
 def quiet_tvm_pool() -> None:
-    """Stop TVM's thread pool from spin-waiting (``TVM_THREAD_POOL_SPIN_COUNT=0``) unless
-    the user set it, for timing TVM beside another runtime in one process.
+    """Make TVM's thread pool stop polling soon after each call (``TVM_THREAD_POOL_SPIN_COUNT``
+    = :data:`alt_tvm.deploy.model.POOL_SPIN_COUNT`) unless the user set it, for timing TVM
+    beside another runtime in one process.
 
-    TVM's pool reads the variable when it starts (its first parallel kernel). A spinning
-    worker is pinned to its core and holds it after each model call: ONNX Runtime, timed
-    next, then runs its two threads on one core (MobileNet-V2 at batch 1 on a 2-vCPU VM:
-    8.75 ms instead of 4.85 ms). Without spinning, alt-tvm itself is about 6% slower
-    (5.55 ms instead of 5.2 ms), so comparisons made this way understate alt-tvm.
+    TVM's pool reads the variable when it starts (its first parallel kernel), so call this
+    before. With TVM's own default (300000 polls) a worker keeps its core long after a model
+    call, and ONNX Runtime, timed next, runs slower (MobileNet-V2 at batch 1 on 2 threads:
+    4.92 ms instead of 4.04 ms). Not polling at all (0) costs alt-tvm 8-16% instead (a
+    sleeping worker is woken for every kernel). The short poll alt-tvm's build sets anyway
+    (:func:`alt_tvm.deploy.model.use_runtime_threads`) does neither.
     """
-    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+    from alt_tvm.deploy.model import POOL_SPIN_COUNT
+
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(POOL_SPIN_COUNT))
 
 
 def round_order(count: int, round_index: int) -> list[int]:
