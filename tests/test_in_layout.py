@@ -47,6 +47,19 @@ class _SqueezeExcite(nn.Module):  # EfficientNet / MobileNet-V3: mean, two 1x1 c
         return self.project(y * s)
 
 
+class _GroupedSqueezeExcite(nn.Module):  # RegNet-Y: grouped 3x3 (groups of 8), SE, 1x1 project (16 lanes: tiles differ)
+    def __init__(self, channels: int = 48, width: int = 8):
+        super().__init__()
+        self.grouped = nn.Conv2d(channels, channels, 3, padding=1, groups=channels // width)
+        self.reduce, self.expand = nn.Conv2d(channels, 12, 1), nn.Conv2d(12, channels, 1)
+        self.project = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.grouped(x))
+        s = torch.sigmoid(self.expand(torch.relu(self.reduce(y.mean((2, 3), keepdim=True)))))
+        return self.project(y * s)
+
+
 class _Inception(nn.Module):  # GoogLeNet / SqueezeNet / DenseNet: branches concatenated, read by 1x1 convs
     def __init__(self):
         super().__init__()
@@ -111,6 +124,7 @@ CASES = {
     "max_pool_read_by_two_1x1_convs": (_MaxPoolThenTwo1x1, (1, 3, 32, 32)),
     "strided_1x1_conv": (_StridedShortcut, (1, 8, 28, 28)),
     "squeeze_excitation": (_SqueezeExcite, (1, 32, 14, 14)),
+    "grouped_conv_squeeze_excitation": (_GroupedSqueezeExcite, (1, 48, 28, 28)),
     "concatenated_branches": (_Inception, (1, 3, 28, 28)),
     "dense_block": (_DenseBlock, (1, 3, 16, 16)),
     "layer_norm_between_permutes": (_ConvNeXtBlock, (1, 16, 14, 14)),

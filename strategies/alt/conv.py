@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import tvm
@@ -28,7 +28,7 @@ from alt_tvm.layout.templates import (
     conv_weight_tiled,
     weight_channels_last,
 )
-from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, split_block_tail, static_shape
+from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, equivalent, split_block_tail, static_shape
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
@@ -464,9 +464,11 @@ class AltConvStrategy(Strategy):
             return DefaultConvTiling.from_json(context.params), context.variant
         return self.default_tiling(geometry, context.target), context.variant
 
-    def layouts(self, geometry: ConvGeometry, context: Any) -> ConvLayouts:
-        """The layouts of the partition's tensors (the paper's §5.1 templates)."""
-        tiling, variant = self.layout_params(geometry, context)
+    def layouts(self, geometry: ConvGeometry, context: Any, *, tiling: DefaultConvTiling | None = None) -> ConvLayouts:
+        """The layouts of the partition's tensors (the paper's §5.1 templates), from
+        ``tiling`` (default: :meth:`layout_params`')."""
+        default, variant = self.layout_params(geometry, context)
+        tiling = tiling or default
         out_shape = geometry.out_shape
         source_shape = list(geometry.data_shape)
         if not geometry.transposed:
@@ -557,6 +559,8 @@ class AltConvStrategy(Strategy):
         final = stages[-1] if stages else conv
         source = conv.op.input_tensors[0]
         chosen = self.layouts(geometry, context)
+        if source.same_as(data) and context.params is None:
+            chosen = self._producer_channel_tile(geometry, context, chosen, context.source_of(data))
         if tuple(int(s) for s in source.shape) != tuple(chosen.source.orig_shape):
             raise ValueError(f"conv input stage has shape {[int(s) for s in source.shape]}, the layout was "
                              f"derived for {list(chosen.source.orig_shape)}")
@@ -579,6 +583,25 @@ class AltConvStrategy(Strategy):
         if weight is not packed:
             schedule = _with_scaled_weights(schedule, weight)
         return context.finish(output=final, layouts=layouts, strategy=self.name, schedule=schedule)
+
+
+    def _producer_channel_tile(self, geometry: ConvGeometry, context: Any, chosen: ConvLayouts,
+                               source: Any) -> ConvLayouts:
+        """``chosen``, or the same layouts with the input channel tile its producer stored.
+
+        A conv without a pad stage reads its input as stored. When the producer is a grouped
+        conv, its channel tile is its group width (RegNet: 8), not the 16 lanes this conv's
+        analytic tiling takes for 48 channels: reading that tile costs nothing, converting
+        to 16 costs a pass over the map.
+        """
+        current = context.input_layouts.get(source)
+        if current is None or not current.is_bijective or equivalent(current, chosen.source, geometry.data_shape):
+            return chosen
+        tile = int(current.shape[-1])
+        if tile == chosen.tiling.it or geometry.in_per_group % tile:
+            return chosen
+        other = self.layouts(geometry, context, tiling=replace(chosen.tiling, it=tile, rc_split=0))
+        return other if equivalent(current, other.source, geometry.data_shape) else chosen
 
 
 def _with_scaled_weights(schedule: Any, scaled: te.Tensor) -> Any:
