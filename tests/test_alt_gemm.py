@@ -83,3 +83,36 @@ def test_a_k_chunk_that_does_not_divide_k_is_a_clear_error():
     layout, loop = task.space.default()
     with pytest.raises(ValueError, match=r"kc \(0: no chunks\)"):
         task.lower({**task.space.decode(layout, loop), "kc": 100})
+
+
+def _batched_matmul_onnx(rows: tuple[int, ...], k: int, n: int):
+    """ONNX MatMul of a ``[*rows, k]`` input by a constant ``[k, n]`` weight (ConvNeXt's pointwise
+    layers: ``[1, 7, 7, 768] x [768, 3072]``), as the exporters write it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = (np.random.default_rng(0).standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*rows, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*rows, n])],
+                              [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weight
+
+
+@pytest.mark.parametrize("l2_kib", [256, 64 * 1024])
+def test_weight_panels_run_outside_the_batch_rows_when_the_weight_does_not_fit(l2_kib):
+    """With a weight over half the L2, the parallel loop runs weight panels outermost, outside
+    the batch dims too, so each panel is read from memory once for all batch entries."""
+    import dataclasses
+
+    from alt_tvm.target import host
+
+    model, weight = _batched_matmul_onnx((1, 3, 10), 512, 96)
+    machine = dataclasses.replace(host(), l2_bytes=l2_kib * 1024)
+    built = alt_tvm.build(model, machine)
+    x = np.random.default_rng(1).standard_normal((1, 3, 10, 512)).astype(np.float32)
+    np.testing.assert_allclose(built(x)[0], x @ weight, rtol=1e-4, atol=1e-4)
+    kernel = next(k for k in built.report.kernels if k.kind == "partition")
+    script = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
+    (parallel,) = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
+    # loops i0, i1 (batch), i2 (rows), i3 (columns): panels of columns first when 196 KB > L2 / 2
+    assert parallel.startswith("i3_0" if l2_kib == 256 else "i0"), parallel

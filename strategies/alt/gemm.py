@@ -25,12 +25,13 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
                   panels_outer: bool = False, kc: int = 0) -> tvm.IRModule:
     """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers.
 
-    ``panels_outer`` swaps ``m_o`` and ``n_o``: each ``K x nt`` panel of the right-hand side
-    is then read from memory once and reused by every row block from L2, and the rows are
-    re-read per panel instead (:func:`panels_first`). With ``kc`` as well, ``k`` is split in
-    chunks of ``kc``: ``n_o | k_o | m_o | k_i | m_i n_i``, so that a panel's chunk stays in L1
-    while every row block uses it, and the panel's ``M x nt`` outputs are accumulated in a
-    buffer of their own in between (:func:`k_chunk`).
+    ``panels_outer`` puts ``n_o`` outermost, before the batch loops too: each ``K x nt`` panel
+    of the right-hand side is then read from memory once and reused by every row block of
+    every batch entry from L2, and the rows are re-read per panel instead (:func:`panels_first`).
+    With ``kc`` as well, ``k`` is split in chunks of ``kc``: ``n_o batch.. | k_o | m_o | k_i |
+    m_i n_i``, so that a panel's chunk stays in L1 while every row block of a batch entry uses
+    it, and those ``M x nt`` outputs are accumulated in a buffer of their own in between
+    (:func:`k_chunk`).
 
     ``kt > 1`` splits ``k`` and unrolls ``kt`` steps of it (more independent loads in flight).
     ``fold_batch`` takes the batch dimensions as more rows (a weight shared by every batch
@@ -51,14 +52,18 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
     mo, mi = sch.split(m, [None, mt])
     no, ni = sch.split(n, [None, nt])
     chunked = panels_outer and kc > 0 and pad is None and kt == 1
+    # Panels first: also outside the batch loops, whose entries share the weight (ConvNeXt's
+    # [1, 7, 7, 768] rows would otherwise stream its 9.4 MB weight once per image row).
+    parallel = [no, *lead] if panels_outer else [*lead, mo, no]
     if chunked:
         k_outer, k = sch.split(k, [None, kc])
-        sch.reorder(*lead, no, k_outer, mo, k, mi, ni)
+        sch.reorder(*parallel, k_outer, mo, k, mi, ni)
         k_loops = [k_outer, k]
     else:
         k_loops = list(sch.split(k, [None, kt])) if kt > 1 else [k]
-        outer, inner = (no, mo) if panels_outer else (mo, no)
-        sch.reorder(*lead, outer, inner, *k_loops, mi, ni)
+        if panels_outer:
+            parallel.append(mo)
+        sch.reorder(*parallel, *k_loops, mi, ni)
         if kt > 1:
             sch.unroll(k_loops[1])
     k = k_loops[0]
@@ -69,12 +74,8 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
         write = sch.get_sblock(stages[-1].op.name)
-    if chunked:
-        sch.reverse_compute_at(write, no)
-        sch.parallel(sch.fuse(*lead, no))
-    else:
-        sch.reverse_compute_at(write, inner)
-        sch.parallel(sch.fuse(*lead, outer, inner))
+    sch.reverse_compute_at(write, parallel[-1])
+    sch.parallel(sch.fuse(*parallel) if len(parallel) > 1 else parallel[0])
     nio, nii = sch.split(ni, [None, vec])
     if vec > 1:  # TVM refuses to vectorize a unit loop (an N with no small divisor, e.g. 197)
         sch.vectorize(nii)
