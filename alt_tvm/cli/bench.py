@@ -5,8 +5,9 @@
     alt-tvm bench resnet18.alt --vs onnxruntime --threads 2 --json
 
 Fair timing: every runner gets ``--threads`` threads; ONNX Runtime's idle threads do not
-spin and TVM's pool does not spin either (``TVM_THREAD_POOL_SPIN_COUNT=0``), so no runtime's
-idle pool takes the cores of the one being timed; runners are timed in interleaved rounds
+spin and TVM's pool polls only briefly before its workers sleep (``TVM_THREAD_POOL_SPIN_COUNT``
+= ``alt_tvm.deploy.model.POOL_SPIN_COUNT``), so no runtime's idle pool takes the cores of the
+one being timed; runners are timed in interleaved rounds
 (a different one first each round, a pause and an untimed call before each turn) and the
 median of the rounds is reported. Every baseline's outputs are checked against alt-tvm's
 first (a mismatch is an error, not a row). ``tvm`` is TVM's own untuned build of the same
