@@ -322,23 +322,20 @@ def _elementwise_chains(func: relax.Function, backward: dict) -> dict:
     bindings in program order (a lone op is a chain of one).
     """
     users = consumers(func)
-    bindings = [b for block in func.body.blocks for b in block.bindings
-                if b.var in backward and joinable(b.value)]
-    inner = {b.var for b in bindings if len(users.get(b.var, [])) == 1 and users[b.var][0] in backward
-             and any(u.var.same_as(users[b.var][0]) for u in bindings)}
+    order = [b for block in func.body.blocks for b in block.bindings if b.var in backward and joinable(b.value)]
+    producers = {b.var: b for b in order}
+    inner = {var for var in producers if len(users.get(var, [])) == 1 and users[var][0] in producers}
+    position = {b.var: i for i, b in enumerate(order)}
     chains: dict = {}
-    pending: list = []
-    for binding in bindings:
-        pending.append(binding)
-        if binding.var not in inner:
-            reached = {binding.var}
-            chain = []
-            for earlier in reversed(pending):  # the members this op reads, directly or not
-                if earlier.var in reached:
-                    chain.append(earlier)
-                    reached.update(a for a in earlier.value.args if isinstance(a, relax.Var) and a in inner)
-            chains[binding.var] = chain[::-1]
-            pending = [b for b in pending if b not in chain]
+    for var in producers:
+        if var in inner:
+            continue
+        chain, stack = [], [producers[var]]
+        while stack:  # the members this op reads, directly or not (a tree: each has one consumer)
+            binding = stack.pop()
+            chain.append(binding)
+            stack.extend(producers[a] for a in binding.value.args if isinstance(a, relax.Var) and a in inner)
+        chains[var] = sorted(chain, key=lambda b: position[b.var])
     return chains
 
 

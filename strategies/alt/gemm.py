@@ -19,6 +19,8 @@ from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.strategies.base import OpInfo, Strategy, static_shape, tiles_for
 from alt_tvm.strategies.registry import register_strategy
 
+from .tiling import streams_from_memory
+
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
                   vec: int, kt: int = 1, fold_batch: bool = False, pad: te.Tensor | None = None,
@@ -124,7 +126,7 @@ def panels_first(*, rows: int, k: int, n: int, l2_bytes: int) -> bool:
     was 3% slower that way.
     """
     weight, activations = 4 * k * n, 4 * rows * k
-    return weight > l2_bytes // 2 and activations < weight
+    return streams_from_memory(weight, l2_bytes) and activations < weight
 
 
 def k_chunk(*, k: int, nt: int, l1_bytes: int) -> int:

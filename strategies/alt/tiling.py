@@ -124,9 +124,15 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     _, lead, wt = best
     vectors = -(-ot // lanes)
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
-    streams_weights = bool(l2_bytes and weight_bytes > l2_bytes // 2)
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)),
-                             parallel_channels=True if streams_weights else None)
+                             parallel_channels=True if streams_from_memory(weight_bytes, l2_bytes) else None)
+
+
+def streams_from_memory(weight_bytes: int, l2_bytes: int) -> bool:
+    """Whether a weight read in full once per tile of the other operand comes from memory
+    each time: more than half the L2 (the rest holds the activations). The conv and GEMM
+    templates then loop over weight tiles outermost. False when ``l2_bytes`` is unknown (0)."""
+    return bool(l2_bytes) and weight_bytes > l2_bytes // 2
 
 
 def register_block(extent: int, cap: int) -> int:
