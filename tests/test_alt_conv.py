@@ -107,6 +107,11 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
     assert tiling(512, 7).parallel_channels is True  # 9.4 MB of weights
     assert tiling(256, 14).parallel_channels is True  # 2.4 MB
     assert tiling(128, 28).parallel_channels is None  # 0.6 MB: the schedule decides from the task count
+    assert tiling(512, 7).reduction_outer and tiling(256, 14).reduction_outer
+    assert not tiling(128, 28).reduction_outer
+    # Fewer channel tiles (8 of 32) than cores: the rows stay in the parallel loop.
+    assert not default_conv_tiling((1, 256, 14, 14), 256, 256, lanes=16, registers=32, l2_bytes=2 << 20,
+                                   weight_bytes=256 * 256 * 9 * 4, cores=16).reduction_outer
 
 
 def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():
@@ -152,13 +157,14 @@ def test_depthwise_conv_padding_per_tile_matches_pytorch(kernel, stride):
 
 def test_large_weights_are_read_once_per_channel_tile_in_the_model():
     """512 -> 512 3x3 on a 7x7 map (9.4 MB of weights): the parallel loop runs channel
-    tiles outermost, so a thread finishes one channel tile's weights before the next."""
+    tiles alone, and inside a tile the reduction's channel blocks run outside the rows, so a
+    thread reads each block of weights once and reuses it for every row."""
     import dataclasses
 
     import alt_tvm
     from alt_tvm.target import host
 
-    machine = dataclasses.replace(host(), l2_bytes=2 << 20)
+    machine = dataclasses.replace(host(), l2_bytes=2 << 20, num_cores=2)
     torch.manual_seed(0)
     model = torch.nn.Conv2d(512, 512, 3, padding=1).eval()
     x = torch.randn(1, 512, 7, 7)
@@ -167,4 +173,6 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model():
     kernel = next(k for k in built.report.kernels if k.kind == "partition")
     script = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
     parallel = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
-    assert any(name.startswith("o_o_n_h") for name in parallel), parallel
+    assert "o_o_fused" in parallel, parallel  # 16 channel tiles of 32
+    reduction = next(line for line in script.splitlines() if "rh, rw, rc_1 in T.grid" in line)
+    assert reduction.split(" in ")[0].split()[1:4] == ["rc_0,", "n,", "h_o,"], reduction

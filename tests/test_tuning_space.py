@@ -50,6 +50,13 @@ def test_two_level_space_rejects_outer_tiles_that_do_not_divide_before_building(
     assert "s1_outer=4 does not divide the 2 tiles" in space.check(bad, loop)
     with pytest.raises(ValueError, match="invalid point"):
         space.params(bad, loop)
+    one = ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=8, out_channels_per_group=32,
+                    default={"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}, registers=32, lanes=16)
+    layout, loop = one.default()
+    assert one.check(layout, dict(loop, reduction_outer=True, rc_split=4)) is None
+    assert "splitting the 8 input channels" in one.check(layout, dict(loop, reduction_outer=True, rc_split=8))
+    assert "window_outer=False" in one.check(layout, dict(loop, reduction_outer=True, rc_split=4,
+                                                          window_outer=True))
     with pytest.raises(ValueError, match="levels must be 1 or 2"):
         ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=8, out_channels_per_group=32,
                   default={"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}, registers=32, lanes=16, levels=3)
@@ -60,6 +67,8 @@ LOOP_VARIANTS = [
     {"unroll_window": True},
     {"window_outer": True, "rc_split": 4},
     {"epilogue_in_block": True},
+    {"reduction_outer": True, "rc_split": 4},
+    {"reduction_outer": True, "parallel_channels": True, "spatial": [4, 16], "reg": 8, "rc_split": 2},
     {"outer_spatial": [2, 1], "outer_ot": 2},
     {"outer_spatial": [4, 2], "outer_ot": 1, "window_outer": True, "epilogue_in_block": True},
 ]

@@ -226,7 +226,8 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
                         channel_tile: int = 1, cores: int = 2,
                         parallel_channels: bool | None = None, two_level: bool = False,
                         unroll_window: bool = False, window_outer: bool = False,
-                        epilogue_in_block: bool = False, pad_in_tile: bool = False) -> tvm.IRModule:
+                        epilogue_in_block: bool = False, pad_in_tile: bool = False,
+                        reduction_outer: bool = False) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
@@ -237,6 +238,12 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     per output channel tile. That suits depthwise convs, whose channel tile reads only its
     own input channels: 2x faster with stride 2, up to 1.2x with stride 1. A dense conv
     would pad all input channels once per output channel tile: 1.3x slower.
+
+    ``reduction_outer`` orders the loops ``parallel(channel tiles) . rc_o . spatial tiles .
+    register blocks . window . rc_i`` (it needs a split reduction, one-level tiles and the
+    window inside the channel blocks); the register blocks accumulate into the output tile.
+    With ResNet's 512-channel 3x3 convs on a 7x7 map, in a chain of eight whose weights come
+    from memory, it takes 0.73 ms per conv against 0.95 ms.
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
@@ -269,6 +276,15 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         reduce = [*window, *channel] if window_outer else [channel[0], *window, channel[1]]
     else:
         reduce = [*window, *channel] if window_outer else [*channel, *window]
+    if reduction_outer:
+        if len(channel) != 2 or middle or window_outer:
+            raise ValueError(f"reduction_outer needs the input channels ({extent}) split into blocks "
+                             f"(channel_tile {channel_tile}), one-level tiles (two_level={two_level}) and "
+                             f"window_outer=False ({window_outer})")
+        return _schedule_reduction_outer(sch, block, order=[*channel_outer, channel[0], n, *outer, last_o, *window,
+                                                            channel[1], *inner[:-1], last_i, oi],
+                                         channel_loops=len(channel_outer), unrolled=[*inner[:-1], last_i],
+                                         stages=stages, source=source)
     sch.reorder(n, *outer, *channel_outer, *middle, last_o, *reduce, *inner[:-1], last_i, oi)
     # Parallel over output tiles; with few spatial tiles (7x7 maps) also over channel tiles.
     tasks = 1
@@ -308,6 +324,31 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         # input is streamed once instead of copied whole first.
         sch.compute_at(sch.get_sblock(source.op.name), oo)
     elif source is not None:
+        pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
+        sch.parallel(sch.fuse(*pad_loops[:2]))
+    return sch.mod
+
+
+def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: list, channel_loops: int,
+                              unrolled: list, stages: list, source: te.Tensor | None) -> tvm.IRModule:
+    """The loop order of :func:`schedule_tiled_conv`'s ``reduction_outer``: ``order`` starts with
+    the ``channel_loops`` loops of output channel tiles and ends with the register tile's
+    ``unrolled`` loops and its vector loop. The register block accumulates straight into the conv's output,
+    so its partial sums persist from one input channel block to the next."""
+    sch.reorder(*order)
+    tile = sch.fuse(*order[:channel_loops])
+    sch.parallel(tile)
+    sch.vectorize(order[-1])
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.decompose_reduction(block, order[channel_loops])
+    if stages:
+        for stage in stages[:-1]:
+            sch.compute_inline(sch.get_sblock(stage.op.name))
+        final = sch.get_sblock(stages[-1].op.name)
+        sch.reverse_compute_at(final, tile)
+        sch.vectorize(sch.get_loops(final)[-1])
+    if source is not None:
         pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
         sch.parallel(sch.fuse(*pad_loops[:2]))
     return sch.mod
@@ -418,7 +459,8 @@ class AltConvStrategy(Strategy):
         return default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
                                    in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
                                    registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
-                                   l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape))
+                                   l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape),
+                                   cores=target.num_cores)
 
     def fuses_block(self, anchor, tail, target, options=None) -> bool:
         """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the
@@ -516,7 +558,8 @@ class AltConvStrategy(Strategy):
             cores=context.target.num_cores, parallel_channels=tiling.parallel_channels,
             two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
             window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block,
-            pad_in_tile=geometry.in_per_group == 1 and geometry.out_per_group == 1)
+            pad_in_tile=geometry.in_per_group == 1 and geometry.out_per_group == 1,
+            reduction_outer=tiling.reduction_outer)
 
     def implement(self, anchor, context) -> Any:
         if context.partition.tail:

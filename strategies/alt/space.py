@@ -82,10 +82,16 @@ class ConvSpace(Space):
                 Knob("parallel_channels", (False, True)),
                 Knob("unroll_window", (False, True)),
                 Knob("window_outer", (False, True)),
-                Knob("epilogue_in_block", (False, True)))
+                Knob("epilogue_in_block", (False, True)),
+                # The reduction-outer loop order exists for the one-level template only.
+                Knob("reduction_outer", (False, True) if self.levels == 1 else (False,)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
         why = super().check(layout, loop)
+        if why is None and loop["reduction_outer"] and (loop["window_outer"] or
+                                                        not 1 < loop["rc_split"] < self._i_extent):
+            return (f"reduction_outer needs window_outer=False (got {loop['window_outer']}) and rc_split "
+                    f"splitting the {self._i_extent} input channels (got {loop['rc_split']})")
         if why is not None or self.levels == 1:
             return why
         # An outer tile groups whole inner tiles: it must divide the number of them.
@@ -104,7 +110,7 @@ class ConvSpace(Space):
         layout.update(ot=d.ot, it=d.it, weight_ot=d.weight_ot or d.ot, weight_it=d.weight_it or d.it)
         loop = {"reg": d.reg, "rc_split": d.rc_split or d.it, "parallel_channels": bool(d.parallel_channels),
                 "unroll_window": d.unroll_window, "window_outer": d.window_outer,
-                "epilogue_in_block": d.epilogue_in_block}
+                "epilogue_in_block": d.epilogue_in_block, "reduction_outer": d.reduction_outer}
         if self.levels == 2:
             layout.update({f"s{k}_outer": 1 for k in range(self.rank)}, ot_outer=1)
         # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
@@ -121,6 +127,7 @@ class ConvSpace(Space):
             reg=loop["reg"], weight_ot=layout["weight_ot"], weight_it=layout["weight_it"], rc_split=loop["rc_split"],
             parallel_channels=bool(loop["parallel_channels"]), unroll_window=bool(loop["unroll_window"]),
             window_outer=bool(loop["window_outer"]), epilogue_in_block=bool(loop["epilogue_in_block"]),
+            reduction_outer=bool(loop["reduction_outer"]),
             outer_spatial=tuple(layout[f"s{d}_outer"] for d in range(self.rank)) if two_level else (),
             outer_ot=layout["ot_outer"] if two_level else 0).to_json()
 

@@ -27,7 +27,10 @@ class DefaultConvTiling:
     tiles in parallel (None = when spatial tiles are few), ``unroll_window`` unrolls the
     kernel-window loops, ``window_outer`` orders the window loops before the channel
     blocks of the reduction, ``epilogue_in_block`` computes the fused epilogue right after
-    each register block instead of after the whole channel tile.
+    each register block instead of after the whole channel tile, ``reduction_outer`` runs the
+    reduction's channel blocks outside the spatial tiles of each channel tile (parallel over
+    channel tiles alone): a block of weights is then read from memory once and reused from L1
+    by every row of the tile, and the partial sums stay in the output tile between blocks.
     """
 
     spatial: tuple[int, ...]
@@ -43,6 +46,7 @@ class DefaultConvTiling:
     unroll_window: bool = False
     window_outer: bool = False
     epilogue_in_block: bool = False
+    reduction_outer: bool = False
 
     def __post_init__(self) -> None:
         if self.outer_spatial and len(self.outer_spatial) != len(self.spatial):
@@ -62,7 +66,8 @@ class DefaultConvTiling:
         record = {"spatial": list(self.spatial), "ot": self.ot, "it": self.it, "reg": self.reg,
                   "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
                   "parallel_channels": self.parallel_channels, "unroll_window": self.unroll_window,
-                  "window_outer": self.window_outer, "epilogue_in_block": self.epilogue_in_block}
+                  "window_outer": self.window_outer, "epilogue_in_block": self.epilogue_in_block,
+                  "reduction_outer": self.reduction_outer}
         if self.two_level:
             record.update(outer_spatial=list(self.outer_spatial), outer_ot=self.outer_ot)
         return record
@@ -78,14 +83,16 @@ class DefaultConvTiling:
                        outer_ot=int(record.get("outer_ot", 0)),
                        unroll_window=bool(record.get("unroll_window", False)),
                        window_outer=bool(record.get("window_outer", False)),
-                       epilogue_in_block=bool(record.get("epilogue_in_block", False)))
+                       epilogue_in_block=bool(record.get("epilogue_in_block", False)),
+                       reduction_outer=bool(record.get("reduction_outer", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a conv tiling record: {record!r} ({err})") from None
 
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
                         lanes: int, registers: int, in_channels: int | None = None,
-                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0) -> DefaultConvTiling:
+                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0,
+                        cores: int = 1) -> DefaultConvTiling:
     """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
 
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
@@ -99,6 +106,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     ``parallel_channels``: the parallel loop then runs channel tiles outermost, so each
     channel tile's weights are read from memory once rather than once per spatial tile
     (ResNet-18's 512-channel 3x3 convs, 9.4 MB of weights on a 7x7 map: 1.9x faster).
+    Such a conv also runs its reduction outermost (``reduction_outer``) when the input
+    channels split into blocks and there are at least ``cores`` channel tiles: each
+    thread's stream of weights from memory is then spread over its whole share of the
+    work instead of being read in bursts the compute waits for.
     """
 
     spatial = list(out_shape[2:])
@@ -124,8 +135,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     _, lead, wt = best
     vectors = -(-ot // lanes)
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
+    streams = streams_from_memory(weight_bytes, l2_bytes)
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)),
-                             parallel_channels=True if streams_from_memory(weight_bytes, l2_bytes) else None)
+                             parallel_channels=True if streams else None,
+                             reduction_outer=streams and it < in_channels_per_group and out_shape[1] // ot >= cores)
 
 
 def streams_from_memory(weight_bytes: int, l2_bytes: int) -> bool:
