@@ -114,6 +114,21 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
                                    weight_bytes=256 * 256 * 9 * 4, cores=16).reduction_outer
 
 
+def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
+    from alt_tvm.strategies.alt.tiling import channel_tile, reduction_block
+
+    tiles = {c: channel_tile(c, 16) for c in (3, 12, 24, 40, 48, 58, 72, 104, 116, 232, 440, 512, 1000)}
+    # Divisors where they use the lanes as well, or padding would waste more than 1/12.
+    assert tiles[3] == 3 and tiles[12] == 12 and tiles[24] == 12 and tiles[40] == 10 and tiles[72] == 12
+    assert tiles[48] == 16 and tiles[512] == 32
+    # Padded: 58 -> 64 and 116 -> 128 (two vectors: one would pad as much), 104 -> 112 and
+    # 232 -> 240 (one vector), 440 -> 448 and 1000 -> 1024 (two vectors waste under 1/16).
+    assert (tiles[58], tiles[116], tiles[104], tiles[232], tiles[440], tiles[1000]) == (32, 32, 16, 16, 32, 32)
+    assert channel_tile(1000, 16, padded=False) == 10 and channel_tile(58, 16, padded=False) == 2
+    # A reduction over 104 channels stored in padded tiles of 16 runs in blocks of 8.
+    assert reduction_block(104, 16) == 8 and reduction_block(512, 32) == 32
+
+
 def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():
     from alt_tvm.strategies.alt.tiling import default_conv_tiling, register_block
 

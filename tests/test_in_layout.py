@@ -120,6 +120,20 @@ class _Classifier(nn.Module):  # global pooling and flatten before the linear he
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1))
 
 
+class _PaddedChannels(nn.Module):  # ShuffleNet's 58/116 and SqueezeNet's 1000 channels
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 58, 3, padding=1), nn.Conv2d(58, 116, 1)
+        self.squeeze, self.excite = nn.Conv2d(116, 16, 1), nn.Conv2d(16, 116, 1)
+        self.head = nn.Conv2d(116, 1000, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.b(torch.relu(self.a(x))))
+        scale = torch.sigmoid(self.excite(torch.relu(self.squeeze(y.mean((2, 3), keepdim=True)))))
+        y = nn.functional.max_pool2d(y * scale, 2)
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(torch.relu(self.head(y)), 1), 1)
+
+
 CASES = {
     "max_pool_read_by_two_1x1_convs": (_MaxPoolThenTwo1x1, (1, 3, 32, 32)),
     "strided_1x1_conv": (_StridedShortcut, (1, 8, 28, 28)),
@@ -129,6 +143,7 @@ CASES = {
     "dense_block": (_DenseBlock, (1, 3, 16, 16)),
     "layer_norm_between_permutes": (_ConvNeXtBlock, (1, 16, 14, 14)),
     "global_pool_flatten_classifier": (_Classifier, (1, 8, 14, 14)),
+    "padded_channel_tiles": (_PaddedChannels, (1, 3, 16, 16)),
 }
 
 
@@ -164,6 +179,49 @@ def test_max_pool_writes_the_layout_its_1x1_consumers_read():
     assert script.count("T.parallel(") == 1, script
     parallel = script.index("T.parallel(")
     assert parallel < script.index('T.sblock("max_pool_pad")') < script.index('T.sblock("max_pool")'), script
+
+
+def test_channel_counts_vectors_do_not_divide_are_stored_padded():
+    """58, 116 and 1000 channels are stored in whole vectors (64, 128, 1024), through the
+    squeeze-excitation, the pools and the global pool, with no conversion in between."""
+    torch.manual_seed(0)
+    model = _PaddedChannels().eval()
+    built = build(model, example_inputs=[torch.randn(1, 3, 16, 16)])
+    from alt_tvm.target import host
+
+    lanes = host().vector_lanes("float32")
+    if lanes != 16:
+        pytest.skip(f"the padded sizes below are for 16 lanes, this machine has {lanes}")
+    sizes = {int(np.prod([int(d) for d in k.layout.split("x")])) for k in built.report.kernels if k.layout}
+    assert {64 * 16 * 16, 128 * 16 * 16, 1024 * 8 * 8} <= sizes, sorted(sizes)
+
+
+def test_relayout_reads_a_padded_input_and_zero_fills_a_padded_output():
+    import tvm
+    from tvm import relax
+
+    from alt_tvm.graph.in_layout import legalize_alone, relayout
+    from alt_tvm.layout import Layout
+    from alt_tvm.target import host
+
+    x = relax.Var("x", relax.TensorType((1, 20, 6, 6), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        builder.emit_func_output(builder.emit(relax.op.nn.max_pool2d(x, (2, 2), (2, 2))))
+    legal = legalize_alone(builder.get()["main"].body.blocks[0].bindings[0].value)
+    src = Layout((1, 20, 6, 6)).pad(1, 12).split(1, [2, 16]).reorder([0, 1, 3, 4, 2])
+    dst = Layout((1, 20, 3, 3)).pad(1, 4).split(1, [3, 8]).reorder([0, 1, 3, 4, 2])
+    func = relayout(legal.func, [src], dst)
+    data = np.random.default_rng(0).standard_normal((1, 20, 6, 6)).astype("float32")
+    stored = src.apply(data)
+    stored[:, 1, :, :, 4:] = np.nan  # padding is never read
+    lib = tvm.tirx.build(func.with_attr("global_symbol", "main"), target=host().to_tvm())
+    out = tvm.runtime.tensor(np.full(dst.shape, 7.0, np.float32), tvm.cpu())
+    lib["main"](tvm.runtime.tensor(stored, tvm.cpu()), out)
+    out = out.numpy()
+    ref = data.reshape(1, 20, 3, 2, 3, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(dst.inverse(lossy=True).apply(out), ref)
+    assert np.all(out[:, 2, :, :, 4:] == 0)  # channels 20..23: zeros
 
 
 def test_relayout_rejects_a_layout_of_another_shape():

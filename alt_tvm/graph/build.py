@@ -290,7 +290,7 @@ class AltLayoutPass:
         for data, layouts in preferred.items():
             producer = producers.get(data)
             layout = layouts[0]
-            if (producer is None or data in members or layout is None or layout.expands_data
+            if (producer is None or data in members or layout is None or not layout.stores_each_once
                     or equivalent(layout, None, static_shape(data)) or any(other != layout for other in layouts)):
                 continue
             if not _standalone_elementwise(producer, users):
@@ -491,7 +491,7 @@ class _Mutator(relax.PyExprMutator):
             # A pooled or concatenated map stays in channel vectors (NCHWc), so its window
             # loads are whole vectors; its consumers read that layout directly.
             wanted = channel_blocked(static_shape(var), self.owner.target.vector_lanes(dtype_of(var)))
-        if any(not self.layouts[v][1].is_bijective for v in tiled) or (wanted is not None and not wanted.is_bijective):
+        if not all(layout.stores_each_once for layout in [*(self.layouts[v][1] for v in tiled), wanted] if layout):
             return False
         legal = legalize_alone(call, module=self.builder_.get(), fast_math=self.owner.fast_math)
         if legal is None:

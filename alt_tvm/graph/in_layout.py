@@ -109,9 +109,9 @@ class _NotAlone(Exception):
 def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layout | None) -> tirx.PrimFunc:
     """``func`` reading its k-th input in ``inputs[k]`` and writing its output in ``output``.
 
-    None leaves a buffer row-major. An input layout must be one its producer stores every
-    element in once (:attr:`Layout.is_bijective`, or a non-overlapping unfold); so must the
-    output layout, which is written by ``func``'s own stores.
+    None leaves a buffer row-major. Every layout must store each element once
+    (:attr:`Layout.stores_each_once`): an input's padding is never read, an output's is
+    written with zeros.
 
     Raises
     ------
@@ -133,9 +133,14 @@ def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layou
                                                [*sch.get(b).reads, *sch.get(b).writes])), None)
         if block is None:
             continue  # a buffer the function never touches
-        sch.transform_layout(block, name, _index_map(layout))
-        if name == names[-1] and all(int(v.iter_type) == 0 for v in sch.get(block).iter_vars):
-            # Iterate in the stored order, so the output is written contiguously.
+        # A padded input (a padded channel tile) is read at its stored elements only; a
+        # padded output gets zeros in its padding.
+        output = name == names[-1]
+        sch.transform_layout(block, name, _index_map(layout), assume_injective_transform=not output,
+                             pad_value=0.0 if output and not layout.is_bijective else None)
+        if output and layout.is_bijective and all(int(v.iter_type) == 0 for v in sch.get(block).iter_vars):
+            # Iterate in the stored order, so the output is written contiguously. (A padded
+            # output's block already iterates over the stored shape.)
             sch.transform_block_layout(block, _index_map(layout))
     return sch.mod["main"]
 

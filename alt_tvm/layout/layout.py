@@ -101,6 +101,14 @@ class Layout:
             isinstance(p, (StoreAt, DecoupleAt, Unpad, Fold)) for p in self._steps)
 
     @property
+    def stores_each_once(self) -> bool:
+        """True if every element is stored exactly once, with padding allowed: a bijective
+        layout or a padded one (a padded channel tile), not an overlapping unfold."""
+        lossy_or_attached = (StoreAt, DecoupleAt, Unpad, Fold)
+        return all(isinstance(p, Pad) or (not p.expands_data(s) and not isinstance(p, lossy_or_attached))
+                   for p, s in zip(self._steps, self._shapes))
+
+    @property
     def guests(self) -> list[StoreAt]:
         """The ``store_at`` steps, in order (the tensors attached to this one)."""
         return [p for p in self._steps if isinstance(p, StoreAt)]

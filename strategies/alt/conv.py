@@ -33,7 +33,7 @@ from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
 from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, work_ratio
-from .tiling import DefaultConvTiling, default_conv_tiling
+from .tiling import DefaultConvTiling, default_conv_tiling, reduction_block
 
 LayoutKind = Literal["nchw", "nhwc", "tiled"]
 LAYOUT_KINDS: tuple[str, ...] = ("nchw", "nhwc", "tiled")
@@ -268,7 +268,8 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     window = reduce[1:]
     extent = int(conv.op.reduce_axis[0].dom.extent)
     channel = [reduce[0]]
-    if 1 < channel_tile < extent and extent % channel_tile == 0:
+    channel_tile = reduction_block(extent, channel_tile)  # a padded input tile: its divisor
+    if 1 < channel_tile < extent:
         # rc = rc_o * it + rc_i, with rc_i after the window loops: the input's and the
         # weight's innermost (it) dimension is then read in order, with no div/mod.
         channel = list(sch.split(reduce[0], [None, channel_tile]))
@@ -613,7 +614,7 @@ class AltConvStrategy(Strategy):
             layouts[packed] = chosen.weight  # (the same tensor, or the one the scaled weights read)
         if source.same_as(data):
             current = context.input_layouts.get(context.source_of(data))
-            if not (current is not None and current.is_bijective and current.shape[-1] == chosen.source.shape[-1]):
+            if not (current is not None and current.stores_each_once and current.shape[-1] == chosen.source.shape[-1]):
                 # No pad stage to convert for free. (A strided 1x1 conv reads its producer's
                 # tiles directly when they end in the same channel vector: no conversion.)
                 context.require_layout(data, chosen.source)
@@ -638,7 +639,7 @@ class AltConvStrategy(Strategy):
         to 16 costs a pass over the map.
         """
         current = context.input_layouts.get(source)
-        if current is None or not current.is_bijective or equivalent(current, chosen.source, geometry.data_shape):
+        if current is None or not current.stores_each_once or equivalent(current, chosen.source, geometry.data_shape):
             return chosen
         tile = int(current.shape[-1])
         if tile == chosen.tiling.it or geometry.in_per_group % tile:

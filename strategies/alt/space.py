@@ -1,7 +1,8 @@
 """The tuning spaces of the ALT CPU templates (ALT paper §5.1): conv and GEMM.
 
-Every knob only offers values that divide its extent, so a decoded layout needs no
-padding and propagates (paper §4.2). :meth:`ConvSpace.decode` gives
+Every knob offers the values that divide its extent, so a decoded layout needs no
+padding and propagates (paper §4.2), and the analytic default (whose channel tiles may be
+padded: :func:`~alt_tvm.strategies.alt.tiling.channel_tile`). :meth:`ConvSpace.decode` gives
 :class:`~alt_tvm.strategies.alt.conv.DefaultConvTiling` JSON, :meth:`GemmSpace.decode`
 the ``{"nt", "mt", "vec", "kt"}`` of the GEMM strategy.
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 from alt_tvm.strategies.space import Knob, Space, divisors
 
-from .tiling import DefaultConvTiling
+from .tiling import DefaultConvTiling, reduction_block
 
 
 class ConvSpace(Space):
@@ -55,10 +56,11 @@ class ConvSpace(Space):
         o_extent = self.out_shape[1] if depthwise else out_channels_per_group
         i_extent = self.out_shape[1] if depthwise else in_channels_per_group
         knobs = [Knob(f"s{d}", divisors(s, cap=4 if d < self.rank - 1 else 64), s) for d, s in enumerate(spatial)]
-        knobs += [Knob("ot", divisors(o_extent, cap=4 * lanes), o_extent),
-                  Knob("it", divisors(i_extent, cap=4 * lanes), i_extent),
-                  Knob("weight_ot", divisors(o_extent, cap=4 * lanes), o_extent),
-                  Knob("weight_it", divisors(i_extent, cap=4 * lanes), i_extent)]
+        # The divisors, and the analytic tiles (a padded channel tile need not divide).
+        o_tiles = tuple(sorted({*divisors(o_extent, cap=4 * lanes), int(default["ot"])}))
+        i_tiles = tuple(sorted({*divisors(i_extent, cap=4 * lanes), int(default["it"])}))
+        knobs += [Knob("ot", o_tiles, o_extent), Knob("it", i_tiles, i_extent),
+                  Knob("weight_ot", o_tiles, o_extent), Knob("weight_it", i_tiles, i_extent)]
         if levels == 2:
             knobs += [Knob(f"s{d}_outer", self.OUTER_CHOICES, self.OUTER_CHOICES[-1]) for d in range(self.rank)]
             knobs += [Knob("ot_outer", self.OUTER_CHOICES, self.OUTER_CHOICES[-1])]
@@ -108,7 +110,8 @@ class ConvSpace(Space):
         d = DefaultConvTiling.from_json(self._default)
         layout = {f"s{k}": v for k, v in enumerate(d.spatial)}
         layout.update(ot=d.ot, it=d.it, weight_ot=d.weight_ot or d.ot, weight_it=d.weight_it or d.it)
-        loop = {"reg": d.reg, "rc_split": d.rc_split or d.it, "parallel_channels": bool(d.parallel_channels),
+        loop = {"reg": d.reg, "rc_split": d.rc_split or reduction_block(self._i_extent, d.it),
+                "parallel_channels": bool(d.parallel_channels),
                 "unroll_window": d.unroll_window, "window_outer": d.window_outer,
                 "epilogue_in_block": d.epilogue_in_block, "reduction_outer": d.reduction_outer}
         if self.levels == 2:

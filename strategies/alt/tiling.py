@@ -6,12 +6,13 @@ what the conv strategy lowers; :func:`default_conv_tiling` is the analytic, untu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from alt_tvm.strategies.base import tiles_for
 
-__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling", "register_block"]
+__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling", "reduction_block", "register_block"]
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     vectors = -(-ot // lanes)
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
     streams = streams_from_memory(weight_bytes, l2_bytes)
+    split = 1 < reduction_block(in_channels_per_group, it) < in_channels_per_group
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)),
                              parallel_channels=True if streams else None,
-                             reduction_outer=streams and it < in_channels_per_group and out_shape[1] // ot >= cores)
+                             reduction_outer=streams and split and -(-out_shape[1] // ot) >= cores)
 
 
 def streams_from_memory(weight_bytes: int, l2_bytes: int) -> bool:
@@ -168,16 +170,41 @@ def register_block(extent: int, cap: int) -> int:
 WIDE_CHANNELS = 64
 
 
-def channel_tile(channels: int, lanes: int) -> int:
+def channel_tile(channels: int, lanes: int, *, padded: bool = True) -> int:
     """The channel tile for ``channels``: one vector, two for wide layers.
 
     A function of the channel count alone, so a producer's output tile equals its
     consumer's input tile and 1x1 convolutions read their input without conversion.
     Two vectors per accumulator row keep the register block full on small maps.
+
+    A count that whole vectors do not divide is padded (the layout ``pad`` primitive,
+    ALT paper §4.1) to whole vectors when that uses more of each vector than the largest
+    divisor up to a vector would (ShuffleNet's 58 channels: 58 of 64 lanes used, against 2
+    of 16; SqueezeNet's 1000: 1000 of 1024 against 10 of 16). The padded tile is two vectors
+    when that wastes at most 1/16 of the channels or no more than one vector does.
+    ``padded=False``: the divisor always (channels internal to a fused kernel, whose
+    epilogues would otherwise be guarded against the padding).
     """
     if channels >= WIDE_CHANNELS and channels % (2 * lanes) == 0:
         return 2 * lanes
-    return tiles_for(channels, lanes)
+    divisor = tiles_for(channels, lanes)
+    one, two = _ceil_to(channels, lanes), _ceil_to(channels, 2 * lanes)
+    if not padded or channels * lanes <= divisor * one:  # the divisor uses the vectors as well
+        return divisor
+    if 4 * divisor > lanes and 12 * (one - channels) > channels:
+        return divisor  # half-vector tiles cost less than a padding of over 1/12
+    return 2 * lanes if two == one or 16 * (two - channels) <= channels else lanes
+
+
+def reduction_block(extent: int, tile: int) -> int:
+    """The inner block of a reduction over ``extent`` channels stored in tiles of ``tile``
+    (padded when ``tile`` does not divide ``extent``): the largest size that divides both,
+    so a block never straddles two stored tiles or reaches into the padding."""
+    return math.gcd(extent, tile)
+
+
+def _ceil_to(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _divisors_upto(extent: int, cap: int) -> list[int]:
