@@ -124,7 +124,7 @@ def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
     # Padded: 58 -> 64 and 116 -> 128 (two vectors: one would pad as much), 104 -> 112 and
     # 232 -> 240 (one vector), 440 -> 448 and 1000 -> 1024 (two vectors waste under 1/16).
     assert (tiles[58], tiles[116], tiles[104], tiles[232], tiles[440], tiles[1000]) == (32, 32, 16, 16, 32, 32)
-    assert channel_tile(1000, 16, padded=False) == 10 and channel_tile(58, 16, padded=False) == 2
+    assert channel_tile(200, 16, max_waste=0) == 10 and channel_tile(58, 16, max_waste=0) == 32
     # A reduction over 104 channels stored in padded tiles of 16 runs in blocks of 8.
     assert reduction_block(104, 16) == 8 and reduction_block(512, 32) == 32
 
