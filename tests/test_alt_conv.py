@@ -87,8 +87,9 @@ def test_default_tiling_follows_registers_and_l1():
     from alt_tvm.strategies.alt.tiling import default_conv_tiling
 
     big = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=48 * 1024)
-    # two vectors of channels; accumulators within 3/4 of 32 registers
-    assert big.ot == 32 and big.spatial[0] * big.reg * 2 <= 24
+    # two vectors of channels; two rows of 7 positions: 28 accumulators, 4 registers left
+    assert big.ot == 32 and big.spatial == (2, 28) and big.reg == 7
+    assert default_conv_tiling((1, 256, 14, 14), 256, 256, lanes=16, registers=32).spatial == (2, 14)
     small_l1 = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=16, registers=32, l1_bytes=8 * 1024)
     assert small_l1.spatial[0] * small_l1.spatial[1] * 16 * 4 <= 2 * 1024 < big.spatial[0] * big.spatial[1] * 64
     few_regs = default_conv_tiling((1, 64, 56, 56), 64, 64, lanes=8, registers=16, l1_bytes=32 * 1024)
@@ -136,6 +137,7 @@ def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():
     assert register_block(7, 6) == 4  # divisors 1 and 7: 4 + 3 instead of 1 accumulator
     assert register_block(14, 6) == 5  # 5 + 5 + 4 instead of 2
     assert register_block(7, 12) == 7 and register_block(7, 1) == 1
+    assert register_block(27, 14) == 9  # 9 of 14 is kept: a ragged 14 + 13 ran 2x slower
     # ResNet-50's last stage (7x7, 512 channels = 2 AVX2 vectors): 8 accumulators, not 2.
     late = default_conv_tiling((1, 512, 7, 7), 512, 512, lanes=8, registers=16)
     assert late.spatial == (1, 7) and late.ot == 16 and late.reg == 4

@@ -31,7 +31,7 @@ class ConvSpace(Space):
     default
         The strategy's analytic tiling (:class:`DefaultConvTiling` JSON), as the starting point.
     registers
-        Vector registers: register blocks above ~3/4 of them are not offered.
+        Vector registers: register blocks above all but 4 of them are not offered.
     lanes
         Vector lanes (a block of ``ot`` needs ``ceil(ot / lanes)`` registers per position).
     levels
