@@ -16,7 +16,7 @@ import numpy as np
 
 from alt_tvm.strategies.space import Knob, Space, divisors
 
-from .tiling import DefaultConvTiling, reduction_block
+from .tiling import RESERVED_REGISTERS, DefaultConvTiling, reduction_block
 
 
 class ConvSpace(Space):
@@ -31,7 +31,7 @@ class ConvSpace(Space):
     default
         The strategy's analytic tiling (:class:`DefaultConvTiling` JSON), as the starting point.
     registers
-        Vector registers: register blocks above all but 4 of them are not offered.
+        Vector registers: register blocks above all but ``RESERVED_REGISTERS`` of them are not offered.
     lanes
         Vector lanes (a block of ``ot`` needs ``ceil(ot / lanes)`` registers per position).
     levels
@@ -76,7 +76,7 @@ class ConvSpace(Space):
         last = layout[f"s{self.rank - 1}"]
         outer = int(np.prod([layout[f"s{d}"] for d in range(self.rank - 1)])) if self.rank > 1 else 1
         vectors = -(-layout["ot"] // self.lanes)
-        budget = max(1, self.registers - 4) // max(1, outer * vectors)
+        budget = max(1, self.registers - RESERVED_REGISTERS) // max(1, outer * vectors)
         # Even blocks with a partial last one (register_block) as well as the divisors.
         blocks = sorted({-(-last // count) for count in range(1, last + 1)} & set(range(1, max(1, budget) + 1)))
         return (Knob("reg", tuple(blocks)),
