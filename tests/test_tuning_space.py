@@ -89,6 +89,22 @@ def test_every_loop_and_layout_knob_builds_a_kernel_equal_to_pytorch(tmp_path, e
         np.testing.assert_allclose(compiled(INPUTS[0].numpy())[0], MODEL(*INPUTS).numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_a_record_asking_reduction_outer_where_it_cannot_apply_is_rejected_not_fatal(tmp_path):
+    """8 input channels in one block: nothing to run outside the rows. The record is
+    refused with the reason, and the partition is built with its analytic tiling."""
+    (task,) = extract_tasks(MODEL, example_inputs=INPUTS)
+    params = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4, "rc_split": 8, "reduction_outer": True}
+    log = tmp_path / "bad.jsonl"
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=task.key, target=_target_key(),
+                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=str(log))
+    assert compiled.report.tuned == 0
+    assert "reduction_outer needs the input channels (8) split into blocks" in compiled.report.summary()
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(INPUTS[0].numpy())[0], MODEL(*INPUTS).numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_two_level_tuning_space_is_selectable():
     (one,) = extract_tasks(MODEL, example_inputs=INPUTS)
     (two,) = extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=2)
