@@ -36,7 +36,8 @@ class ThreadPolicy:
     ----------
     slack
         When the median of the latest ``samples`` calls on all threads is this many times
-        the best seen, a one-thread trial starts.
+        the best seen, a one-thread trial starts (not before ``4 * samples`` calls on all
+        threads: a model's first calls are slow).
     retry_s
         Seconds between trials of all threads while running on one.
     forget_s
@@ -136,8 +137,11 @@ class ThreadGovernor:
         else:
             self._one.append(seconds)
         if self.state == "all":
+            # Not before a full window: a model's first calls are slow (page faults, cold caches,
+            # the pool starting), and a trial judged against them kept one thread on a quiet machine.
             recent = list(self._all)[-self.policy.samples:]
-            slowed = len(recent) == self.policy.samples and statistics.median(recent) > self.policy.slack * self._best
+            slowed = (len(self._all) == self._all.maxlen
+                      and statistics.median(recent) > self.policy.slack * self._best)
             if slowed and now >= self._no_trial_until:
                 self._enter("trial")
             return
