@@ -16,6 +16,19 @@ from alt_tvm.integration import extract_tasks
 TOKENS, IN, OUT = 197, 64, 96
 
 
+def _run(lowered, x: torch.Tensor) -> np.ndarray:
+    """Compile a lowered task and run it on ``x`` (its constants as packed; the output zeroed first)."""
+    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
+    args = []
+    for i, (shape, dtype) in enumerate(lowered.arg_specs):
+        data = lowered.constants.get(i)
+        if data is None:
+            data = x.numpy() if shape == tuple(x.shape) else np.zeros(shape, dtype)
+        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
+    func(*args)
+    return args[-1].numpy()
+
+
 def _linear() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Linear(IN, OUT).eval()
@@ -41,15 +54,7 @@ def test_every_row_block_of_the_space_lowers_and_computes_the_product(mt):
     assert set(mt_knob.choices) == {1, 2, 4, 8}
     layout, loop = task.space.default()
     lowered = task.lower(task.space.decode(layout, {**loop, "mt": mt}))
-    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
-    args = []
-    for i, (shape, dtype) in enumerate(lowered.arg_specs):
-        data = lowered.constants.get(i)
-        if data is None:
-            data = x.numpy() if shape == (1, TOKENS, IN) else np.zeros(shape, dtype)
-        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
-    func(*args)
-    np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def _deep_linear_task():
@@ -67,15 +72,7 @@ def test_every_loop_order_and_k_chunk_of_the_space_computes_the_product(panels_o
     knobs = {k.name: k for k in task.space.loop_knobs(layout)}
     assert set(knobs["kc"].choices) == {0, 64, 128, 256} and set(knobs["panels_outer"].choices) == {0, 1}
     lowered = task.lower(task.space.decode(layout, {**loop, "panels_outer": panels_outer, "kc": kc}))
-    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
-    args = []
-    for i, (shape, dtype) in enumerate(lowered.arg_specs):
-        data = lowered.constants.get(i)
-        if data is None:
-            data = x.numpy() if shape == (1, 40, 512) else np.zeros(shape, dtype)
-        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
-    func(*args)
-    np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_a_k_chunk_that_does_not_divide_k_is_a_clear_error():
@@ -157,15 +154,7 @@ def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_prod
     # 10 row blocks and the 64 steps of a chunk
     assert "in T.parallel(2)" in script
     assert script.index("in T.parallel(2)") < script.index("in T.grid(8, 3, 10, 64)")
-    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
-    args = []
-    for i, (shape, dtype) in enumerate(lowered.arg_specs):
-        data = lowered.constants.get(i)
-        if data is None:
-            data = x.numpy() if shape == (1, 40, 512) else np.zeros(shape, dtype)
-        args.append(tvm.runtime.tensor(np.asarray(data, dtype=dtype), tvm.cpu()))
-    func(*args)
-    np.testing.assert_allclose(args[-1].numpy(), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_panel_groups_that_do_not_divide_the_panels_are_refused():
