@@ -174,3 +174,29 @@ def test_revalidation_picks_the_consistently_fast_candidate_over_a_lucky_draw(tm
     assert more == []
     with pytest.raises(ValueError, match="revalidate"):
         tune(MODEL, verify=False, trials=48, log=log, example_inputs=INPUTS, revalidate=-1)
+
+
+def test_tir_features_are_missing_for_a_candidate_that_does_not_lower_or_that_the_extractor_cannot_read(
+        monkeypatch, caplog):
+    from alt_tvm.integration import extract_tasks
+    from alt_tvm.tuning import features
+    from alt_tvm.tuning.driver import tir_featurizer
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 32).eval(), torch.randn(1, 8, 64)
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    layout, loop = task.space.default()
+    featurize = tir_featurizer(task)
+    good = featurize(task.space.decode(layout, loop))
+    assert np.isfinite(good).all()
+    bad = featurize({**task.space.decode(layout, loop), "nt": 7})  # 7 does not divide N = 32: no lowering
+    assert bad.shape == good.shape and np.isnan(bad).all()
+
+    def broken(func, **kwargs):
+        raise TypeError("an expression the extractor does not know")
+
+    monkeypatch.setattr(features, "extract_features", broken)
+    with caplog.at_level("WARNING", logger="alt_tvm.tuning.driver"):
+        other = tir_featurizer(task)(task.space.decode(layout, loop))
+    assert np.isnan(other).all()
+    assert "no TIR features" in caplog.text and "an expression the extractor does not know" in caplog.text

@@ -200,8 +200,8 @@ class XGBCostModel:
         Raises
         ------
         ValueError
-            On mismatched shapes, a changed feature length, non-finite features, or a
-            latency that is zero or negative.
+            On mismatched shapes, a changed feature length, infinite features (NaN is a
+            missing value, as for XGBoost), or a latency that is zero or negative.
         """
         x = self._check_features(features, "update")
         lat = np.asarray(latencies_ms, dtype=np.float64).reshape(-1) if np.ndim(latencies_ms) else None
@@ -268,8 +268,9 @@ class XGBCostModel:
         if self.num_features is not None and x.shape[1] != self.num_features:
             raise ValueError(f"{where}: features have {x.shape[1]} columns, the model was trained on "
                              f"{self.num_features}")
-        if not np.isfinite(x).all():
-            raise ValueError(f"{where}: features contain inf or nan (row {int(np.argmax(~np.isfinite(x).all(1)))})")
+        if np.isinf(x).any():  # NaN is a missing value (XGBoost's own), an infinity a bug of the featurizer
+            raise ValueError(f"{where}: features contain inf (row {int(np.argmax(np.isinf(x).any(1)))}); "
+                             "use nan for a missing value")
         return x
 
     # -- persistence ------------------------------------------------------------------

@@ -553,7 +553,8 @@ def tir_featurizer(task: Task) -> Callable[[dict[str, Any]], np.ndarray]:
     """``params -> features of the lowered TIR`` for ``task``, cached per candidate.
 
     A candidate that fails to lower gets all-NaN features (XGBoost treats them as missing);
-    its measurement then records the error.
+    its measurement then records the error. A program the feature extractor cannot read
+    gets the same, with a warning naming the error: the search goes on without its features.
     """
     from .features import extract_features, feature_names
 
@@ -563,10 +564,16 @@ def tir_featurizer(task: Task) -> Callable[[dict[str, Any]], np.ndarray]:
     def featurize(params: dict[str, Any]) -> np.ndarray:
         key = candidate_key(params)
         if key not in cache:
+            cache[key] = np.full(width, np.nan)
             try:
-                cache[key] = extract_features(task.lower(params).func)
+                func = task.lower(params).func
             except Exception:  # noqa: BLE001 - a bad candidate is data for the search, not a crash
-                cache[key] = np.full(width, np.nan)
+                return cache[key]
+            try:
+                cache[key] = extract_features(func)
+            except Exception as err:  # noqa: BLE001 - a gap of the extractor costs the model one row
+                logger.warning("%s: no TIR features for %s (%s: %s); the cost model takes them as missing",
+                               task.key, key, type(err).__name__, err)
         return cache[key]
     return featurize
 

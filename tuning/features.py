@@ -409,8 +409,10 @@ def _children(expr: Any) -> list:
         return [expr.condition, expr.true_value, expr.false_value]
     if isinstance(expr, Call):
         return list(expr.args)
-    if isinstance(expr, (prim.expr.Cast, prim.expr.Not)):
-        return [getattr(expr, "value", None) or getattr(expr, "a", None)]
+    if isinstance(expr, prim.expr.Cast):
+        return [expr.value]
+    if isinstance(expr, prim.expr.Not):
+        return [expr.a]
     if isinstance(expr, prim.expr.Let):
         return [expr.value, expr.body]
     children = []
