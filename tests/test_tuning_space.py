@@ -74,16 +74,20 @@ LOOP_VARIANTS = [
 ]
 
 
+def _one_record(log, task, params: dict) -> str:
+    """A log holding one record of ``params`` for ``task``; its path."""
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=task.key, target=_target_key(),
+                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
+    return str(log)
+
+
 @pytest.mark.parametrize("extra", LOOP_VARIANTS, ids=lambda e: ",".join(e) or "default")
 def test_every_loop_and_layout_knob_builds_a_kernel_equal_to_pytorch(tmp_path, extra):
     (task,) = extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=2)
     params = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4, "weight_ot": 16, "weight_it": 8, "rc_split": 8,
               "parallel_channels": False, **extra}
-    log = tmp_path / "one.jsonl"
-    with RecordWriter(log) as writer:
-        writer.write(TuningRecord(workload_key=task.key, target=_target_key(),
-                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
-    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=str(log))
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=_one_record(tmp_path / "one.jsonl", task, params))
     assert compiled.report.tuned == 1
     with torch.no_grad():
         np.testing.assert_allclose(compiled(INPUTS[0].numpy())[0], MODEL(*INPUTS).numpy(), rtol=1e-4, atol=1e-4)
@@ -94,11 +98,7 @@ def test_a_record_asking_reduction_outer_where_it_cannot_apply_is_rejected_not_f
     refused with the reason, and the partition is built with its analytic tiling."""
     (task,) = extract_tasks(MODEL, example_inputs=INPUTS)
     params = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4, "rc_split": 8, "reduction_outer": True}
-    log = tmp_path / "bad.jsonl"
-    with RecordWriter(log) as writer:
-        writer.write(TuningRecord(workload_key=task.key, target=_target_key(),
-                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
-    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=str(log))
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=_one_record(tmp_path / "bad.jsonl", task, params))
     assert compiled.report.tuned == 0
     assert "reduction_outer needs the input channels (8) split into blocks" in compiled.report.summary()
     with torch.no_grad():
