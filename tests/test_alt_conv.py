@@ -110,6 +110,7 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
     assert tiling(128, 28).parallel_channels is None  # 0.6 MB: the schedule decides from the task count
     assert tiling(512, 7).reduction_outer and tiling(256, 14).reduction_outer
     assert not tiling(128, 28).reduction_outer
+    assert tiling(512, 7).prefetch and not tiling(128, 28).prefetch  # the next weight block, with that order
     # Fewer channel tiles (8 of 32) than cores: the rows stay in the parallel loop.
     assert not default_conv_tiling((1, 256, 14, 14), 256, 256, lanes=16, registers=32, l2_bytes=2 << 20,
                                    weight_bytes=256 * 256 * 9 * 4, cores=16).reduction_outer
@@ -191,5 +192,76 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model():
     script = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
     parallel = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
     assert "o_o_fused" in parallel, parallel  # 16 channel tiles of 32
-    reduction = next(line for line in script.splitlines() if "rh, rw, rc_1 in T.grid" in line)
-    assert reduction.split(" in ")[0].split()[1:4] == ["rc_0,", "n,", "h_o,"], reduction
+    lines = script.splitlines()
+    tiles = next(i for i, line in enumerate(lines) if "rc_0, n, h_o" in line)
+    assert lines[tiles].split(" in ")[0].split()[1:4] == ["rc_0,", "n,", "h_o,"], lines[tiles]
+    # Each row tile prefetches its share of the next block of weights (rc_0 + 1) before its
+    # register block runs, outside the reduction loops that hold the partial sums.
+    reduction = next(i for i, line in enumerate(lines) if "rh, rw, rc_1 in T.grid" in line)
+    hints = [i for i, line in enumerate(lines) if "T.prefetch(" in line]
+    assert hints and all(tiles < i < reduction for i in hints), (tiles, hints, reduction)
+    assert "weight[o_o_fused, ((rc_0 + 1) *" in lines[hints[0]], lines[hints[0]]
+    assert any("for prefetch_j in range(" in line for line in lines[tiles:reduction])
+
+
+def test_prefetch_needs_the_reduction_outer_order():
+    from alt_tvm.strategies.alt.tiling import DefaultConvTiling
+
+    with pytest.raises(ValueError, match="prefetch=True needs reduction_outer=True"):
+        DefaultConvTiling((1, 7), 32, 32, 7, prefetch=True)
+    tiling = DefaultConvTiling((1, 7), 32, 32, 7, reduction_outer=True, prefetch=True)
+    assert DefaultConvTiling.from_json(tiling.to_json()) == tiling
+    assert DefaultConvTiling.from_json({k: v for k, v in tiling.to_json().items() if k != "prefetch"}).prefetch is False
+
+
+def test_prefetch_rewrite_names_what_it_cannot_find():
+    from tvm.script import tirx as T
+
+    from alt_tvm.strategies.alt.prefetch import prefetch_next_block
+
+    @T.prim_func(s_tir=True)
+    def scale(a: T.Buffer((4, 16), "float32"), b: T.Buffer((4, 16), "float32")):
+        for i, j in T.grid(4, 16):
+            with T.sblock("scale"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj] * T.float32(2)
+
+    import tvm_ffi
+
+    loops = {}
+    tvm_ffi.structural_walk(scale.body, (tvm.tirx.For, lambda loop: loops.update({loop.loop_var.name: loop.loop_var})))
+    i, j = loops["i"], loops["j"]
+    with pytest.raises(ValueError, match="no block named 'conv_update'"):
+        prefetch_next_block(scale, block="conv_update", buffer="a", outer=i, spread=[i], reads=[], vector=j)
+    with pytest.raises(ValueError, match="reads no buffer named 'w'"):
+        prefetch_next_block(scale, block="scale", buffer="w", outer=i, spread=[i], reads=[], vector=j)
+    with pytest.raises(ValueError, match=r"loops \['k'\] are not in the function"):
+        prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[tvm.tirx.Var("k", "int32")],
+                            reads=[], vector=j)
+    with pytest.raises(ValueError, match="spread needs at least one loop"):
+        prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[], reads=[], vector=j)
+    # Block i + 1 of ``a``, one line (16 floats) per iteration of i.
+    out = prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[i], reads=[], vector=j)
+    assert "T.prefetch(T.address_of(a[i + 1, " in out.script()
+
+
+@pytest.mark.parametrize("size,stride,kernel,pad", [(28, 2, 3, 1), (29, 2, 3, 1), (32, 2, 7, 3), (14, 1, 3, 1)])
+def test_strided_conv_pads_only_what_its_windows_read(size, stride, kernel, pad):
+    """A stride that skips the last padded row or column (3x3 stride 2 on an even map): the
+    unfolded input has one tile per output tile (it had one more along each dim, 2x the
+    windows), and the result is unchanged."""
+    import re
+
+    import alt_tvm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 32, kernel, stride=stride, padding=pad), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 32, size, size)
+    built = alt_tvm.build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    kernel_info = next(k for k in built.report.kernels if k.kind == "partition")
+    script = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel_info.name).script()
+    padded = [int(d) for d in re.search(r"pad = T.sblock_alloc_buffer\(\(([\d, ]+)\)", script).group(1).split(",")]
+    out_tiles = [int(d) for d in kernel_info.layout.split("x")[1:3]]
+    assert padded[1:3] == out_tiles, (padded, kernel_info.layout)

@@ -57,6 +57,11 @@ def test_two_level_space_rejects_outer_tiles_that_do_not_divide_before_building(
     assert "splitting the 8 input channels" in one.check(layout, dict(loop, reduction_outer=True, rc_split=8))
     assert "window_outer=False" in one.check(layout, dict(loop, reduction_outer=True, rc_split=4,
                                                           window_outer=True))
+    assert one.check(layout, dict(loop, reduction_outer=True, rc_split=4, prefetch=True)) is None
+    assert "prefetch needs reduction_outer" in one.check(layout, dict(loop, reduction_outer=False, prefetch=True))
+    # A point written before the prefetch knob existed decodes to no prefetch.
+    old = {k: v for k, v in dict(loop, reduction_outer=True, rc_split=4).items() if k != "prefetch"}
+    assert one.decode(layout, old)["prefetch"] is False
     with pytest.raises(ValueError, match="levels must be 1 or 2"):
         ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=8, out_channels_per_group=32,
                   default={"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}, registers=32, lanes=16, levels=3)

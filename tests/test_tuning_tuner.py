@@ -56,7 +56,7 @@ def test_finds_a_much_better_point_than_the_default():
 
 def test_failed_measurements_are_recorded_and_the_search_goes_on():
     def flaky(params):
-        if params["reg"] == 1:
+        if params["reg"] % 2:  # odd register blocks: a share of every seeded path
             raise RuntimeError("kernel crashed")
         return landscape(params)
 
@@ -96,7 +96,7 @@ def test_space_decodes_and_rejects_points():
     space = conv_space()
     layout, loop = space.default()
     assert space.params(layout, loop) == {**DEFAULT, "unroll_window": False, "window_outer": False,
-                                          "epilogue_in_block": False, "reduction_outer": False}
+                                          "epilogue_in_block": False, "reduction_outer": False, "prefetch": False}
     knob = Knob("ot", (1, 2, 4, 8, 16, 32), 32)
     assert knob.nearest(32 * 0.5) == 16  # the paper's example: F = R(32 * 0.5)
     assert knob.step(16, +1) == 32 and knob.step(32, +1) == 32 and knob.step(1, -1) == 1

@@ -86,7 +86,8 @@ class ConvSpace(Space):
                 Knob("window_outer", (False, True)),
                 Knob("epilogue_in_block", (False, True)),
                 # The reduction-outer loop order exists for the one-level template only.
-                Knob("reduction_outer", (False, True) if self.levels == 1 else (False,)))
+                Knob("reduction_outer", (False, True) if self.levels == 1 else (False,)),
+                Knob("prefetch", (False, True) if self.levels == 1 else (False,)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
         why = super().check(layout, loop)
@@ -94,6 +95,8 @@ class ConvSpace(Space):
                                                         not 1 < loop["rc_split"] < self._i_extent):
             return (f"reduction_outer needs window_outer=False (got {loop['window_outer']}) and rc_split "
                     f"splitting the {self._i_extent} input channels (got {loop['rc_split']})")
+        if why is None and loop.get("prefetch") and not loop["reduction_outer"]:
+            return "prefetch needs reduction_outer (it fetches that loop order's next weight block)"
         if why is not None or self.levels == 1:
             return why
         # An outer tile groups whole inner tiles: it must divide the number of them.
@@ -113,7 +116,8 @@ class ConvSpace(Space):
         loop = {"reg": d.reg, "rc_split": d.rc_split or reduction_block(self._i_extent, d.it),
                 "parallel_channels": bool(d.parallel_channels),
                 "unroll_window": d.unroll_window, "window_outer": d.window_outer,
-                "epilogue_in_block": d.epilogue_in_block, "reduction_outer": d.reduction_outer}
+                "epilogue_in_block": d.epilogue_in_block, "reduction_outer": d.reduction_outer,
+                "prefetch": d.prefetch}
         if self.levels == 2:
             layout.update({f"s{k}_outer": 1 for k in range(self.rank)}, ot_outer=1)
         # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
@@ -131,6 +135,8 @@ class ConvSpace(Space):
             parallel_channels=bool(loop["parallel_channels"]), unroll_window=bool(loop["unroll_window"]),
             window_outer=bool(loop["window_outer"]), epilogue_in_block=bool(loop["epilogue_in_block"]),
             reduction_outer=bool(loop["reduction_outer"]),
+            # Points written before the knob existed ran without it.
+            prefetch=bool(loop.get("prefetch", False)),
             outer_spatial=tuple(layout[f"s{d}_outer"] for d in range(self.rank)) if two_level else (),
             outer_ot=layout["ot_outer"] if two_level else 0).to_json()
 

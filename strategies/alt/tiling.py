@@ -37,6 +37,8 @@ class DefaultConvTiling:
     reduction's channel blocks outside the spatial tiles of each channel tile (parallel over
     channel tiles alone): a block of weights is then read from memory once and reused from L1
     by every row of the tile, and the partial sums stay in the output tile between blocks.
+    ``prefetch`` (with ``reduction_outer``) prefetches the next block of weights to the L2
+    while the spatial tiles use the current one.
     """
 
     spatial: tuple[int, ...]
@@ -53,6 +55,7 @@ class DefaultConvTiling:
     window_outer: bool = False
     epilogue_in_block: bool = False
     reduction_outer: bool = False
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.outer_spatial and len(self.outer_spatial) != len(self.spatial):
@@ -60,6 +63,9 @@ class DefaultConvTiling:
                              f"({len(self.spatial)}: {list(self.spatial)})")
         if self.outer_spatial and self.outer_ot < 1:
             raise ValueError(f"a two-level tiling needs outer_ot >= 1, got {self.outer_ot}")
+        if self.prefetch and not self.reduction_outer:
+            raise ValueError("prefetch=True needs reduction_outer=True (the weight blocks it fetches ahead are "
+                             "those of the reduction-outer loop order)")
         if any(t < 1 for t in (*self.spatial, *self.outer_spatial, self.ot, self.it, self.reg)):
             raise ValueError(f"tiles must be positive: spatial={list(self.spatial)} ot={self.ot} it={self.it} "
                              f"reg={self.reg} outer_spatial={list(self.outer_spatial)}")
@@ -73,7 +79,7 @@ class DefaultConvTiling:
                   "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
                   "parallel_channels": self.parallel_channels, "unroll_window": self.unroll_window,
                   "window_outer": self.window_outer, "epilogue_in_block": self.epilogue_in_block,
-                  "reduction_outer": self.reduction_outer}
+                  "reduction_outer": self.reduction_outer, "prefetch": self.prefetch}
         if self.two_level:
             record.update(outer_spatial=list(self.outer_spatial), outer_ot=self.outer_ot)
         return record
@@ -90,7 +96,8 @@ class DefaultConvTiling:
                        unroll_window=bool(record.get("unroll_window", False)),
                        window_outer=bool(record.get("window_outer", False)),
                        epilogue_in_block=bool(record.get("epilogue_in_block", False)),
-                       reduction_outer=bool(record.get("reduction_outer", False)))
+                       reduction_outer=bool(record.get("reduction_outer", False)),
+                       prefetch=bool(record.get("prefetch", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a conv tiling record: {record!r} ({err})") from None
 
@@ -115,7 +122,8 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     Such a conv also runs its reduction outermost (``reduction_outer``) when the input
     channels split into blocks and there are at least ``cores`` channel tiles: each
     thread's stream of weights from memory is then spread over its whole share of the
-    work instead of being read in bursts the compute waits for.
+    work instead of being read in bursts the compute waits for, and prefetches the next
+    block of weights (``prefetch``) while the tile's rows use the current one.
     """
 
     spatial = list(out_shape[2:])
@@ -145,9 +153,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
     streams = streams_from_memory(weight_bytes, l2_bytes)
     split = 1 < reduction_block(in_channels_per_group, it) < in_channels_per_group
+    reduction_outer = streams and split and -(-out_shape[1] // ot) >= cores
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)),
                              parallel_channels=True if streams else None,
-                             reduction_outer=streams and split and -(-out_shape[1] // ot) >= cores)
+                             reduction_outer=reduction_outer, prefetch=reduction_outer)
 
 
 def streams_from_memory(weight_bytes: int, l2_bytes: int) -> bool:
