@@ -111,6 +111,16 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
     assert tiling(512, 7).reduction_outer and tiling(256, 14).reduction_outer
     assert not tiling(128, 28).reduction_outer
     assert tiling(512, 7).prefetch and not tiling(128, 28).prefetch  # the next weight block, with that order
+
+    def pointwise(cin, cout, size):
+        return default_conv_tiling((1, cout, size, size), cin, cout, lanes=16, registers=32, l1_bytes=48 * 1024,
+                                   l2_bytes=2 << 20, weight_bytes=cin * cout * 4, cores=2)
+
+    # 1 MB (a quarter of the L2 is exceeded) and a 14x14 x 32-channel output tile (25 KB)
+    # that fits the L1: reduction outer too. 28x28 tiles (100 KB) spill: not.
+    assert pointwise(1024, 256, 14).reduction_outer and pointwise(256, 1024, 14).reduction_outer
+    assert pointwise(1024, 256, 14).parallel_channels is None  # the weights do not stream from memory
+    assert not pointwise(512, 512, 28).reduction_outer and not pointwise(256, 512, 14).reduction_outer
     # Fewer channel tiles (8 of 32) than cores: the rows stay in the parallel loop.
     assert not default_conv_tiling((1, 256, 14, 14), 256, 256, lanes=16, registers=32, l2_bytes=2 << 20,
                                    weight_bytes=256 * 256 * 9 * 4, cores=16).reduction_outer
