@@ -230,29 +230,40 @@ def test_prefetch_rewrite_names_what_it_cannot_find():
     from alt_tvm.strategies.alt.prefetch import prefetch_next_block
 
     @T.prim_func(s_tir=True)
-    def scale(a: T.Buffer((4, 16), "float32"), b: T.Buffer((4, 16), "float32")):
-        for i, j in T.grid(4, 16):
+    def scale(a: T.Buffer((4, 16), "float32"), b: T.Buffer((2, 4, 16), "float32")):
+        for i, t, j in T.grid(4, 2, 16):
             with T.sblock("scale"):
-                vi, vj = T.axis.remap("SS", [i, j])
-                b[vi, vj] = a[vi, vj] * T.float32(2)
+                vi, vt, vj = T.axis.remap("SSS", [i, t, j])
+                b[vt, vi, vj] = a[vi, vj] * T.float32(vt + 1)
 
     import tvm_ffi
 
     loops = {}
     tvm_ffi.structural_walk(scale.body, (tvm.tirx.For, lambda loop: loops.update({loop.loop_var.name: loop.loop_var})))
-    i, j = loops["i"], loops["j"]
+    i, t, j = loops["i"], loops["t"], loops["j"]
     with pytest.raises(ValueError, match="no block named 'conv_update'"):
-        prefetch_next_block(scale, block="conv_update", buffer="a", outer=i, spread=[i], reads=[], vector=j)
+        prefetch_next_block(scale, block="conv_update", buffer="a", outer=i, spread=[t], reads=[], vector=j)
     with pytest.raises(ValueError, match="reads no buffer named 'w'"):
-        prefetch_next_block(scale, block="scale", buffer="w", outer=i, spread=[i], reads=[], vector=j)
+        prefetch_next_block(scale, block="scale", buffer="w", outer=i, spread=[t], reads=[], vector=j)
     with pytest.raises(ValueError, match=r"loops \['k'\] are not in the function"):
         prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[tvm.tirx.Var("k", "int32")],
                             reads=[], vector=j)
     with pytest.raises(ValueError, match="spread needs at least one loop"):
         prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[], reads=[], vector=j)
-    # Block i + 1 of ``a``, one line (16 floats) per iteration of i.
-    out = prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[i], reads=[], vector=j)
-    assert "T.prefetch(T.address_of(a[i + 1, " in out.script()
+    with pytest.raises(ValueError, match=r"spread loops must not index 'a' \(got \['j'\]\)"):
+        prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[j], reads=[], vector=j)
+    with pytest.raises(ValueError, match="does not depend on loop t"):
+        prefetch_next_block(scale, block="scale", buffer="a", outer=t, spread=[j], reads=[], vector=j)
+    # Row i + 1 of ``a`` (one line of 16 floats) while the two passes of t read row i: one
+    # line, a share of one per pass (the spare one wraps around the block, no guard).
+    out = prefetch_next_block(scale, block="scale", buffer="a", outer=i, spread=[t], reads=[], vector=j)
+    script = out.script()
+    assert "T.prefetch(T.address_of(a[i + 1, " in script and "for prefetch_j in range(1)" in script, script
+    module = tvm.compile(out, target=host_target())
+    x = np.arange(64, dtype=np.float32).reshape(4, 16)
+    y = tvm.runtime.tensor(np.zeros((2, 4, 16), np.float32))
+    module["main"](tvm.runtime.tensor(x), y)
+    np.testing.assert_array_equal(y.numpy(), np.stack([x, 2 * x]))  # the hints change no result
 
 
 @pytest.mark.parametrize("size,stride,kernel,pad", [(28, 2, 3, 1), (29, 2, 3, 1), (32, 2, 7, 3), (14, 1, 3, 1)])

@@ -164,3 +164,43 @@ def test_panel_groups_that_do_not_divide_the_panels_are_refused():
                                                       "panel_groups": 4})
     with pytest.raises(ValueError, match="panel_groups"):
         task.lower(params)
+
+
+@pytest.mark.parametrize("groups,rows", [(0, 40), (2, 40), (0, 42)])
+def test_the_chunk_needed_next_is_prefetched_and_the_product_is_unchanged(groups, rows):
+    """Chunked order: while the row blocks use a panel's chunk of ``k``, the one they use next
+    is prefetched, a share per row block, outside the register block: the panel's next chunk
+    (``k_0 + 1``), or with groups of panels the next panel's same chunk. A partial last row
+    block (42 rows in blocks of 4) runs in a loop of its own, without hints."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 96).eval()
+    x = torch.randn(1, rows, 512, generator=torch.Generator().manual_seed(2))
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    layout, loop = task.space.default()
+    layout = {**layout, "nt": 16}  # 6 panels
+    point = {**loop, "mt": 4, "vec": 16, "panels_outer": 1, "kc": 64, "panel_groups": groups, "prefetch": 1}
+    assert task.space.check(layout, point) is None
+    lowered = task.lower(task.space.decode(layout, point))
+    lines = lowered.func.script().splitlines()
+    hints = [i for i, line in enumerate(lines) if "T.prefetch(" in line]
+    # loops: [group,] k_0 (8 chunks) [, the group's panel], i1_0 (10 full row blocks), k_1 (64 steps)
+    blocks = next(i for i, line in enumerate(lines) if "i1_0" in line and ("T.grid(" in line or "range(10)" in line)
+                  and "init" not in line)
+    steps = next(i for i, line in enumerate(lines) if "for k_1 in range(64)" in line and i > blocks)
+    assert hints and all(blocks < i < steps for i in hints), (blocks, hints, steps)
+    assert "for prefetch_j in range(7)" in lines[hints[0] - 1], lines[hints[0] - 1]  # 64 lines / 10 blocks
+    assert ("i2_0_1 + 1" if groups else "k_0 + 1") in lines[hints[0]], lines[hints[0]]
+    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_prefetch_outside_the_chunked_order_is_refused():
+    _, _, task = _deep_linear_task()
+    layout, loop = task.space.default()
+    unchunked = {**loop, "panels_outer": 1, "kc": 0, "prefetch": 1}
+    assert "need the chunked order" in task.space.check(layout, unchunked)
+    knobs = {k.name: k for k in task.space.loop_knobs({**layout, "nt": 16})}
+    if 2 in knobs["panel_groups"].choices:  # a 2-core machine or more
+        assert "need the chunked order" in task.space.check({**layout, "nt": 16}, {
+            **loop, "vec": 16, "panels_outer": 0, "kc": 64, "panel_groups": 2})
+    with pytest.raises(ValueError, match="prefetch needs the chunked order"):
+        task.lower({**task.space.decode(layout, loop), "panels_outer": 1, "kc": 0, "prefetch": 1})

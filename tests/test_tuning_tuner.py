@@ -104,7 +104,7 @@ def test_space_decodes_and_rejects_points():
         space.params({**layout, "ot": 3}, loop)
     gemm = GemmSpace(m=4, n=64, default={"nt": 32, "mt": 4, "vec": 16}, lanes=16)
     assert gemm.params(*gemm.default()) == {"nt": 32, "mt": 4, "vec": 16, "kt": 1, "panels_outer": 0, "kc": 0,
-                                            "panel_groups": 0}
+                                            "panel_groups": 0, "prefetch": 0}
 
 
 def test_real_tuning_on_this_cpu_starts_from_the_untuned_schedule():

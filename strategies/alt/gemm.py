@@ -19,12 +19,14 @@ from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.strategies.base import OpInfo, Strategy, static_shape, tiles_for
 from alt_tvm.strategies.registry import register_strategy
 
+from .prefetch import prefetch_next_block
 from .tiling import streams_from_memory
 
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, batch: int, mt: int, nt: int,
                   vec: int, kt: int = 1, fold_batch: bool = False, pad: te.Tensor | None = None,
-                  panels_outer: bool = False, kc: int = 0, panel_groups: int = 0) -> tvm.IRModule:
+                  panels_outer: bool = False, kc: int = 0, panel_groups: int = 0,
+                  prefetch: bool = False) -> tvm.IRModule:
     """``batch.. m_o n_o | k | m_i n_i`` with ``m_i x n_i`` accumulators in registers.
 
     ``panels_outer`` puts ``n_o`` outermost, before the batch loops too: each ``K x nt`` panel
@@ -38,6 +40,10 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
     n_o | m_o | k_i | m_i n_i``. A chunk of every row then stays in L2 for all the group's
     panels, and the group's ``M x N / panel_groups`` outputs are accumulated in between
     (:func:`groups_panels`); 0 runs each panel by itself.
+
+    ``prefetch`` (chunked only) prefetches, while the row blocks use a panel's chunk, the
+    chunk needed next (:func:`.prefetch.prefetch_next_block`): the next ``k`` chunk of the
+    panel, or with ``panel_groups`` the same chunk of the group's next panel.
 
     ``kt > 1`` splits ``k`` and unrolls ``kt`` steps of it (more independent loads in flight).
     ``fold_batch`` takes the batch dimensions as more rows (a weight shared by every batch
@@ -58,6 +64,9 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
     mo, mi = sch.split(m, [None, mt])
     no, ni = sch.split(n, [None, nt])
     chunked = panels_outer and kc > 0 and pad is None and kt == 1
+    if prefetch and not chunked:
+        raise ValueError(f"prefetch needs the chunked order (panels_outer=1, kc > 0, kt=1, no padded columns); got "
+                         f"panels_outer={int(panels_outer)}, kc={kc}, kt={kt}, padded={pad is not None}")
     # Panels first: also outside the batch loops, whose entries share the weight (ConvNeXt's
     # [1, 7, 7, 768] rows would otherwise stream its 9.4 MB weight once per image row).
     parallel = [no, *lead] if panels_outer else [*lead, mo, no]
@@ -65,11 +74,11 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
         k_outer, k = sch.split(k, [None, kc])
         group, no = sch.split(no, [panel_groups, None])
         sch.reorder(group, *lead, k_outer, no, mo, k, mi, ni)
-        parallel, k_loops = [group], [k_outer, k]
+        parallel, k_loops, streamed = [group], [k_outer, k], no
     elif chunked:
         k_outer, k = sch.split(k, [None, kc])
         sch.reorder(*parallel, k_outer, mo, k, mi, ni)
-        k_loops = [k_outer, k]
+        k_loops, streamed = [k_outer, k], k_outer
     else:
         k_loops = list(sch.split(k, [None, kt])) if kt > 1 else [k]
         if panels_outer:
@@ -105,7 +114,22 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: list, bat
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
         sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
-    return sch.mod
+    if not prefetch:
+        return sch.mod
+    update = sch.get_sblock(f"{gemm.op.name}_update")
+    m_extent = int(sch.get(mo).extent) * mt
+    rows = int(gemm.shape[-2]) * (math.prod(int(s) for s in gemm.shape[:-2]) if fold_batch else 1)
+    if rows % mt and m_extent > mt:
+        # The partial last row block in a loop of its own: the full ones then run with no
+        # guard (LLVM no longer splits the loop itself once the hints are in its body).
+        mo = sch.loop_partition(mo, [rows // mt, None])[0]
+        update = next(b for b in sch.get_child_blocks(mo) if sch.get(b).name_hint.startswith(f"{gemm.op.name}_update"))
+    k_inner, _, nio, nii = sch.get_loops(update)[-4:]
+    var = lambda rv: sch.get(rv).loop_var  # noqa: E731
+    func = prefetch_next_block(sch.mod["main"], block=sch.get(update).name_hint,
+                               buffer=gemm.op.input_tensors[1].op.name, outer=var(streamed), spread=[var(mo)],
+                               reads=[var(k_inner), var(nio)], vector=var(nii))
+    return tvm.IRModule({"main": func})
 
 
 def row_tile(m: int, preferred: int) -> int:
@@ -244,20 +268,21 @@ class AltGemmStrategy(Strategy):
         packed weight, the rest are loop parameters."""
         if context.params is not None:
             return context.params
-        return self._defaults(*_gemm_extents(anchor, fold_batch=True), context)
+        return self._defaults(*_gemm_extents(anchor, fold_batch=True), context, entries=_batch_entries(anchor))
 
     def schedule(self, *, anchor: Any, gemm: te.Tensor, stages: list, batch: int, params: dict[str, int],
                  context: Any) -> Any:
         """The loop schedule: ``PrimFunc -> IRModule``."""
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
         # Records written before a knob existed get the rule's choice.
-        defaults = self._defaults(*_gemm_extents(anchor, fold_batch=True), context)
+        defaults = self._defaults(*_gemm_extents(anchor, fold_batch=True), context, entries=_batch_entries(anchor))
         panels = params.get("panels_outer", defaults["panels_outer"])
         kc = params.get("kc", defaults["kc"] if nt == defaults["nt"] else 0)
         groups = params.get("panel_groups", defaults["panel_groups"] if nt == defaults["nt"] else 0)
+        prefetch = params.get("prefetch", defaults["prefetch"] if nt == defaults["nt"] else 0)
         return lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=batch, mt=mt, nt=nt, vec=vec, kt=kt,
                                        fold_batch=folds_batch(m=int(gemm.shape[-2])), panels_outer=bool(panels),
-                                       kc=int(kc), panel_groups=int(groups))
+                                       kc=int(kc), panel_groups=int(groups), prefetch=bool(prefetch))
 
     def implement(self, anchor, context) -> Any:
         call = anchor.value
@@ -285,22 +310,26 @@ class AltGemmStrategy(Strategy):
                                                      params=params, context=context))
 
     @staticmethod
-    def _defaults(m: int, n: int, k: int, context) -> dict[str, int]:
+    def _defaults(m: int, n: int, k: int, context, *, entries: int = 1) -> dict[str, int]:
         target = context.target
         lanes = target.vector_lanes("float32")
         mt, nt = register_tile(m, n, lanes, target.vector_registers or 16)
         # Chunks pay off with several row blocks to reuse them; chunked, only the panels
         # run in parallel: keep some for every core.
         kc = k_chunk(k=k, nt=nt, l1_bytes=target.l1d_bytes) if n // nt >= 8 and m > 8 else 0
-        return {"nt": nt, "mt": mt, "vec": tiles_for(nt, lanes),
-                "panels_outer": int(panels_first(rows=m, k=k, n=n, l2_bytes=target.l2_bytes)), "kc": kc,
-                "panel_groups": groups_panels(m=m, n=n, k=k, nt=nt, cores=target.num_cores) if kc else 0}
+        panels = int(panels_first(rows=m, k=k, n=n, l2_bytes=target.l2_bytes))
+        return {"nt": nt, "mt": mt, "vec": tiles_for(nt, lanes), "panels_outer": panels, "kc": kc,
+                "panel_groups": groups_panels(m=m, n=n, k=k, nt=nt, cores=target.num_cores) if kc else 0,
+                # The chunked order streams its weight from memory: fetch the next chunk ahead.
+                # With batch entries run one by one (ConvNeXt's [1, 14, 14, 384] rows), each
+                # panel stays in L2 after the first entry, and the hints only cost.
+                "prefetch": int(bool(panels and kc) and entries == 1)}
 
     def space(self, anchor, context) -> Any:
         from .space import GemmSpace
 
         m, n, k = _gemm_extents(anchor, fold_batch=True)
-        return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, k, context),
+        return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, k, context, entries=_batch_entries(anchor)),
                          lanes=context.target.vector_lanes("float32"), cores=context.target.num_cores)
 
 
@@ -310,6 +339,12 @@ def folds_batch(*, m: int) -> bool:
     the fused row index (``r // 14``, ``r % 14`` for ConvNeXt's ``[1, 14, 14, 384]``) costs
     more than the partial row blocks it saves: that model ran 117.7 ms folded, 81.0 ms not."""
     return m == 1
+
+
+def _batch_entries(anchor: Any) -> int:
+    """Batch entries a matmul anchor runs one by one (1 where they fold into rows)."""
+    a_shape = static_shape(anchor.value.args[0])
+    return 1 if folds_batch(m=a_shape[-2]) else math.prod(a_shape[:-2])
 
 
 def _gemm_extents(anchor: Any, *, fold_batch: bool = False) -> tuple[int, int, int]:

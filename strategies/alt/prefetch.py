@@ -82,6 +82,10 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
     indices = [_substitute(index, binding) for index in loads[0].indices]
     if not any(_uses(index, outer) for index in indices):
         raise ValueError(f"the read of {buffer!r} in {block!r} does not depend on loop {outer.name}")
+    revisiting = [loop.name for loop in spread if any(_uses(index, loop) for index in indices)]
+    if revisiting or any(loop.same_as(outer) for loop in reads):
+        raise ValueError(f"spread loops must not index {buffer!r} (got {revisiting}) and reads must not include "
+                         f"the outer loop {outer.name}: each spread iteration takes a share of one block")
     extent_of = _loop_extents(func.body, [*spread, *reads, vector])
     lanes = extent_of(vector)
     per_line = max(1, LINE_BYTES * 8 // tvm.DataType(str(loads[0].ty)).bits)
@@ -89,6 +93,8 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
     read_loops = [(loop, extent_of(loop), 1) for loop in reads] + [(vector, lanes, per_line)]
     lines = math.prod(-(-extent // step) for _, extent, step in read_loops)
     iterations = math.prod(extent_of(loop) for loop in spread)
+    # Whole shares; the spare lines of the last iterations wrap around to the block's start
+    # (unguarded: no condition in the loop body for LLVM to trip on).
     share = -(-lines // iterations)
     index_type = str(outer.ty)
     iteration = tirx.const(0, index_type)
@@ -107,8 +113,6 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
     where = [_substitute(index, mapping) for index in indices]
     address = tirx.address_of(tirx.BufferLoad(loads[0].source, where))
     hint = tirx.Evaluate(tirx.call_intrin("void", "tirx.prefetch", address, 0, L2_LOCALITY, 1))
-    if share * iterations > lines:
-        hint = tirx.IfThenElse(line < lines, hint, None)
     hints = tirx.For(j, tirx.const(0, index_type), tirx.const(share, index_type), tirx.ForKind.SERIAL, hint)
     at = spread[-1]
 

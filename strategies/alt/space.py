@@ -145,7 +145,8 @@ class GemmSpace(Space):
     """The GMM template: ``nt`` (packed-weight tile) and loops ``mt``, ``kt``, vector width,
     whether weight panels or row blocks are the outer loop, the chunk ``kc`` of ``k`` a
     panel is used by every row block in, and whether chunks run per panel or per group of
-    panels, one group per core (``panel_groups``)."""
+    panels, one group per core (``panel_groups``), and whether the chunk needed next is
+    prefetched (``prefetch``)."""
 
     def __init__(self, *, m: int, n: int, default: dict[str, Any], lanes: int, k: int = 1, cores: int = 1) -> None:
         self.m, self.n, self.k, self.lanes, self.cores = m, n, k, lanes, cores
@@ -163,7 +164,16 @@ class GemmSpace(Space):
         return (Knob("mt", tuple(sorted(rows))), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
                 Knob("kt", divisors(self.k, cap=8)), Knob("panels_outer", (0, 1)),
                 Knob("kc", (0, *(c for c in (64, 128, 256, 512) if c < self.k and self.k % c == 0))),
-                Knob("panel_groups", groups))
+                Knob("panel_groups", groups), Knob("prefetch", (0, 1)))
+
+    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
+        why = super().check(layout, loop)
+        chunked = loop["panels_outer"] and loop["kc"] and loop["kt"] == 1
+        if why is None and not chunked and (loop.get("panel_groups") or loop.get("prefetch")):
+            # Without chunks these knobs have no loop to act on: the same program as with 0.
+            return (f"panel_groups={loop.get('panel_groups')} and prefetch={loop.get('prefetch')} need the chunked "
+                    f"order (panels_outer=1, kc > 0, kt=1; got {loop['panels_outer']}, {loop['kc']}, {loop['kt']})")
+        return why
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
@@ -172,10 +182,11 @@ class GemmSpace(Space):
         return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"]),
                         "kt": knobs["kt"].nearest(d.get("kt", 1)), "panels_outer": int(d.get("panels_outer", 0)),
                 "kc": knobs["kc"].nearest(d.get("kc", 0)),
-                "panel_groups": knobs["panel_groups"].nearest(d.get("panel_groups", 0))}
+                "panel_groups": knobs["panel_groups"].nearest(d.get("panel_groups", 0)),
+                "prefetch": int(d.get("prefetch", 0))}
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"],
                 "panels_outer": int(loop["panels_outer"]), "kc": int(loop["kc"]),
                 # Points written before the knob existed: panels one by one, as they ran then.
-                "panel_groups": int(loop.get("panel_groups", 0))}
+                "panel_groups": int(loop.get("panel_groups", 0)), "prefetch": int(loop.get("prefetch", 0))}
