@@ -204,3 +204,19 @@ def test_prefetch_outside_the_chunked_order_is_refused():
             **loop, "vec": 16, "panels_outer": 0, "kc": 64, "panel_groups": 2})
     with pytest.raises(ValueError, match="prefetch needs the chunked order"):
         task.lower({**task.space.decode(layout, loop), "panels_outer": 1, "kc": 0, "prefetch": 1})
+
+
+def test_a_record_of_an_unchunked_order_written_before_the_prefetch_knob_still_builds():
+    """A record without ``prefetch`` takes the rule's choice only where its own order is chunked:
+    an unchunked record of a weight that streams (where the rule prefetches) gets none."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(768, 3072).eval()  # 9.4 MB: more than half of any L2 here
+    x = torch.randn(1, 64, 768, generator=torch.Generator().manual_seed(3))
+    (task,) = extract_tasks(model, example_inputs=(x,))
+    layout, loop = task.space.default()
+    assert loop["panels_outer"] == 1 and loop["kc"] and loop["prefetch"] == 1
+    old = {k: v for k, v in task.space.decode(layout, {**loop, "panels_outer": 0}).items()
+           if k not in ("prefetch", "kc", "panel_groups")}
+    lowered = task.lower(old)
+    assert "T.prefetch(" not in lowered.func.script()
+    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-3)

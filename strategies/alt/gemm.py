@@ -279,7 +279,9 @@ class AltGemmStrategy(Strategy):
         panels = params.get("panels_outer", defaults["panels_outer"])
         kc = params.get("kc", defaults["kc"] if nt == defaults["nt"] else 0)
         groups = params.get("panel_groups", defaults["panel_groups"] if nt == defaults["nt"] else 0)
-        prefetch = params.get("prefetch", defaults["prefetch"] if nt == defaults["nt"] else 0)
+        # A record of an unchunked order gets no prefetch (it has none to act on).
+        chunked = panels and kc and kt == 1
+        prefetch = params.get("prefetch", defaults["prefetch"] if nt == defaults["nt"] and chunked else 0)
         return lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=batch, mt=mt, nt=nt, vec=vec, kt=kt,
                                        fold_batch=folds_batch(m=int(gemm.shape[-2])), panels_outer=bool(panels),
                                        kc=int(kc), panel_groups=int(groups), prefetch=bool(prefetch))

@@ -1,14 +1,15 @@
 """Software prefetch of the next block of a streamed operand (a TIR rewrite after scheduling).
 
-Inside a model, a conv's weights were evicted by the kernels before it, so the first
-register block to touch each block of them reads it from the last-level cache or memory,
-and the FMA units wait: ResNet-50's 512-channel 3x3 conv on a 7x7 map took 0.66 ms in a
+Inside a model, a conv's or a GEMM's weights were evicted by the kernels before it, so the
+first register block to touch each block of them reads it from the last-level cache or
+memory, and the FMA units wait: ResNet-50's 512-channel 3x3 conv on a 7x7 map took 0.66 ms in a
 chain of two and 1.0 ms in the model. In the conv template's reduction-outer order (one
 block of input channels at a time, every spatial tile of the channel tile inside it),
 :func:`prefetch_next_block` spreads ``prefetcht1`` hints (to the L2) for block ``b + 1``
 over the spatial tiles that use block ``b``, a share per tile and outside the register
 block: a prefetch call among the FMAs keeps LLVM from holding the partial sums in
-registers (it stored them every step, 2x slower).
+registers (it stored them every step, 2x slower). The GEMM template uses the same rewrite in
+its chunked order, a share of the next chunk per row block.
 
 No TIR schedule primitive places a prefetch, so the rewrite maps the scheduled function
 with ``tvm_ffi.structural_map`` (a generic IR mapper).
@@ -46,7 +47,8 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
     buffer
         Name of the streamed buffer (a function parameter, e.g. the weights).
     outer
-        The reduction's outer loop (the index of the block being streamed).
+        The loop whose next iteration's reads are prefetched: the reduction's outer loop (a
+        conv's input channel blocks, a GEMM's ``k`` chunks) or a GEMM's panel loop.
     spread
         The loops, nested in this order inside ``outer``, that revisit one block (the spatial
         tiles). Each of their iterations prefetches its share of the next block's cache lines,
@@ -66,8 +68,8 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
     Raises
     ------
     ValueError
-        When the block, its read of ``buffer``, or one of the loops is missing, or when the
-        read does not depend on ``outer``.
+        When the block, its read of ``buffer``, or one of the loops is missing, when the
+        read does not depend on ``outer``, or when a ``spread`` loop indexes ``buffer``.
     """
 
     if not spread:
