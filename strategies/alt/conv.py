@@ -344,7 +344,8 @@ def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: lis
     """The loop order of :func:`schedule_tiled_conv`'s ``reduction_outer``: ``order`` starts with
     the ``channel_loops`` loops of output channel tiles and ends with the register tile's
     ``unrolled`` loops and its vector loop. The register block accumulates straight into the conv's output,
-    so its partial sums persist from one input channel block to the next."""
+    so its partial sums persist from one input channel block to the next. ``prefetch`` (a
+    :class:`_WeightPrefetch`) then adds the prefetch of the next weight block."""
     sch.reorder(*order)
     tile = sch.fuse(*order[:channel_loops])
     sch.parallel(tile)
