@@ -37,7 +37,7 @@ from .elementwise import (
     tanh_gelu,
 )
 from .gemm import batch_matmul, dense, matmul
-from .pad import pad
+from .pad import pad, reached_padding_after
 from .reduce import max_pool, reduce_max, reduce_min
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "max_pool",
     "multiply",
     "pad",
+    "reached_padding_after",
     "reduce_max",
     "reduce_min",
     "relu",

@@ -9,7 +9,7 @@ from tvm import te
 
 from ._utils import check_tensor, dtype_of, index_dtype, index_shape, ntuple, shape_of
 
-__all__ = ["pad"]
+__all__ = ["pad", "reached_padding_after"]
 
 
 def pad(
@@ -78,3 +78,17 @@ def pad(
         tag="pad",
         attrs={"pad_before": list(before), "pad_after": list(after), "pad_value": float(value)},
     )
+
+
+def reached_padding_after(*, extent: int, before: int, outputs: int, window: int, stride: int = 1,
+                          dilation: int = 1) -> int:
+    """The padding after one spatial dim that a sliding window actually reads.
+
+    ``outputs`` windows of ``window`` taps (``dilation`` apart), ``stride`` apart, start
+    ``before`` elements ahead of the data's ``extent``: the last one reaches
+    ``(outputs - 1) * stride + (window - 1) * dilation + 1`` elements. A stride that skips the
+    last padded row (a 3x3 stride-2 window with padding 1 on an even extent) reads none of the
+    padding after, and a padded copy that includes it is work for nothing.
+    """
+    reach = (outputs - 1) * stride + (window - 1) * dilation + 1
+    return max(0, reach - before - extent)

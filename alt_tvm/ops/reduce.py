@@ -14,7 +14,7 @@ from tvm import te
 
 from . import ieee
 from ._utils import check_tensor, dtype_of, index_dtype, index_shape, ntuple, reduce_axis, shape_of
-from .pad import pad
+from .pad import pad, reached_padding_after
 
 __all__ = ["max_pool", "reduce_max", "reduce_min"]
 
@@ -144,8 +144,9 @@ def max_pool(data: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int
     # the loop 4x slower than a padded read. Only what a window reaches is padded after.
     pad_before, pad_after = [0] * len(shape), [0] * len(shape)
     for j, axis in enumerate(spatial):
-        reach = (out_shape[axis] - 1) * stride[j] + (kernel[j] - 1) * dil[j] + 1
-        pad_before[axis], pad_after[axis] = before[j], max(0, reach - before[j] - shape[axis])
+        pad_before[axis] = before[j]
+        pad_after[axis] = reached_padding_after(extent=shape[axis], before=before[j], outputs=out_shape[axis],
+                                                window=kernel[j], stride=stride[j], dilation=dil[j])
     padded = pad(data, pad_before, pad_after, value=float(ieee.lowest(dtype_of(data)).value),
                  name=f"{name}_pad")
 

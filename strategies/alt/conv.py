@@ -447,16 +447,15 @@ class ConvGeometry:
 
 def _read_padding(pads: list[int], extents: Sequence[int], outputs: Sequence[int], kernel: Sequence[int],
                   strides: Sequence[int], dilation: Sequence[int]) -> list[int]:
-    """``pads`` without the trailing padding no output reads (a stride that skips the last
-    padded row): the unfolded input then has one tile per output tile, not one more.
-    ResNet's stride-2 3x3 convs (padding 1 on an even map) padded a row and a column
-    that no window reaches, and their pad stage wrote 2x the windows the conv read."""
+    """``pads`` without the trailing padding no output reads (:func:`ops.reached_padding_after`):
+    the unfolded input then has one tile per output tile, not one more. ResNet's stride-2 3x3
+    convs (padding 1 on an even map) padded a row and a column that no window reaches, and
+    their pad stage wrote 2x the windows the conv read."""
     rank = len(extents)
-    after = list(pads[rank:])
-    for d in range(rank):
-        read = (outputs[d] - 1) * strides[d] + (kernel[d] - 1) * dilation[d] + 1
-        excess = pads[d] + extents[d] + after[d] - read
-        after[d] -= max(0, min(after[d], excess))
+    after = [min(pads[rank + d], ops.reached_padding_after(extent=extents[d], before=pads[d], outputs=outputs[d],
+                                                           window=kernel[d], stride=strides[d],
+                                                           dilation=dilation[d]))
+             for d in range(rank)]
     return [*pads[:rank], *after]
 
 
