@@ -47,6 +47,8 @@ setup(
         "alt_tvm.strategies": "strategies",
         "alt_tvm.vta_mapping": "vta_mapping",
     },
+    # the parallel launcher's C source, compiled and linked into every model library
+    package_data={"alt_tvm.deploy": ["parallel.c"]},
     install_requires=RUNTIME,
     entry_points={"console_scripts": ["alt-tvm=alt_tvm.cli:main"]},
     extras_require={

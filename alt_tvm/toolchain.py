@@ -74,11 +74,14 @@ def elf_machine(path: str | os.PathLike | None) -> str | None:
     return ELF_MACHINES.get(code, f"elf-machine-{code:#x}")
 
 
-def export_library(executable: object, path: str | os.PathLike, *, cross_compiler: str | None) -> None:
-    """Link ``tvm.compile``'s result into the shared library ``path`` (with ``cross_compiler`` for a board)."""
+def export_library(executable: object, path: str | os.PathLike, *, cross_compiler: str | None,
+                   addons: list[str | os.PathLike] = ()) -> None:
+    """Link ``tvm.compile``'s result and the object files ``addons`` into the shared library ``path``
+    (with ``cross_compiler`` for a board)."""
+    extra = [os.fspath(a) for a in addons] or None
     if cross_compiler:
         from tvm.support import cc
 
-        executable.export_library(os.fspath(path), fcompile=cc.cross_compiler(cross_compiler))
+        executable.export_library(os.fspath(path), fcompile=cc.cross_compiler(cross_compiler), addons=extra)
     else:
-        executable.export_library(os.fspath(path))
+        executable.export_library(os.fspath(path), addons=extra)

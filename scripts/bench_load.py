@@ -6,9 +6,12 @@ Per model and per TVM thread-pool setting (each in its own process, since TVM's 
 its settings once): alt-tvm (``alt_tvm.build``, untuned) and ONNX Runtime (2 intra-op
 threads, spinning off) timed in the same process in interleaved rounds (medians), first
 quiet, then while a second process busy-loops (``python -c "while True: pass"``, free to
-run on any core), then quiet again. ``alt-tvm`` is the model as built, its thread governor
-included (``alt_tvm.deploy.threads``); ``alt-tvm all threads`` is the same model with the
-governor off, on all threads every call. Settings: ``default`` (TVM's pool as ``alt_tvm.build`` leaves it: polling
+run on any core), then quiet again. ``alt-tvm`` is the model as built: its kernels on
+alt-tvm's parallel launcher (``alt_tvm.deploy.parallel``), its calls sized by the thread
+governor (``alt_tvm.deploy.threads``); ``alt-tvm all threads`` is the same model with the
+governor off, on all threads every call; ``tvm pool`` is the same code run the way it ran
+before the launcher (TVM's JIT module on TVM's thread pool, with the governor): the quiet
+A/B of the launcher. Settings: ``default`` (TVM's pool as ``alt_tvm.build`` leaves it: polling
 workers for ``POOL_SPIN_COUNT`` polls, not bound to cores since ``use_runtime_threads`` sets ``TVM_BIND_THREADS=0``),
 ``spin0`` (``TVM_THREAD_POOL_SPIN_COUNT=0``), ``tvmspin`` (300000: TVM's own default, which
 alt-tvm's short poll replaced), ``nobind`` (``TVM_BIND_THREADS=0``), ``bind``
@@ -50,22 +53,32 @@ def _has_parallel_loop(func) -> bool:
 
 
 def _all_threads(built):
-    """The same model without its thread governor, on all of the pool's threads every call."""
+    """The same model without its thread governor, on all of its threads every call."""
     import copy
-
-    import tvm
 
     fixed = copy.copy(built)
     fixed.thread_governor = None
-    cores = built.thread_governor.cores
-    count, configure = tvm.get_global_func("runtime.NumThreads"), tvm.get_global_func("runtime.config_threadpool")
+    cores = built._threads
 
     def call(*arrays):
-        if count() != cores:  # the governed model may have left the pool on one thread
-            configure(1, cores)
+        if fixed._get_threads() != cores:  # the governed model may have left them at one
+            fixed._set_threads(cores)
         return fixed(*arrays)
 
     return call
+
+
+def _on_tvm_pool(built):
+    """The same code as before alt-tvm's launcher: TVM's JIT module on TVM's pool, governed."""
+    import copy
+
+    from alt_tvm.deploy.threads import ThreadGovernor
+
+    before = copy.copy(built)
+    before._library, before.launcher, before._vm = built.executable, None, None
+    before.thread_governor = ThreadGovernor(built._threads, set_threads=before._set_threads,
+                                            get_threads=before._get_threads)
+    return before
 
 
 def _one(model: str, rounds: int) -> dict:
@@ -87,7 +100,10 @@ def _one(model: str, rounds: int) -> dict:
         ort = onnxruntime_session(path, threads=2)
         runners = {"alt-tvm": (built, arrays), "onnxruntime": (ort, arrays)}
         if built.thread_governor is not None:
-            runners["alt-tvm all threads"] = (_all_threads(built), arrays)
+            built(*arrays)  # links the library and installs the launcher, which drops the governor
+            if built.thread_governor is not None:  # no launcher: the governed model, and without governor
+                runners["alt-tvm all threads"] = (_all_threads(built), arrays)
+            runners["tvm pool"] = (_on_tvm_pool(built), arrays)
         row = {"parallel_kernels": _parallel_kernels(built.mod)}
         for phase in ("quiet", "busy", "quiet_after"):
             busy = None
@@ -104,6 +120,10 @@ def _one(model: str, rounds: int) -> dict:
                     busy.kill()
                     busy.wait()
             row[phase] = {label: ms for label, (ms, _) in timed.items()}
+            if built.launcher is not None:
+                built.launcher.stats()
+                built(*arrays)
+                row[f"{phase}_launcher"] = built.launcher.stats().__dict__
             if built.thread_governor is not None:
                 row[f"{phase}_governor"] = {"state": built.thread_governor.state,
                                             "switches": built.thread_governor.switches}
@@ -122,8 +142,9 @@ def main(argv=None) -> int:
         print(json.dumps(_one(args.worker[0], args.rounds)))
         return 0
     print(f"{'model':28s} {'setting':9s} {'kernels':>8s} {'alt quiet':>9s} {'alt busy':>9s} {'x':>5s} "
-          f"{'all-thr q':>9s} {'all-thr b':>9s} {'x':>5s} {'ORT quiet':>9s} {'ORT busy':>9s} {'x':>5s} "
-          f"{'ORT/alt q':>9s} {'busy':>5s}", flush=True)
+          f"{'all-thr q':>9s} {'all-thr b':>9s} {'x':>5s} {'pool q':>9s} {'pool b':>9s} {'x':>5s} "
+          f"{'ORT quiet':>9s} {'ORT busy':>9s} {'x':>5s} {'ORT/alt q':>9s} {'busy':>5s} {'alt/pool q':>10s}",
+          flush=True)
     for model in args.models:
         for setting in args.settings:
             env = {**os.environ, **SETTINGS[setting]}
@@ -136,13 +157,16 @@ def main(argv=None) -> int:
             q, b = row["quiet"], row["busy"]
             name = os.path.basename(model)
             par, total = row["parallel_kernels"]
-            fixed = "alt-tvm all threads"
-            fixed_cols = (f"{q[fixed]:9.3f} {b[fixed]:9.3f} {b[fixed] / q[fixed]:5.2f}" if fixed in q
-                          else f"{'-':>9s} {'-':>9s} {'-':>5s}")
-            print(f"{name[:28]:28s} {setting:9s} {f'{par}/{total}':>8s} {q['alt-tvm']:9.3f} {b['alt-tvm']:9.3f} "
-                  f"{b['alt-tvm'] / q['alt-tvm']:5.2f} {fixed_cols} {q['onnxruntime']:9.3f} {b['onnxruntime']:9.3f} "
-                  f"{b['onnxruntime'] / q['onnxruntime']:5.2f} {q['onnxruntime'] / q['alt-tvm']:9.2f} "
-                  f"{b['onnxruntime'] / b['alt-tvm']:5.2f}", flush=True)
+            def cols(label, q=q, b=b):
+                if label not in q:
+                    return f"{'-':>9s} {'-':>9s} {'-':>5s}"
+                return f"{q[label]:9.3f} {b[label]:9.3f} {b[label] / q[label]:5.2f}"
+
+            pool_ratio = f"{q['alt-tvm'] / q['tvm pool']:10.3f}" if "tvm pool" in q else f"{'-':>10s}"
+            print(f"{name[:28]:28s} {setting:9s} {f'{par}/{total}':>8s} {cols('alt-tvm')} "
+                  f"{cols('alt-tvm all threads')} "
+                  f"{cols('tvm pool')} {cols('onnxruntime')} {q['onnxruntime'] / q['alt-tvm']:9.2f} "
+                  f"{b['onnxruntime'] / b['alt-tvm']:5.2f} {pool_ratio}", flush=True)
             if args.json:
                 with open(args.json, "a") as out:
                     out.write(json.dumps({"model": model, "setting": setting, **row}) + "\n")

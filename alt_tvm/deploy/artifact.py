@@ -33,6 +33,7 @@ from alt_tvm.target import HardwareTarget, not_on_host
 from alt_tvm.toolchain import elf_machine, export_library, require_cross_compiler
 
 from .model import RunnableModel, kernel_info_from_json, kernel_info_to_json, use_runtime_threads
+from .parallel import install, launcher_object
 from .profile import KernelInfo
 
 __all__ = ["ARTIFACT_VERSION", "ArtifactError", "LoadedModel", "load_local", "read_metadata", "write_artifact"]
@@ -88,7 +89,8 @@ def write_artifact(path: str | os.PathLike, *, executable: Any, target: Hardware
     if target.cross_compiler is not None:
         require_cross_compiler(target.cross_compiler, purpose=f"links the model for target {target.name!r}")
     with tvm_output_to_log():
-        export_library(executable, library, cross_compiler=target.cross_compiler)
+        export_library(executable, library, cross_compiler=target.cross_compiler,
+                       addons=[launcher_object(target.cross_compiler)])
     metadata = {
         "format": _FORMAT,
         "artifact_version": ARTIFACT_VERSION,
@@ -208,5 +210,8 @@ def load_local(path: str | os.PathLike, *, device: Any = None, check_cpu: bool =
     threads = use_runtime_threads(int(metadata["target"]["num_cores"]))
     with tvm_output_to_log():
         executable = tvm.runtime.load_module(str(root / LIBRARY))
-    return LoadedModel(executable, metadata, root, device=device,
-                       threads=threads if device is None or device.device_type == 1 else None)
+    on_cpu = device is None or device.device_type == 1
+    model = LoadedModel(executable, metadata, root, device=device, threads=threads if on_cpu else None)
+    if on_cpu and threads > 1:
+        model._use_launcher(install(root / LIBRARY, threads=threads))
+    return model

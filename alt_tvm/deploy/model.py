@@ -20,8 +20,9 @@ from tvm import relax
 
 from alt_tvm.native_log import tvm_output_to_log
 
+from .parallel import ParallelLauncher
 from .profile import KernelInfo, KernelProfile, profile_vm
-from .threads import ThreadGovernor
+from .threads import ThreadGovernor, set_tvm_pool_threads, tvm_pool_threads
 
 __all__ = ["RunnableModel", "flatten_outputs", "use_runtime_threads"]
 
@@ -102,6 +103,13 @@ class RunnableModel(abc.ABC):
         with more than one, each call's thread count is chosen by a
         :class:`~alt_tvm.deploy.threads.ThreadGovernor` (``model.thread_governor``; set it
         to None to keep all threads whatever the load). None: no governor (remote models).
+
+    Attributes
+    ----------
+    launcher : ParallelLauncher or None
+        The parallel launcher the model's kernels run on (:mod:`alt_tvm.deploy.parallel`), set
+        once the model's library is loaded (a built model's at its first call; the thread
+        governor is then dropped); None while they run on TVM's thread pool.
     """
 
     def __init__(self, executable: Any, *, input_names: Sequence[str], input_shapes: Sequence[Sequence[int]],
@@ -114,7 +122,32 @@ class RunnableModel(abc.ABC):
         self.device = device if device is not None else tvm.cpu()
         self._not_here = not_here
         self._vm: relax.VirtualMachine | None = None
-        self.thread_governor = ThreadGovernor(threads) if threads is not None and threads > 1 else None
+        self.launcher: ParallelLauncher | None = None
+        self._threads = threads
+        self.thread_governor = (ThreadGovernor(threads, set_threads=self._set_threads, get_threads=self._get_threads)
+                                if threads is not None and threads > 1 else None)
+
+    def _set_threads(self, threads: int) -> None:
+        if self.launcher is not None:
+            self.launcher.set_threads(threads)
+        else:
+            set_tvm_pool_threads(threads)
+
+    def _get_threads(self) -> int:
+        return self.launcher.threads if self.launcher is not None else tvm_pool_threads()
+
+    def _use_launcher(self, launcher: ParallelLauncher | None) -> None:
+        """Run the kernels on ``launcher`` (None: on TVM's pool). The launcher balances a stalled
+        thread's share itself, so the governor is dropped: under one busy process it took
+        ResNet-18 to one thread (1.94x quiet) where the launcher on both threads gave 1.45x
+        (``docs/shared_machine.md`` §5)."""
+        self.launcher = launcher
+        if launcher is not None:
+            self.thread_governor = None
+
+    def _runtime_module(self) -> Any:
+        """The module the VM runs: ``executable``; a built model links it with the launcher first."""
+        return self.executable
 
     @abc.abstractmethod
     def kernel_info(self) -> dict[str, KernelInfo]:
@@ -127,8 +160,9 @@ class RunnableModel(abc.ABC):
         if self._not_here is not None:
             raise RuntimeError(self._not_here)
         if self._vm is None:
+            module = self._runtime_module()
             with tvm_output_to_log():
-                self._vm = relax.VirtualMachine(self.executable, self.device)
+                self._vm = relax.VirtualMachine(module, self.device)
         return self._vm
 
     def _invoke(self, call: Callable[[], Any], what: str) -> Any:
@@ -205,8 +239,9 @@ class RunnableModel(abc.ABC):
         """
         if self._not_here is not None:
             raise RuntimeError(self._not_here)
+        module = self._runtime_module()
         with tvm_output_to_log():
-            vm = relax.VirtualMachine(self.executable, self.device)  # the instrument stays on this VM only
+            vm = relax.VirtualMachine(module, self.device)  # the instrument stays on this VM only
         return profile_vm(vm, self._to_device(self._checked(arrays)), repeat=repeat).with_info(self.kernel_info())
 
 

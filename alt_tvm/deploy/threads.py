@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ThreadGovernor", "ThreadPolicy"]
+__all__ = ["ThreadGovernor", "ThreadPolicy", "set_tvm_pool_threads", "tvm_pool_threads"]
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ class ThreadGovernor:
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
             raise ValueError(f"cores must be an int >= 1, got {cores!r}")
         self.cores, self.policy, self._clock = cores, policy, clock
-        self._set = set_threads or _tvm_threads_setter
-        self._get = get_threads or _tvm_threads
+        self._set = set_threads or set_tvm_pool_threads
+        self._get = get_threads or tvm_pool_threads
         self.state = "all"
         self._best, self._best_at = math.inf, -math.inf  # best latency on all threads, and when
         # latest latencies on all threads: a trial is judged against more than the slow ones that started it
@@ -163,13 +163,15 @@ class ThreadGovernor:
             self.state, self._next_retry = "one", now + self.policy.retry_s
 
 
-def _tvm_threads() -> int:
+def tvm_pool_threads() -> int:
+    """The thread count of TVM's thread pool."""
     import tvm
 
     return int(tvm.get_global_func("runtime.NumThreads")())
 
 
-def _tvm_threads_setter(threads: int) -> None:
+def set_tvm_pool_threads(threads: int) -> None:
+    """Make TVM's thread pool run ``threads`` threads."""
     import tvm
 
     # mode 1: TVM's "big cores" (all cores on a homogeneous CPU); the count caps it.

@@ -682,6 +682,19 @@ class CompiledModel(RunnableModel):
         self.report = report
         self.source = source
         self._kernel_info: dict[str, KernelInfo] | None = None
+        self._library = None
+
+    def _runtime_module(self):
+        """The model's code linked with alt-tvm's parallel launcher, loaded (at the first call)."""
+        if self._library is None:
+            from alt_tvm.deploy.parallel import link_and_load
+
+            if self._threads is not None and self._threads > 1:
+                self._library, launcher = link_and_load(self.executable, threads=self._threads)
+                self._use_launcher(launcher)
+            else:  # one thread: every launch would run inline anyway
+                self._library = self.executable
+        return self._library
 
     def export(self, path: str | os.PathLike) -> Path:
         """Write the model as an artifact directory (see :mod:`alt_tvm.deploy.artifact`).
