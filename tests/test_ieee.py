@@ -20,6 +20,7 @@ from conftest import build_and_run, host_target
 from tvm import relax, te
 
 from alt_tvm import ops
+from alt_tvm.ops import ieee
 from alt_tvm.graph.baselines import onnxruntime_session
 from alt_tvm.graph.build import build
 from alt_tvm.graph.ieee import legalize_overrides
@@ -332,3 +333,40 @@ def test_small_cnn_with_fast_math_matches_onnxruntime_on_finite_inputs(built_mod
     compiled, ort, x = built_models("small_cnn", fast_math=True)
     np.testing.assert_allclose(compiled(x)[0], ort(x)[0], rtol=MODELS["small_cnn"].rtol,
                                atol=MODELS["small_cnn"].atol)
+
+
+@pytest.mark.parametrize("kernel,stride,dilation,ceil", [((2, 2), 2, 1, True), ((3, 3), 1, 2, False),
+                                                          ((3, 3), 2, 1, True), ((7, 7), 1, 1, False)],
+                         ids=["2x2_ceil", "3x3_dilated", "3x3_s2_ceil", "7x7_reduction"])
+def test_max_pool_unrolled_and_reduced_windows_match_pytorch_with_nan_and_inf(kernel, stride, dilation, ceil):
+    """Windows up to UNROLLED_TAPS taps are one expression (max and a NaN test over the taps),
+    larger ones a reduction: both give PyTorch's result on NaN, +inf and -inf."""
+    from alt_tvm.ops.reduce import UNROLLED_TAPS
+
+    unrolled = kernel[0] * kernel[1] <= UNROLLED_TAPS
+    x = np.random.default_rng(3).standard_normal((1, 3, 13, 13)).astype("float32")
+    x[0, 0, 4, 4], x[0, 1, 0, 0], x[0, 2, 6:9, 6:9], x[0, 2, 12, 12] = np.nan, np.inf, -np.inf, np.nan
+    pad = (kernel[0] // 2) * dilation // 2
+    data = te.placeholder(x.shape, F32, name="x")
+    out = ops.max_pool(data, pool_size=kernel, strides=stride, dilation=dilation, padding=pad, ceil_mode=ceil)
+    assert (len(out.op.reduce_axis) == 0) == unrolled
+    (got,) = build_and_run([data], [out], [x])
+    want = torch.nn.functional.max_pool2d(torch.from_numpy(x), kernel, stride, pad, dilation, ceil).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got).any() and np.isinf(got).any()
+
+
+def test_max_of_is_nan_if_any_value_is_and_linear_in_the_values():
+    """Each value appears twice in the expression (a chain of select steps repeats each partial
+    max, doubling per value: 27 chained taps did not compile in 10 minutes)."""
+    values = [te.placeholder((16,), F32, name=f"v{k}") for k in range(27)]
+    out = te.compute((16,), lambda i: ieee.max_of([v(i) for v in values]), name="m")
+    body = te.create_prim_func([*values, out]).script().split("m[v_i] = ")[-1]
+    assert body.count("v13[v_i]") == 2, body
+    arrays = [np.full(16, k, F32) for k in range(27)]
+    arrays[5][3], arrays[20][7], arrays[0][9] = np.nan, np.inf, -np.inf
+    (got,) = build_and_run(values, [out], arrays)
+    want = np.max(np.stack(arrays), axis=0)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="at least one"):
+        ieee.max_of([])

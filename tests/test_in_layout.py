@@ -292,3 +292,20 @@ def test_schedule_concat_copies_each_input_and_matches_numpy(sizes, aligned):
     out = tvm.runtime.tensor(np.zeros(out_layout.shape, np.float32), dev)
     lib["main"](*[tvm.runtime.tensor(blocked(a), dev) for a in data], out)
     np.testing.assert_array_equal(out.numpy(), blocked(np.concatenate(data, 1)))
+
+
+def test_a_pool_keeps_its_producers_channel_tile_when_it_is_whole_vectors():
+    """A pool reading 32-channel tiles writes 32-channel vectors: with 16, each parallel
+    iteration would read half of every cache line and its neighbour the other half."""
+    from alt_tvm.graph.in_layout import channel_blocked, channel_vector
+    from alt_tvm.layout import Layout
+
+    def tiled(channels, tile):  # N C H W -> N C/tile H W tile, as a conv's output
+        return Layout((1, channels, 8, 8)).split(1, [channels // tile, tile]).reorder([0, 1, 3, 4, 2])
+
+    pooled = (1, 64, 4, 4)
+    assert channel_vector(pooled, 16, tiled(64, 32)) == channel_blocked(pooled, 32)
+    assert channel_vector((1, 48, 4, 4), 16, tiled(48, 24)) == channel_blocked((1, 48, 4, 4), 16)  # 24: not whole
+    assert channel_vector(pooled, 16, None) == channel_blocked(pooled, 16)
+    width_inner = Layout((1, 64, 8, 8)).split(3, [2, 4])  # innermost: a tile of W, not of C
+    assert channel_vector(pooled, 16, width_inner) == channel_blocked(pooled, 16)

@@ -50,6 +50,7 @@ from alt_tvm.target import HardwareTarget, host, resolve, runs_on_host
 from .ieee import legalize_overrides
 from .in_layout import (
     channel_blocked,
+    channel_vector,
     legalize_alone,
     parallelize,
     relayout,
@@ -490,7 +491,9 @@ class _Mutator(relax.PyExprMutator):
         if wanted is None and tiled and any(word in op_name(call) for word in ("pool", "concat")):
             # A pooled or concatenated map stays in channel vectors (NCHWc), so its window
             # loads are whole vectors; its consumers read that layout directly.
-            wanted = channel_blocked(static_shape(var), self.owner.target.vector_lanes(dtype_of(var)))
+            lanes = self.owner.target.vector_lanes(dtype_of(var))
+            wanted = channel_vector(static_shape(var), lanes, self.layouts[tiled[0]][1]) if "pool" in op_name(call) \
+                else channel_blocked(static_shape(var), lanes)
         if not all(layout.stores_each_once for layout in [*(self.layouts[v][1] for v in tiled), wanted] if layout):
             return False
         legal = legalize_alone(call, module=self.builder_.get(), fast_math=self.owner.fast_math)

@@ -23,7 +23,7 @@ from alt_tvm.strategies.base import dtype_of, static_shape
 
 from .ieee import legalize_overrides
 
-__all__ = ["LegalizedOp", "channel_blocked", "legalize_alone", "parallelize", "relayout", "schedule_concat",
+__all__ = ["LegalizedOp", "channel_blocked", "channel_vector", "legalize_alone", "parallelize", "relayout", "schedule_concat",
            "schedule_in_layout"]
 
 
@@ -300,6 +300,18 @@ def channel_blocked(shape: Sequence[int], lanes: int) -> Layout | None:
         return None
     rank = len(shape)
     return Layout(shape).split(1, [shape[1] // lanes, lanes]).reorder([0, 1, *range(3, rank + 1), 2])
+
+
+def channel_vector(shape: Sequence[int], lanes: int, source: Layout | None = None) -> Layout | None:
+    """:func:`channel_blocked` for a map computed from ``source``: with ``source``'s channel
+    tile when that is a whole number of ``lanes``-wide vectors (a conv writing 32-channel
+    tiles), else ``lanes``. A pool reading 16 channels of each 32-channel tile per parallel
+    iteration loads each cache line twice (ResNet-18's stem pool: 0.165 -> 0.129 ms in the
+    model with the conv's 32-channel tiles)."""
+    inner = _innermost_dim(source) if source is not None and not source.is_identity else None
+    if inner is not None and inner[0] == 1 and inner[1] % lanes == 0 and len(shape) > 1 and shape[1] % inner[1] == 0:
+        lanes = inner[1]
+    return channel_blocked(shape, lanes)
 
 
 def _innermost_dim(layout: Layout) -> tuple[int, int] | None:

@@ -20,6 +20,7 @@ using it is scalarised). :func:`is_nan` therefore tests the bit pattern.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -28,7 +29,7 @@ from tvm import tirx
 
 from ._utils import dtype_of
 
-__all__ = ["clamp_expr", "highest", "is_float", "is_nan", "lowest", "max_expr", "max_reducer", "min_expr",
+__all__ = ["clamp_expr", "highest", "is_float", "is_nan", "lowest", "max_expr", "max_of", "max_reducer", "min_expr",
            "min_reducer"]
 
 #: (exponent bits, mantissa bits) of the IEEE-style float types whose NaN test is a bit test.
@@ -124,6 +125,30 @@ def min_reducer(*, fast_math: bool = False) -> Callable[..., tvm.ir.PrimExpr]:
     if fast_math:
         return tirx.comm_reducer(lambda x, y: tirx.min(x, y), highest, name="min")
     return tirx.comm_reducer(lambda acc, value: _reduce_step(acc, value, larger=False), highest, name="ieee_min")
+
+
+def max_of(values: Sequence[tvm.ir.PrimExpr], *, fast_math: bool = False) -> tvm.ir.PrimExpr:
+    """The max of several values, NaN if any of them is NaN (unless ``fast_math``).
+
+    ``tirx.max`` over all of them, then one select on "any of them is NaN": each value appears
+    twice, so the expression stays linear in their number. (Chaining :func:`max_expr` or a
+    reduction step repeats each partial result in the next step, and TVM's passes walk
+    expressions as trees: nine chained steps made a 3x3 pool take seconds to compile.)
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is empty.
+    """
+    values = list(values)
+    if not values:
+        raise ValueError("max_of needs at least one value")
+    peak = functools.reduce(tirx.max, values)
+    dtype = dtype_of(values[0])
+    if fast_math or not is_float(dtype) or len(values) == 1:
+        return peak
+    any_nan = functools.reduce(tirx.Or, [tirx.isnan(value) for value in values])
+    return tirx.Select(any_nan, tirx.const(math.nan, dtype), peak)
 
 
 def _reduce_step(acc: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr, *, larger: bool) -> tvm.ir.PrimExpr:

@@ -8,6 +8,8 @@ reducer) and start from the lowest finite value instead of ``-inf`` (a window ho
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 
 from tvm import te
@@ -19,6 +21,11 @@ from .pad import pad, reached_padding_after
 __all__ = ["max_pool", "reduce_max", "reduce_min"]
 
 _SPATIAL = "DHW"
+#: Windows of at most this many taps are one expression over all taps (:func:`ieee.max_of`),
+#: larger ones a reduction loop. In a reduction, LLVM kept the accumulator in memory and
+#: split its vector in halves: ResNet-18's stem 3x3 pool 0.256 -> 0.204 ms unrolled,
+#: GoogLeNet's 13 pools 0.87 -> 0.62 ms (in the model, 2 threads, Xeon guest).
+UNROLLED_TAPS = 27
 
 
 def reduce_max(data: te.Tensor, *, axis: int | Sequence[int] | None = None, keepdims: bool = False,
@@ -112,7 +119,8 @@ def max_pool(data: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int
     -------
     te.Tensor
         Tagged ``"pool_max"``; window positions in the padding contribute nothing (a window
-        entirely in the padding gives ``-inf``).
+        entirely in the padding gives ``-inf``). A window of at most :data:`UNROLLED_TAPS`
+        positions is one expression over its taps, a larger one a reduction over the window.
 
     Raises
     ------
@@ -150,10 +158,18 @@ def max_pool(data: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int
     padded = pad(data, pad_before, pad_after, value=float(ieee.lowest(dtype_of(data)).value),
                  name=f"{name}_pad")
 
-    def body(*idx):
+    def tap(idx, offsets):
         coords = list(idx)
         for j, axis in enumerate(spatial):
-            coords[axis] = idx[axis] * stride[j] + rk[j] * dil[j]
-        return reducer(padded(*coords), axis=rk)
+            coords[axis] = idx[axis] * stride[j] + offsets[j] * dil[j]
+        return padded(*coords)
+
+    if math.prod(kernel) <= UNROLLED_TAPS:
+        def body(*idx):
+            taps = [tap(idx, offsets) for offsets in itertools.product(*(range(k) for k in kernel))]
+            return ieee.max_of(taps, fast_math=fast_math)
+    else:
+        def body(*idx):
+            return reducer(tap(idx, rk), axis=rk)
 
     return te.compute(index_shape(out_shape, itype), body, name=name, tag="pool_max")
