@@ -20,11 +20,11 @@ from conftest import build_and_run, host_target
 from tvm import relax, te
 
 from alt_tvm import ops
-from alt_tvm.ops import ieee
 from alt_tvm.graph.baselines import onnxruntime_session
 from alt_tvm.graph.build import build
 from alt_tvm.graph.ieee import legalize_overrides
 from alt_tvm.models import MODELS, export_onnx, get_model
+from alt_tvm.ops import ieee
 
 F32 = "float32"
 

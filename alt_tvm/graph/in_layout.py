@@ -23,8 +23,8 @@ from alt_tvm.strategies.base import dtype_of, static_shape
 
 from .ieee import legalize_overrides
 
-__all__ = ["LegalizedOp", "channel_blocked", "channel_vector", "legalize_alone", "parallelize", "relayout", "schedule_concat",
-           "schedule_in_layout"]
+__all__ = ["LegalizedOp", "channel_blocked", "channel_vector", "legalize_alone", "parallelize", "relayout",
+           "schedule_concat", "schedule_in_layout"]
 
 
 @dataclass(frozen=True)
