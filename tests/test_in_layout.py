@@ -309,3 +309,48 @@ def test_a_pool_keeps_its_producers_channel_tile_when_it_is_whole_vectors():
     assert channel_vector(pooled, 16, None) == channel_blocked(pooled, 16)
     width_inner = Layout((1, 64, 8, 8)).split(3, [2, 4])  # innermost: a tile of W, not of C
     assert channel_vector(pooled, 16, width_inner) == channel_blocked(pooled, 16)
+
+
+def _built_kernels(module, shape):
+    """The scheduled kernels of ``module`` built by alt-tvm (name -> TVMScript), and whether
+    its output matches PyTorch's."""
+    import tvm
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    built = build(module.eval(), example_inputs=[x])
+    want = module(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], want, rtol=1e-6, atol=1e-6)
+    return {g.name_hint: built.mod[g].script() for g in built.mod.get_global_vars()
+            if isinstance(built.mod[g], tvm.tirx.PrimFunc)}
+
+
+class _KeyTranspose(nn.Module):
+    """Attention's key: ``[s, h * d] -> [h, d, s]``, scaled."""
+
+    def forward(self, x):
+        return (x.reshape(1, 64, 4, 32).permute(0, 2, 3, 1) * 0.5).contiguous()
+
+
+class _BiasAdd(nn.Module):
+    """``x[c, s] + bias[c]``: contiguous along s, the bias broadcast (not a transpose)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(32, 1))
+
+    def forward(self, x):
+        return torch.relu(x) + self.bias
+
+
+def test_a_transpose_is_copied_in_tiles_and_a_broadcast_is_not():
+    from alt_tvm.graph.in_layout import TRANSPOSE_TILE
+
+    kernels = _built_kernels(_KeyTranspose(), (1, 64, 128))
+    (script,) = [s for name, s in kernels.items() if "transpose" in name]
+    assert f"T.unroll(T.int64({TRANSPOSE_TILE}))" in script, script  # the tile's output rows
+    assert "T.vectorized" not in script, script  # no gather along the strided input
+
+    kernels = _built_kernels(_BiasAdd(), (1, 32, 128))
+    (script,) = [s for name, s in kernels.items() if "add" in name]
+    assert "T.unroll" not in script and "T.vectorized" in script, script

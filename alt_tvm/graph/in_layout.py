@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import relax, tirx
+from tvm.sym.pattern import detect_linear_equation
 
 from alt_tvm.layout import Layout
 from alt_tvm.strategies.base import dtype_of, static_shape
@@ -24,7 +25,7 @@ from alt_tvm.strategies.base import dtype_of, static_shape
 from .ieee import legalize_overrides
 
 __all__ = ["LegalizedOp", "channel_blocked", "channel_vector", "legalize_alone", "parallelize", "relayout",
-           "schedule_concat", "schedule_in_layout"]
+           "schedule_concat", "schedule_in_layout", "TRANSPOSE_TILE"]
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,10 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     vector's loop split off and moved innermost, so it reads and writes whole vectors; its
     padded input, stored in channel vectors, is computed per parallel iteration.
     """
-    sch = tvm.s_tir.Schedule(func)
+    # Index arithmetic of fused reshapes and transposes simplified against the block's
+    # domains first (``(h * 64 + d) % 768`` is ``h * 64 + d``): else the vectorizer sees no
+    # contiguous access and gathers.
+    sch = tvm.s_tir.Schedule(tvm.s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"])
     name = func.params[-1].name
     vector = _innermost_dim(output) if output is not None and not output.is_identity else None
     copies = []  # padded copies kept as stages
@@ -210,7 +214,14 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
                 spatial = [*spatial[:dim], outer, *spatial[dim + 1:], inner]
             if reduce:
                 sch.reorder(*spatial[:-1], *reduce, spatial[-1])
+            elif _tile_transpose(sch, block, spatial):
+                continue
             extent = sch.get(spatial[-1]).extent
+            if hasattr(extent, "value") and int(extent.value) > 64 and len(spatial) > 1:
+                factor = next((f for f in (64, 32, 16, 8) if int(extent.value) % f == 0), None)
+                if factor is not None:
+                    spatial = [*spatial[:-1], *sch.split(spatial[-1], [None, factor])]
+                    extent = sch.get(spatial[-1]).extent
             if hasattr(extent, "value") and 1 < int(extent.value) <= 64 and len(spatial) > 1:
                 sch.vectorize(spatial[-1])  # (a reduction keeps its init: parallel needs it)
         except Exception:  # noqa: BLE001 - leave this nest scalar
@@ -231,6 +242,45 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
         except Exception:  # noqa: BLE001 - keep the whole copy first
             continue
     return sch.mod["main"]
+
+
+#: Side of the square tiles a transpose is copied in: 16 x 16 floats read as 16 cache lines
+#: and written as 16.
+TRANSPOSE_TILE = 16
+
+
+def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
+    """Copy a transpose in square tiles (True when ``block`` is one and was tiled).
+
+    A transpose is an element-wise block whose output is contiguous along its innermost loop
+    while one of its inputs is contiguous along the loop just outside it (a key transposed
+    for attention, ``[s, h * 64 + d] -> [h, d, s]``). Vectorised along the innermost loop it
+    reads one element per cache line (BERT-base's 12 key transposes: 0.56 ms in the model).
+    In tiles, with the tile's output rows unrolled, each tile reads and writes
+    :data:`TRANSPOSE_TILE` lines (0.079 -> 0.017 ms per key alone).
+    """
+    stmt = sch.get(block)
+    if len(spatial) < 2 or len(stmt.iter_vars) != len(spatial) or len(stmt.writes) != 1:
+        return False
+    outer, inner = (iv.var for iv in stmt.iter_vars[-2:])
+    extents = [sch.get(loop).extent for loop in spatial[-2:]]
+    if not all(hasattr(e, "value") and int(e.value) % TRANSPOSE_TILE == 0 for e in extents):
+        return False
+
+    def stride(region, var):  # the last index's coefficient of ``var``; None if not linear
+        found = detect_linear_equation(region.region[-1].min, [var])
+        return int(found[0].value) if len(found) == 2 and hasattr(found[0], "value") else None
+
+    reads = [(stride(read, inner), stride(read, outer)) for read in stmt.reads]
+    # (an input contiguous along the innermost loop, as ``x[c, s] + bias[c]``: not a transpose)
+    if stride(stmt.writes[0], inner) != 1 or any(inner_stride == 1 for inner_stride, _ in reads) \
+            or (0, 1) not in reads:
+        return False
+    outer_o, outer_i = sch.split(spatial[-2], [None, TRANSPOSE_TILE])
+    inner_o, inner_i = sch.split(spatial[-1], [None, TRANSPOSE_TILE])
+    sch.reorder(inner_o, outer_o, inner_i, outer_i)
+    sch.unroll(inner_i)
+    return True
 
 
 def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, axis: int,
