@@ -211,3 +211,19 @@ def test_a_remote_model_runs_and_times_on_the_board_and_fails_cleanly_when_it_di
     assert f"board {loopback.key!r} at tracker {loopback.address}" in str(outcome[0])
     with pytest.raises(ConnectionError, match="session was lost"):
         slow(*arrays)
+
+
+def test_a_launcher_that_does_not_compile_is_an_artifact_error(small, tmp_path, monkeypatch):
+    """The compiler that links the artifact cannot build the parallel launcher (a compiler
+    without pthreads, say): the export fails with the artifact's error, naming the cause."""
+    from alt_tvm.deploy import artifact as artifact_module
+    from alt_tvm.deploy.parallel import LauncherError
+
+    def no_launcher(compiler=None):
+        raise LauncherError(f"{compiler or 'gcc'} could not compile parallel.c: pthread.h: no such file")
+
+    monkeypatch.setattr(artifact_module, "launcher_object", no_launcher)
+    built, _ = small
+    with pytest.raises(ArtifactError, match="could not compile parallel.c: pthread.h") as caught:
+        built.export(tmp_path / "small.alt")
+    assert isinstance(caught.value.__cause__, LauncherError)

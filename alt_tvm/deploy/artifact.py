@@ -33,7 +33,7 @@ from alt_tvm.target import HardwareTarget, not_on_host
 from alt_tvm.toolchain import elf_machine, export_library, require_cross_compiler
 
 from .model import RunnableModel, kernel_info_from_json, kernel_info_to_json, use_runtime_threads
-from .parallel import install, launcher_object
+from .parallel import LauncherError, install, launcher_object
 from .profile import KernelInfo
 
 __all__ = ["ARTIFACT_VERSION", "ArtifactError", "LoadedModel", "load_local", "read_metadata", "write_artifact"]
@@ -79,7 +79,8 @@ def write_artifact(path: str | os.PathLike, *, executable: Any, target: Hardware
     Raises
     ------
     ArtifactError
-        If ``path`` is an existing file, or the target's cross compiler is missing.
+        If ``path`` is an existing file, the target's cross compiler is missing, or it
+        cannot compile alt-tvm's parallel launcher.
     """
     out = Path(path)
     if out.exists() and not out.is_dir():
@@ -88,9 +89,12 @@ def write_artifact(path: str | os.PathLike, *, executable: Any, target: Hardware
     library = out / LIBRARY
     if target.cross_compiler is not None:
         require_cross_compiler(target.cross_compiler, purpose=f"links the model for target {target.name!r}")
+    try:
+        launcher = launcher_object(target.cross_compiler)
+    except LauncherError as err:
+        raise ArtifactError(f"artifact {os.fspath(out)!r} for target {target.name!r}: {err}") from err
     with tvm_output_to_log():
-        export_library(executable, library, cross_compiler=target.cross_compiler,
-                       addons=[launcher_object(target.cross_compiler)])
+        export_library(executable, library, cross_compiler=target.cross_compiler, addons=[launcher])
     metadata = {
         "format": _FORMAT,
         "artifact_version": ARTIFACT_VERSION,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import relax, tirx
+from tvm.sym.analyzer import Analyzer
 from tvm.sym.pattern import detect_linear_equation
 
 from alt_tvm.layout import Layout
@@ -180,10 +181,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     vector's loop split off and moved innermost, so it reads and writes whole vectors; its
     padded input, stored in channel vectors, is computed per parallel iteration.
     """
-    # Index arithmetic of fused reshapes and transposes simplified against the block's
-    # domains first (``(h * 64 + d) % 768`` is ``h * 64 + d``): else the vectorizer sees no
-    # contiguous access and gathers.
-    sch = tvm.s_tir.Schedule(tvm.s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"])
+    sch = tvm.s_tir.Schedule(func)
     name = func.params[-1].name
     vector = _innermost_dim(output) if output is not None and not output.is_identity else None
     copies = []  # padded copies kept as stages
@@ -267,8 +265,14 @@ def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
     if not all(hasattr(e, "value") and int(e.value) % TRANSPOSE_TILE == 0 for e in extents):
         return False
 
+    # Fused reshapes index by flat positions (``(h * 64 + d) % 768``): simplified against the
+    # block's domains (``h * 64 + d``) they show their strides.
+    analyzer = Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+
     def stride(region, var):  # the last index's coefficient of ``var``; None if not linear
-        found = detect_linear_equation(region.region[-1].min, [var])
+        found = detect_linear_equation(analyzer.simplify(region.region[-1].min), [var])
         return int(found[0].value) if len(found) == 2 and hasattr(found[0], "value") else None
 
     reads = [(stride(read, inner), stride(read, outer)) for read in stmt.reads]
