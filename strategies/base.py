@@ -181,6 +181,16 @@ class Strategy(abc.ABC):
         """The tuning space (an ``alt_tvm.strategies.space.Space``) of a partition, or None if not tunable."""
         return None
 
+    def preferred_source_layouts(self, partition: Partition) -> dict:
+        """Layouts in which this strategy would like the tensors that the partition's
+        prologue views start from (``{relax var: Layout}``; ALT paper §4.2 through views).
+
+        The build asks the partition that produces such a tensor to write it so (where
+        nothing else reads it); the strategy then reads it through the views and that
+        layout. Default: none.
+        """
+        return {}
+
     def preferred_input_layout(self, anchor: relax.VarBinding, context: PartitionContext) -> Layout | None:
         """The layout in which :meth:`implement` wants the anchor's data input, without lowering.
 
@@ -236,6 +246,10 @@ class PartitionContext:
     options: Any = None
     #: allow max/min/clip forms that drop NaN in the epilogue (``alt_tvm.build(fast_math=...)``)
     fast_math: bool = False
+    #: the layout its consumer asked the partition's output to be written in
+    #: (:meth:`Strategy.preferred_source_layouts`); a strategy that cannot write it ignores
+    #: it, and :attr:`LoweredPartition.output_layout` says what it wrote
+    output_layout: Layout | None = None
     #: filled while lowering
     placeholders: list = field(default_factory=list)  # (relax expr, te placeholder)
     conversions: dict = field(default_factory=dict)  # relax Var -> Layout it must be converted to first
@@ -417,7 +431,8 @@ def workload_key(partition: Partition) -> str:
         <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
 
     and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``;
-    a partition that scales its input channels first ends in ``|prologue=multiply``.
+    a partition that scales its input channels first ends in ``|prologue=multiply``, and
+    attention that reads its operands through views of their producers in ``|prologue=view``.
     """
     anchor = partition.anchor
     call = anchor.value
@@ -427,11 +442,16 @@ def workload_key(partition: Partition) -> str:
     if "out_dtype" in attrs and attrs["out_dtype"] in (None, ""):
         attrs["out_dtype"] = out_dtype
     ops = [str(b.value.op.name).removeprefix("relax.") for b in partition.epilogue]
-    scaled = any(str(b.value.op.name) == "relax.multiply" for b in partition.prologue)
+    if partition.tail and partition.prologue:
+        prologue = "view"  # attention reading its operands through views (strategies.views)
+    elif any(op_name(b.value) == "relax.multiply" for b in partition.prologue):
+        prologue = "multiply"
+    else:
+        prologue = ""
     return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
             f"{json.dumps(attrs, sort_keys=True, separators=(',', ':'), default=str)}|"
             f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}{_tail_key(partition)}"
-            + ("|prologue=multiply" if scaled else ""))
+            + (f"|prologue={prologue}" if prologue else ""))
 
 
 def _tail_key(partition: Partition) -> str:

@@ -200,6 +200,8 @@ class AltLayoutPass:
         #: (kernels that failed to compile in an earlier attempt of this build)
         self.excluded = dict(excluded or {})
         self.report = BuildReport(log=None if records is None else records.path)
+        #: partition output var -> the layout its reader asked it to be written in
+        self.requested: dict = {}
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -216,6 +218,7 @@ class AltLayoutPass:
             known.extend(r for r in reasons if r not in known)
         partitions, selected = plan.partitions, plan.strategies
         backward = self._backward_layouts(func, partitions, selected) if self.variant != "alt-wp" else {}
+        self.requested = self._requested_layouts(func, partitions, selected) if self.variant != "alt-wp" else {}
         mutator = _Mutator(mod, partitions, selected, self, backward, _elementwise_chains(func, backward))
         new_func = mutator.visit_expr(func)
         new_mod = mutator.builder_.get()
@@ -233,7 +236,8 @@ class AltLayoutPass:
             record = self.records.params_for(workload_key(partition), strategy.name)
         return PartitionContext(partition, self.target, self.variant, input_layouts,
                                 params=None if record is None else record.candidate["params"],
-                                options=self.strategy_options.get(strategy.name), fast_math=self.fast_math)
+                                options=self.strategy_options.get(strategy.name), fast_math=self.fast_math,
+                                output_layout=self.requested.get(partition.output))
 
     def lower(self, partition: Partition, strategy: Strategy, input_layouts: dict) -> tuple[PartitionContext, Any]:
         """Lower ``partition`` with ``strategy`` (tuned where the log has its workload) and
@@ -267,6 +271,22 @@ class AltLayoutPass:
             else:
                 self.report.untuned.append((key, why or self.records.why_not(key)))
         return context, lowered
+
+    def _requested_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
+        """Output layouts asked of partitions by the partition that reads their output
+        through views (:meth:`Strategy.preferred_source_layouts`): attention asks for Q, K
+        and V in their heads' blocks. Asked only where that partition is the value's only
+        reader. Returns: partition output var -> Layout."""
+        users = consumers(func)
+        outputs = {p.output for p in partitions}
+        requested: dict = {}
+        for partition in partitions:
+            members = {b.var for b in partition.bindings}
+            for source, layout in selected[partition.anchor.var].preferred_source_layouts(partition).items():
+                if source in outputs and isinstance(source, relax.DataflowVar) \
+                        and all(u in members for u in users.get(source, [])):
+                    requested[source] = layout
+        return requested
 
     def _backward_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
         """Layouts to propagate backwards onto element-wise producers (paper §4.2, §6).

@@ -30,6 +30,7 @@ from alt_tvm.strategies.base import (
 )
 from alt_tvm.strategies.epilogue import UNARY_EPILOGUE, joinable
 from alt_tvm.strategies.registry import select, strategy_ops
+from alt_tvm.strategies.views import view_source
 from alt_tvm.target import HardwareTarget
 
 
@@ -95,6 +96,8 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                 part.epilogue = _epilogue(binding, bindings[pos + 1:], users, taken, is_anchor)
             if epilogues and fuses_attention is not None and fuses_attention(binding):
                 part.tail = _attention_tail(part, bindings[pos + 1:], users, taken)
+                if part.tail:
+                    part.prologue = _attention_views(part, bindings, users, taken)
             producer = _pad_producer(binding, bindings[:pos], users) if absorbs_pad and absorbs_pad(binding) else None
             if producer is None and absorbs_scale is not None and absorbs_scale(binding):
                 producer = _channel_scale(binding, bindings[:pos], users)
@@ -217,6 +220,44 @@ def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> li
             or rhs[-2] != shape[-1] or any(b.var in taken for b in tail)):
         return []
     return tail
+
+
+def _attention_views(part: Partition, bindings: list, users: dict, taken: set) -> list[relax.VarBinding]:
+    """The views (:mod:`alt_tvm.strategies.views`) through which attention reads Q, K and V:
+    every binding on the way back from an operand that only renames or scales elements and
+    whose value only the partition reads, in program order. The kernel reads the tensors they
+    start from (the projections' outputs) through them, and they run as no kernel of their own.
+    """
+    producers = {b.var: b for b in bindings if isinstance(b, relax.VarBinding)}
+    found: dict = {}  # var -> its binding, for every view reached
+    stack = [part.anchor.value.args[0], part.anchor.value.args[1], part.tail[-1].value.args[1]]
+    while stack:
+        var = stack.pop()
+        binding = producers.get(var)
+        if binding is None or var in found or var in taken or not isinstance(var, relax.DataflowVar):
+            continue
+        source = view_source(binding, producers)
+        if source is None:
+            continue
+        found[var] = binding
+        if isinstance(binding.value, relax.TupleGetItem):
+            split = binding.value.tuple_value
+            found[split] = producers[split]
+        stack.append(source)
+    members = {b.var for b in (part.anchor, *part.epilogue, *part.tail)}
+    changed = True
+    # Drop views whose value something outside the partition reads, the views before those,
+    # and the parts of a split that is dropped.
+    while changed:
+        changed = False
+        for var in list(found):
+            value = found[var].value
+            orphan = isinstance(value, relax.TupleGetItem) and value.tuple_value not in found
+            if orphan or any(isinstance(u, str) or (u not in found and u not in members) for u in users.get(var, [])):
+                del found[var]
+                changed = True
+    order = {b.var: i for i, b in enumerate(bindings)}
+    return sorted(found.values(), key=lambda b: order[b.var])
 
 
 def _softmax_guard(scores: relax.Var, softmax: relax.VarBinding, by_var: dict, users: dict) -> list | None:

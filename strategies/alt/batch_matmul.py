@@ -18,16 +18,19 @@ keys, which fits L1 up to a few thousand keys).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import te
 
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.ops import ieee
 from alt_tvm.ops.rows import RowKernel, lane_reduce, softmax_rows
-from alt_tvm.strategies.base import OpInfo, Strategy, op_name, tiles_for
+from alt_tvm.strategies.base import OpInfo, Strategy, op_name, static_shape, tiles_for
 from alt_tvm.strategies.registry import register_strategy
+from alt_tvm.strategies.views import ViewReader, contiguous_layout, source_positions
 
 from .gemm import column_tile, padded_columns, row_tile, schedule_gemm
 from .rows import vectorize_row_stages
@@ -39,10 +42,11 @@ def _columns(n: int, lanes: int, registers: int) -> tuple[int, int]:
     return nt, -(-n // nt) * nt
 
 
-def _padded_rhs(b: te.Tensor, n: int, width: int) -> te.Tensor:
-    """``B`` with its columns zero-padded to ``width``."""
+def _padded_rhs(b: te.Tensor, n: int, width: int, factor: float = 1.0) -> te.Tensor:
+    """``factor * B`` with its columns zero-padded to ``width``."""
+    scaled = (lambda *i: b(*i)) if factor == 1.0 else (lambda *i: b(*i) * tvm.tirx.const(factor, b.dtype))
     return te.compute((*b.shape[:-1], width),
-                      lambda *i: tvm.tirx.if_then_else(i[-1] < n, b(*i), tvm.tirx.const(0, b.dtype)),
+                      lambda *i: tvm.tirx.if_then_else(i[-1] < n, scaled(*i), tvm.tirx.const(0, b.dtype)),
                       name="rhs_padded")
 
 
@@ -61,6 +65,29 @@ class AltBatchMatmulStrategy(Strategy):
         if len(a) < 2 or len(a) != len(b) or a[:-2] != b[:-2] or a[-1] != b[-2]:
             return f"shapes {info.input_shapes} (needs [..., M, K] x [..., K, N] with equal batch dims)"
         return None
+
+    def preferred_source_layouts(self, partition) -> dict:
+        """For attention reading Q, K and V through views of its projections' outputs: each
+        projection written so that every head's rows are contiguous (``[s, 12 * 64]`` as
+        ``[12, s, 64]``, a packed ``[s, 3 * 12 * 64]`` as ``[3, 12, s, 64]``). The kernel's
+        reads are then whole rows in place, and its packed ``K^T`` a transpose inside one
+        head's block (:func:`~alt_tvm.strategies.views.contiguous_layout`)."""
+        if not partition.tail or not partition.prologue:
+            return {}
+        producers = {b.var: b for b in partition.prologue}
+        reads: dict = {}
+        operands = ((partition.anchor.value.args[0], False), (partition.anchor.value.args[1], True),
+                    (partition.tail[-1].value.args[1], False))
+        for expr, transposed in operands:
+            source, positions = source_positions(expr, producers)
+            if source is not expr:  # K^T is read as K: its heads' rows contiguous like Q's and V's
+                reads.setdefault(source, []).append(np.swapaxes(positions, -1, -2) if transposed else positions)
+        layouts = {}
+        for source, positions in reads.items():
+            layout = contiguous_layout(static_shape(source), positions)
+            if layout is not None and not layout.is_identity:
+                layouts[source] = layout
+        return layouts
 
     def implement(self, anchor, context) -> Any:
         if context.partition.tail:
@@ -90,15 +117,23 @@ class AltBatchMatmulStrategy(Strategy):
 
     def _attention(self, anchor, context) -> Any:
         softmax, *guard, product = context.partition.tail
-        q = context.te_input(anchor.value.args[0], "q")
-        keys = context.te_input(anchor.value.args[1], "k")
-        v = context.te_input(product.value.args[1], "v")
+        # Q, K and V as the projections wrote them, read through the reshapes and transposes
+        # to heads (the partition's prologue); their scales all go to the packed K.
+        views = ViewReader(context)
+        q, q_factor = views.operand(anchor.value.args[0], "q")
+        keys, k_factor = views.operand(anchor.value.args[1], "k")
+        v, v_factor = views.operand(product.value.args[1], "v")
+        if v_factor != 1.0:
+            v = te.compute(v.shape, lambda *i, v=v: v(*i) * tvm.tirx.const(v_factor, v.dtype), name="v_scaled")
+            views.stages.append(v)
         *lead, m, depth = (int(s) for s in q.shape)
         n, dv = int(keys.shape[-1]), int(v.shape[-1])
         lanes = context.target.vector_lanes("float32")
         registers = context.target.vector_registers or 16
         nt, width = _columns(n, lanes, registers)
-        pad = _padded_rhs(keys, n, width) if width != n else None
+        # K^T packed (padded, scaled) when it is not already whole vectors of keys in place.
+        packed = width != n or q_factor * k_factor != 1.0 or anchor.value.args[1] in views.producers
+        pad = _padded_rhs(keys, n, width, q_factor * k_factor) if packed else None
         rhs = pad if pad is not None else keys
         d = te.reduce_axis((0, depth), "d")
         scores = te.compute((*lead, m, width), lambda *i: te.sum(q(*i[:-1], d) * rhs(*i[:-2], d, i[-1]), axis=d),
@@ -140,19 +175,31 @@ class AltBatchMatmulStrategy(Strategy):
         soft = RowKernel(soft.output, soft.row_stages + extra, lanes, soft.numerator, soft.scale)
         column = column_tile(dv, lanes, registers)
         params = {"batch": len(lead), "mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes), "column": column,
-                  "column_vec": tiles_for(column, lanes)}
-        inlined = [valid, *epilogue, rows]
+                  "column_vec": tiles_for(column, lanes),
+                  "per_entry": entries_in_parallel(math.prod(lead), context.target.num_cores)}
+        inlined = [*views.stages, valid, *epilogue, rows]
         return context.finish(output=out, layouts=TensorMap(), strategy=self.name,
                               schedule=lambda f: schedule_attention(f, scores=scores, pad=pad, inlined=inlined,
                                                                     soft=soft, out=out, **params))
 
 
+def entries_in_parallel(entries: int, cores: int) -> bool:
+    """Whether attention's batch entries (heads) are enough parallel tasks by themselves:
+    as many as the cores, in equal shares or four per core at least."""
+    return entries >= cores and (entries % cores == 0 or entries >= 4 * cores)
+
+
 def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Tensor | None, inlined: list,
                        soft: RowKernel, out: te.Tensor, batch: int, mt: int, nt: int, vec: int, column: int,
-                       column_vec: int) -> tvm.IRModule:
+                       column_vec: int, per_entry: bool = False) -> tvm.IRModule:
     """Per batch entry and block of ``mt`` queries (the parallel loop): the block's scores in
     ``mt x nt`` register tiles, its softmax rows (:mod:`alt_tvm.ops.rows`), then its context
-    in ``mt x column`` register tiles over every key."""
+    in ``mt x column`` register tiles over every key.
+
+    ``per_entry`` runs the batch entries (heads) in parallel and their query blocks in turn,
+    each entry's packed ``K^T`` made first, while it stays in cache for all its blocks;
+    otherwise ``K^T`` is packed for every entry in a parallel pass of its own first.
+    """
     sch = tvm.s_tir.Schedule(func)
     for stage in inlined:
         sch.compute_inline(sch.get_sblock(stage.op.name))
@@ -163,8 +210,14 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     mo, mi = sch.split(m, [None, mt])
     eo, ei = sch.split(e, [None, column])
     sch.reorder(*lead, mo, eo, j, mi, ei)
-    query_block = sch.fuse(*lead, mo)
-    sch.parallel(query_block)
+    per_entry = per_entry and pad is not None and bool(lead)
+    if per_entry:
+        entry = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+        sch.parallel(entry)
+        query_block = mo
+    else:
+        query_block = sch.fuse(*lead, mo)
+        sch.parallel(query_block)
     _tile_in_registers(sch, block, at=eo, rows=mi, columns=ei, vec=column_vec, reduction=j)
     # The block's softmax rows and scores, computed inside the query block.
     for stage in reversed(soft.row_stages):
@@ -177,9 +230,34 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     _tile_in_registers(sch, score_block, at=co, rows=rows, columns=ci, vec=vec, reduction=depth)
     vectorize_row_stages(sch, soft)
     if pad is not None:
-        pad_loops = sch.get_loops(sch.get_sblock(pad.op.name))
-        sch.parallel(sch.fuse(*pad_loops[:-1]))
+        keys = sch.get_sblock(pad.op.name)
+        if per_entry:
+            sch.compute_at(keys, entry, preserve_unit_loops=True)
+        _schedule_keys(sch, keys, batch=batch, parallel=not per_entry)
     return sch.mod
+
+
+#: Side of the square tiles in which K is transposed into its packed copy.
+KEY_TILE = 16
+
+
+def _schedule_keys(sch: tvm.s_tir.Schedule, block, *, batch: int, parallel: bool) -> None:
+    """The packed ``K^T[.., d, s]`` (``parallel``: per batch entry and tile of keys). Read
+    through the views of a projection's output, it is a transpose: copied in ``KEY_TILE``
+    square tiles, the tile's keys unrolled, each tile reads and writes that many cache lines
+    instead of one element per line read."""
+    *lead, depth, keys = sch.get_loops(block)[-(batch + 2):]
+    extents = [int(sch.get(loop).extent) for loop in (depth, keys)]
+    if any(extent % KEY_TILE for extent in extents):
+        if parallel:
+            sch.parallel(sch.fuse(*lead, depth))
+        return
+    depth_o, depth_i = sch.split(depth, [None, KEY_TILE])
+    keys_o, keys_i = sch.split(keys, [None, KEY_TILE])
+    sch.reorder(keys_o, depth_o, depth_i, keys_i)
+    sch.vectorize(keys_i)
+    if parallel:
+        sch.parallel(sch.fuse(*lead, keys_o))
 
 
 def _tile_in_registers(sch: tvm.s_tir.Schedule, block, *, at, rows, columns, vec: int, reduction) -> None:

@@ -297,6 +297,13 @@ class AltGemmStrategy(Strategy):
         gemm = te.compute((*lead, m, n), lambda *i: te.sum(a(*i[:-1], k) * b(k, i[-1]), axis=k),
                           name="matmul", tag="matmul")
         stages = context.epilogue_te(gemm)
+        requested = context.output_layout
+        if requested is not None and requested.orig_shape == (*lead, m, n):
+            # The last stage writes the layout the consumer asked for (Q, K, V in their
+            # heads' blocks); a bare product gets a copy stage to do it, inlined as well.
+            stages = stages or [te.compute(gemm.shape, lambda *i: gemm(*i), name="relayout")]
+        else:
+            requested = None
         final = stages[-1] if stages else gemm
         params = self.layout_params(anchor, context)
         nt, mt, vec, kt = int(params["nt"]), int(params["mt"]), int(params["vec"]), int(params.get("kt", 1))
@@ -307,6 +314,8 @@ class AltGemmStrategy(Strategy):
                              "vec nt, kt and kc (0: no chunks) K, panel_groups (0: none) the N/nt panels; "
                              "1 <= mt <= M, the last row block may be partial)")
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
+        if requested is not None:
+            layouts[final] = requested
         return context.finish(output=final, layouts=layouts, strategy=self.name,
                               schedule=self.schedule(anchor=anchor, gemm=gemm, stages=stages, batch=len(lead),
                                                      params=params, context=context))
