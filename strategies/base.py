@@ -62,7 +62,8 @@ class Partition:
     epilogue: list[relax.VarBinding] = field(default_factory=list)
     #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
     prologue: list[relax.VarBinding] = field(default_factory=list)
-    #: attention's softmax over the epilogue's last axis and the matmul of its result, when the
+    #: attention's softmax over the epilogue's last axis and the matmul of its result (and the
+    #: transpose putting the heads back after it, :func:`split_attention_tail`), when the
     #: anchor's strategy :attr:`Strategy.fuses_attention`; or, after a 1x1 conv, a depthwise
     #: conv and a 1x1 conv with their epilogues, when :meth:`Strategy.fuses_block` takes them
     tail: list[relax.VarBinding] = field(default_factory=list)
@@ -90,6 +91,20 @@ def split_block_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding
                          f"{[op_name(b.value) for b in tail]}")
     k = convs[1]
     return tail[0], list(tail[1:k]), tail[k], list(tail[k + 1:])
+
+
+def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding,
+                                                                       relax.VarBinding | None]:
+    """``(softmax, guard, product, heads)`` of an attention tail: the softmax, the bindings
+    guarding rows without a key, the product with ``V``, and the transpose that puts the
+    heads back (None when the partition ends at the product). The one place that reads
+    the tail's structure."""
+    heads = tail[-1] if op_name(tail[-1].value) == "relax.permute_dims" else None
+    body = list(tail[:-1]) if heads is not None else list(tail)
+    if len(body) < 2 or op_name(body[0].value) != "relax.nn.softmax" or op_name(body[-1].value) != "relax.matmul":
+        raise ValueError(f"an attention tail is [softmax, *guard, matmul, (permute_dims)], got "
+                         f"{[op_name(b.value) for b in tail]}")
+    return body[0], body[1:-1], body[-1], heads
 
 
 @dataclass(frozen=True)
@@ -430,7 +445,8 @@ def workload_key(partition: Partition) -> str:
 
         <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
 
-    and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``;
+    and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``
+    (``+permute_dims(<axes>)`` after ``matmul`` where it writes the heads back);
     a partition that scales its input channels first ends in ``|prologue=multiply``, and
     attention that reads its operands through views of their producers in ``|prologue=view``.
     """
@@ -468,6 +484,9 @@ def _tail_key(partition: Partition) -> str:
                 name = f"{name}:{static_shape(call.args[1])}:{attrs}"
             parts.append(name)
         return f"|then={'+'.join(parts)}:out={static_shape(partition.output)}"
-    ops = "+".join(str(b.value.op.name).removeprefix("relax.") for b in partition.tail)
-    rhs = partition.tail[-1].value.args[1]
+    _, _, product, heads = split_attention_tail(partition.tail)
+    ops = "+".join(str(b.value.op.name).removeprefix("relax.") for b in partition.tail if b is not heads)
+    if heads is not None:
+        ops += f"+permute_dims({','.join(str(int(a)) for a in heads.value.attrs.axes)})"
+    rhs = product.value.args[1]
     return f"|then={ops}:{static_shape(rhs)}:{dtype_of(rhs)}"

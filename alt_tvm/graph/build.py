@@ -779,6 +779,9 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        # A kernel that is a reshape alone (after attention writes the heads back) becomes
+        # the VM's reshape, a view of the same memory, instead of a copy.
+        relax.transform.RewriteDataflowReshape(),
     ])
     mod = seq(mod)
     for gvar in mod.get_global_vars():

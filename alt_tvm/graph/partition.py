@@ -24,6 +24,7 @@ from alt_tvm.strategies.base import (
     const_value,
     dtype_of,
     op_name,
+    split_attention_tail,
     split_block_tail,
     static_shape,
     workload_key,
@@ -194,7 +195,8 @@ def block_pieces(partition: Partition) -> list[Partition]:
 def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> list[relax.VarBinding]:
     """``[softmax, *guard, matmul]`` if the partition's value is read only by a softmax over its
     last axis (and by the guard), whose result is read only by a matmul as its left operand
-    with the same batch dims, or through a guard first (:func:`_softmax_guard`)."""
+    with the same batch dims, or through a guard first (:func:`_softmax_guard`); and the
+    transpose after the matmul, if it alone reads it and keeps the last axis last."""
     by_var = {b.var: b for b in later if isinstance(b, relax.VarBinding)}
     shape = static_shape(part.output)
     if shape is None or len(shape) < 3:
@@ -219,6 +221,12 @@ def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> li
     if (rhs is None or not call.args[0].same_as(weights) or len(rhs) != len(shape) or rhs[:-2] != shape[:-2]
             or rhs[-2] != shape[-1] or any(b.var in taken for b in tail)):
         return []
+    # The heads put back (``[b, h, s, d] -> [b, s, h, d]``): the kernel writes its context so.
+    readers = users.get(matmul.var, [])
+    heads = by_var.get(readers[0]) if len(readers) == 1 else None
+    if heads is not None and heads.var not in taken and op_name(heads.value) == "relax.permute_dims" \
+            and heads.value.attrs.axes is not None and int(heads.value.attrs.axes[-1]) % len(shape) == len(shape) - 1:
+        tail.append(heads)
     return tail
 
 
@@ -230,7 +238,7 @@ def _attention_views(part: Partition, bindings: list, users: dict, taken: set) -
     """
     producers = {b.var: b for b in bindings if isinstance(b, relax.VarBinding)}
     found: dict = {}  # var -> its binding, for every view reached
-    stack = [part.anchor.value.args[0], part.anchor.value.args[1], part.tail[-1].value.args[1]]
+    stack = [part.anchor.value.args[0], part.anchor.value.args[1], split_attention_tail(part.tail)[2].value.args[1]]
     while stack:
         var = stack.pop()
         binding = producers.get(var)

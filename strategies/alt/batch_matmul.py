@@ -28,7 +28,7 @@ from tvm import te
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.ops import ieee
 from alt_tvm.ops.rows import RowKernel, lane_reduce, softmax_rows
-from alt_tvm.strategies.base import OpInfo, Strategy, op_name, static_shape, tiles_for
+from alt_tvm.strategies.base import OpInfo, Strategy, op_name, split_attention_tail, static_shape, tiles_for
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.strategies.views import ViewReader, contiguous_layout, source_positions
 
@@ -77,7 +77,7 @@ class AltBatchMatmulStrategy(Strategy):
         producers = {b.var: b for b in partition.prologue}
         reads: dict = {}
         operands = ((partition.anchor.value.args[0], False), (partition.anchor.value.args[1], True),
-                    (partition.tail[-1].value.args[1], False))
+                    (split_attention_tail(partition.tail)[2].value.args[1], False))
         for expr, transposed in operands:
             source, positions = source_positions(expr, producers)
             if source is not expr:  # K^T is read as K: its heads' rows contiguous like Q's and V's
@@ -116,7 +116,7 @@ class AltBatchMatmulStrategy(Strategy):
                                              nt=nt, vec=tiles_for(nt, lanes), pad=pad))
 
     def _attention(self, anchor, context) -> Any:
-        softmax, *guard, product = context.partition.tail
+        softmax, guard, product, heads = split_attention_tail(context.partition.tail)
         # Q, K and V as the projections wrote them, read through the reshapes and transposes
         # to heads (the partition's prologue); their scales all go to the packed K.
         views = ViewReader(context)
@@ -168,15 +168,25 @@ class AltBatchMatmulStrategy(Strategy):
                 return tvm.tirx.Select(extra[1](*row) == zero, zero, value)
             return value
 
-        out = te.compute((*lead, m, dv), lambda *i: te.sum(weight(*i[:-1]) * v(*i[:-2], j, i[-1]), axis=j),
-                         name="attention")
+        # The context is written with the heads put back where the model does so next
+        # (``[b, h, s, d]`` stored as ``[b, s, h, d]``): output axis k is axis ``order[k]``.
+        rank = len(lead) + 2
+        order = list(range(rank)) if heads is None else [int(a) % rank for a in heads.value.attrs.axes]
+        position = {axis: k for k, axis in enumerate(order)}
+
+        def context_value(*p):
+            i = [p[position[axis]] for axis in range(rank)]
+            return te.sum(weight(*i[:-1]) * v(*i[:-2], j, i[-1]), axis=j)
+
+        shape = (*lead, m, dv)
+        out = te.compute([shape[axis] for axis in order], context_value, name="attention")
         if guard_ops and guard_ops != ["relax.isnan", "relax.where"] and not extra:
             raise ValueError(f"no attention kernel for the softmax guard {guard_ops}")
         soft = RowKernel(soft.output, soft.row_stages + extra, lanes, soft.numerator, soft.scale)
         column = column_tile(dv, lanes, registers)
         params = {"batch": len(lead), "mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes), "column": column,
                   "column_vec": tiles_for(column, lanes),
-                  "per_entry": entries_in_parallel(math.prod(lead), context.target.num_cores)}
+                  "per_entry": entries_in_parallel(math.prod(lead), context.target.num_cores), "order": order}
         inlined = [*views.stages, valid, *epilogue, rows]
         return context.finish(output=out, layouts=TensorMap(), strategy=self.name,
                               schedule=lambda f: schedule_attention(f, scores=scores, pad=pad, inlined=inlined,
@@ -191,7 +201,7 @@ def entries_in_parallel(entries: int, cores: int) -> bool:
 
 def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Tensor | None, inlined: list,
                        soft: RowKernel, out: te.Tensor, batch: int, mt: int, nt: int, vec: int, column: int,
-                       column_vec: int, per_entry: bool = False) -> tvm.IRModule:
+                       column_vec: int, per_entry: bool = False, order: list[int] | None = None) -> tvm.IRModule:
     """Per batch entry and block of ``mt`` queries (the parallel loop): the block's scores in
     ``mt x nt`` register tiles, its softmax rows (:mod:`alt_tvm.ops.rows`), then its context
     in ``mt x column`` register tiles over every key.
@@ -199,14 +209,16 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     ``per_entry`` runs the batch entries (heads) in parallel and their query blocks in turn,
     each entry's packed ``K^T`` made first, while it stays in cache for all its blocks;
     otherwise ``K^T`` is packed for every entry in a parallel pass of its own first.
+    ``order`` (the context's axes as stored, last one last) says which loop is which.
     """
     sch = tvm.s_tir.Schedule(func)
     for stage in inlined:
         sch.compute_inline(sch.get_sblock(stage.op.name))
     # The context product, as the GEMM template computes it.
     block = sch.get_sblock(out.op.name)
-    loops = sch.get_loops(block)
-    lead, m, e, j = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 2]
+    *stored, j = sch.get_loops(block)
+    loops = [stored[(order or list(range(len(stored)))).index(axis)] for axis in range(len(stored))]
+    lead, m, e = loops[:batch], loops[batch], loops[batch + 1]
     mo, mi = sch.split(m, [None, mt])
     eo, ei = sch.split(e, [None, column])
     sch.reorder(*lead, mo, eo, j, mi, ei)
