@@ -13,6 +13,7 @@ from torch import nn
 from tvm import relax, te
 
 import alt_tvm
+from alt_tvm.strategies.alt.batch_matmul import entries_in_parallel
 from alt_tvm.strategies.views import contiguous_layout, source_positions, view_source, view_te
 
 
@@ -150,9 +151,11 @@ class _PackedTake(nn.Module):
 
 @pytest.mark.parametrize(("model", "shape", "stored"), [
     (_SeparateProjections(), (1, 40, 64), ["1x4x40x16"] * 3),
+    # 3 heads: on 2 cores, K^T is packed for all heads in a parallel pass of its own first
+    (_SeparateProjections(dim=48, heads=3), (1, 40, 48), ["1x3x40x16"] * 3),
     (_PackedChunk(), (1, 49, 64), ["1x3x4x49x16"]),
     (_PackedTake(), (4, 9, 32), ["3x4x2x9x16"]),
-], ids=["separate", "chunk", "take"])
+], ids=["separate", "separate-3-heads", "chunk", "take"])
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_attention_reads_its_projections_in_place_and_matches_torch(model, shape, stored, dynamo, tmp_path):
     torch.manual_seed(0)
@@ -207,3 +210,8 @@ def test_a_projection_that_something_else_reads_keeps_its_layout(tmp_path):
     # K and V are read in place; Q's transpose is a model output, so Q stays canonical.
     assert sorted(k.layout for k in built.report.kernels if k.kind == "partition" and k.layout) \
         == ["1x2x24x16", "1x2x24x16"]
+
+
+def test_heads_run_in_parallel_by_themselves_only_in_equal_or_many_shares():
+    assert entries_in_parallel(12, 2) and entries_in_parallel(2, 2) and entries_in_parallel(9, 2)
+    assert not entries_in_parallel(3, 2) and not entries_in_parallel(1, 2) and not entries_in_parallel(12, 16)

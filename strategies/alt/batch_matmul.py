@@ -254,10 +254,10 @@ KEY_TILE = 16
 
 
 def _schedule_keys(sch: tvm.s_tir.Schedule, block, *, batch: int, parallel: bool) -> None:
-    """The packed ``K^T[.., d, s]`` (``parallel``: per batch entry and tile of keys). Read
-    through the views of a projection's output, it is a transpose: copied in ``KEY_TILE``
-    square tiles, the tile's keys unrolled, each tile reads and writes that many cache lines
-    instead of one element per line read."""
+    """The packed ``K^T[.., d, s]`` (``parallel``: per batch entry and tile of keys). From K
+    stored ``[.., s, d]`` it is a transpose: copied in ``KEY_TILE`` square tiles, each tile's
+    rows of keys as vectors (gathered from ``KEY_TILE`` rows of K, stored whole), so that a
+    tile reads and writes ``KEY_TILE`` cache lines instead of one element per line read."""
     *lead, depth, keys = sch.get_loops(block)[-(batch + 2):]
     extents = [int(sch.get(loop).extent) for loop in (depth, keys)]
     if any(extent % KEY_TILE for extent in extents):
