@@ -107,6 +107,12 @@ def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBin
     return body[0], body[1:-1], body[-1], heads
 
 
+def attention_operands(partition: Partition) -> tuple[relax.Expr, relax.Expr, relax.Expr]:
+    """``(Q, K^T, V)`` as an attention partition's anchor and product read them."""
+    return (partition.anchor.value.args[0], partition.anchor.value.args[1],
+            split_attention_tail(partition.tail)[2].value.args[1])
+
+
 @dataclass(frozen=True)
 class OpInfo:
     """What a strategy sees of one Relax operator call.

@@ -20,11 +20,11 @@ from alt_tvm.strategies.base import (
     OpInfo,
     Partition,
     Strategy,
+    attention_operands,
     attrs_dict,
     const_value,
     dtype_of,
     op_name,
-    split_attention_tail,
     split_block_tail,
     static_shape,
     workload_key,
@@ -238,7 +238,7 @@ def _attention_views(part: Partition, bindings: list, users: dict, taken: set) -
     """
     producers = {b.var: b for b in bindings if isinstance(b, relax.VarBinding)}
     found: dict = {}  # var -> its binding, for every view reached
-    stack = [part.anchor.value.args[0], part.anchor.value.args[1], split_attention_tail(part.tail)[2].value.args[1]]
+    stack = list(attention_operands(part))
     while stack:
         var = stack.pop()
         binding = producers.get(var)

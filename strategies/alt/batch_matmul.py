@@ -28,7 +28,15 @@ from tvm import te
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.ops import ieee
 from alt_tvm.ops.rows import RowKernel, lane_reduce, softmax_rows
-from alt_tvm.strategies.base import OpInfo, Strategy, op_name, split_attention_tail, static_shape, tiles_for
+from alt_tvm.strategies.base import (
+    OpInfo,
+    Strategy,
+    attention_operands,
+    op_name,
+    split_attention_tail,
+    static_shape,
+    tiles_for,
+)
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.strategies.views import ViewReader, contiguous_layout, source_positions
 
@@ -76,9 +84,7 @@ class AltBatchMatmulStrategy(Strategy):
             return {}
         producers = {b.var: b for b in partition.prologue}
         reads: dict = {}
-        operands = ((partition.anchor.value.args[0], False), (partition.anchor.value.args[1], True),
-                    (split_attention_tail(partition.tail)[2].value.args[1], False))
-        for expr, transposed in operands:
+        for expr, transposed in zip(attention_operands(partition), (False, True, False)):
             source, positions = source_positions(expr, producers)
             if source is not expr:  # K^T is read as K: its heads' rows contiguous like Q's and V's
                 reads.setdefault(source, []).append(np.swapaxes(positions, -1, -2) if transposed else positions)
@@ -120,9 +126,10 @@ class AltBatchMatmulStrategy(Strategy):
         # Q, K and V as the projections wrote them, read through the reshapes and transposes
         # to heads (the partition's prologue); their scales all go to the packed K.
         views = ViewReader(context)
-        q, q_factor = views.operand(anchor.value.args[0], "q")
-        keys, k_factor = views.operand(anchor.value.args[1], "k")
-        v, v_factor = views.operand(product.value.args[1], "v")
+        q_expr, k_expr, v_expr = attention_operands(context.partition)
+        q, q_factor = views.operand(q_expr, "q")
+        keys, k_factor = views.operand(k_expr, "k")
+        v, v_factor = views.operand(v_expr, "v")
         if v_factor != 1.0:
             v = te.compute(v.shape, lambda *i, v=v: v(*i) * tvm.tirx.const(v_factor, v.dtype), name="v_scaled")
             views.stages.append(v)
@@ -132,7 +139,7 @@ class AltBatchMatmulStrategy(Strategy):
         registers = context.target.vector_registers or 16
         nt, width = _columns(n, lanes, registers)
         # K^T packed (padded, scaled) when it is not already whole vectors of keys in place.
-        packed = width != n or q_factor * k_factor != 1.0 or anchor.value.args[1] in views.producers
+        packed = width != n or q_factor * k_factor != 1.0 or k_expr in views.producers
         pad = _padded_rhs(keys, n, width, q_factor * k_factor) if packed else None
         rhs = pad if pad is not None else keys
         d = te.reduce_axis((0, depth), "d")
