@@ -18,10 +18,13 @@ With ``--fast-math-compare`` only the cost of IEEE NaN semantics is measured: ea
 built with ``fast_math=False`` (the default: NaN propagates through ReLU, clip, max-pool ...)
 and ``fast_math=True``, both checked against ONNX Runtime, then timed in ``--rounds``
 interleaved rounds (``--repeat`` calls each); the medians and their ratio are printed.
+``--compare-options JSON`` does the same for the default build against one given those
+``strategy_options`` (an A/B of one fusion rule: ``'{"alt": {"fuse_norms": false}}'``).
 
     python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
                                 [--threads 2] [--variants alt alt-wp alt-ol] [--sconv] [--trials N] [--json out.json]
     python scripts/bench_e2e.py --fast-math-compare [--models ...] [--rounds 11] [--repeat 20]
+    python scripts/bench_e2e.py --compare-options '{"alt": {"fuse_norms": false}}' --models model.onnx
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", default=None)
     parser.add_argument("--fast-math-compare", action="store_true",
                         help="only compare fast_math=False (IEEE NaN semantics) with fast_math=True builds")
+    parser.add_argument("--compare-options", type=json.loads, default=None, metavar="JSON",
+                        help="only compare the default build with one given these strategy_options, e.g. "
+                             "'{\"alt\": {\"fuse_norms\": false}}'")
     parser.add_argument("--rounds", type=int, default=11, help="interleaved timing rounds (median reported)")
 
     return parser.parse_args(argv)
@@ -90,8 +96,10 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     return module, inputs, arrays, path, session, session(*arrays)
 
 
-def fast_math_compare(args: argparse.Namespace) -> int:
-    """Latency of ``fast_math=False`` vs ``fast_math=True`` builds, interleaved; 1 on a wrong result."""
+def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: tuple[dict, dict]) -> int:
+    """Latency of two builds of each model (``alt_tvm.build`` keyword arguments ``settings``),
+    both checked against ONNX Runtime, then timed with ONNX Runtime in ``--rounds`` interleaved
+    rounds; prints the medians and their ratio. 1 on a wrong result."""
     import statistics
 
     import numpy as np
@@ -103,40 +111,45 @@ def fast_math_compare(args: argparse.Namespace) -> int:
 
     peak = measure_peak_gflops(threads=args.threads)
     results = [{"runner": "fp32 peak", "peak_gflops": peak, "threads": args.threads}]
-    workdir = tempfile.mkdtemp(prefix="alt_fastmath_")
+    workdir = tempfile.mkdtemp(prefix="alt_compare_")
     variant = args.variants[0]
-    print(f"fast_math=False (IEEE: NaN propagates) vs fast_math=True, variant {variant}, batch 1, "
-          f"{args.threads} thread(s), {args.rounds} interleaved rounds of {args.repeat} calls; "
-          f"FP32 FMA peak measured in this run: {peak:.0f} GFLOP/s; ONNX Runtime (spinning off) timed in the "
-          f"same rounds")
-    print(f"  {'model':14s} {'ieee ms':>9s} {'fast ms':>9s} {'ieee / fast':>12s} {'ORT ms':>8s} {'ORT / ieee':>11s} "
-          f"{'build s ieee/fast':>18s}")
+    a, b = labels
+    print(f"{a} vs {b}, variant {variant}, batch 1, {args.threads} thread(s), {args.rounds} interleaved rounds of "
+          f"{args.repeat} calls; FP32 FMA peak measured in this run: {peak:.0f} GFLOP/s; ONNX Runtime (spinning "
+          f"off) timed in the same rounds")
+    print(f"  {'model':24s} {a[:12]:>12s} {b[:12]:>12s} {'first/second':>13s} {'ORT ms':>8s} {'ORT / second':>13s} "
+          f"{'build s':>14s}")
     for name in args.models:
-        info = MODELS[name]
+        info = MODELS.get(name)
+        tolerance = ONNX_FILE_TOLERANCE if info is None else {"rtol": info.rtol, "atol": info.atol}
         _, _, arrays, path, ort_session, reference = _model_and_reference(name, workdir, args.threads)
-        builds, build_s = {}, {}
-        for fast in (False, True):
+        builds, build_s = [], []
+        for label, kwargs in zip(labels, settings):
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the fallback report, printed once per build
-                builds[fast] = build(str(path), variant=variant, fast_math=fast)
-            build_s[fast] = time.perf_counter() - t0
-            for g, r in zip(builds[fast](*arrays), reference):
-                if not np.allclose(g, r, rtol=info.rtol, atol=info.atol):
-                    print(f"{name} fast_math={fast}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
+                builds.append(build(str(path), variant=variant, **kwargs))
+            build_s.append(time.perf_counter() - t0)
+            for g, r in zip(builds[-1](*arrays), reference):
+                if not np.allclose(g, r, **tolerance):
+                    print(f"{name} {label}: differs from ONNX Runtime (max abs {np.abs(g - r).max():.2e})",
                           file=sys.stderr)
                     return 1
-        runners = {False: builds[False], True: builds[True], "ort": ort_session}
+            if args.profile:
+                print(f"{name} {label}: " + builds[-1].report.summary(builds[-1].profile(*arrays, repeat=5)))
+        runners = {"first": builds[0], "second": builds[1], "ort": ort_session}
         medians: dict = {key: [] for key in runners}
         for _ in range(args.rounds):
             for key, runner in runners.items():  # interleaved: machine load drifts affect all alike
                 medians[key].append(time_callable(runner, arrays, repeat=args.repeat)[1])
-        ieee, fast, ort_ms = (statistics.median(medians[key]) for key in (False, True, "ort"))
-        print(f"  {name:14s} {ieee:9.3f} {fast:9.3f} {ieee / fast:11.3f}x {ort_ms:8.3f} {ort_ms / ieee:10.3f}x "
-              f"{build_s[False]:8.1f}/{build_s[True]:<8.1f}")
-        results.append({"model": name, "variant": variant, "ieee_median_ms": ieee, "fast_math_median_ms": fast,
-                        "ort_median_ms": ort_ms, "ratio_ieee_to_fast": ieee / fast,
-                        "round_medians_ieee_ms": medians[False], "round_medians_fast_ms": medians[True],
+        first, second, ort_ms = (statistics.median(medians[key]) for key in runners)
+        shown = os.path.basename(name)
+        print(f"  {shown[:24]:24s} {first:12.3f} {second:12.3f} {first / second:12.3f}x {ort_ms:8.3f} "
+              f"{ort_ms / second:12.3f}x {build_s[0]:6.1f}/{build_s[1]:<6.1f}")
+        results.append({"model": name, "variant": variant, "labels": list(labels),
+                        "settings": [repr(s) for s in settings], "first_median_ms": first,
+                        "second_median_ms": second, "ort_median_ms": ort_ms, "ratio_first_to_second": first / second,
+                        "round_medians_first_ms": medians["first"], "round_medians_second_ms": medians["second"],
                         "round_medians_ort_ms": medians["ort"], "threads": args.threads, "rounds": args.rounds,
                         "repeat": args.repeat})
     if args.json:
@@ -157,13 +170,17 @@ def main(argv=None) -> int:
     from alt_tvm.graph.baselines import quiet_tvm_pool
 
     quiet_tvm_pool()  # TVM's spinning pool would slow the ONNX Runtime turns timed beside it
-    if args.fast_math_compare:
-        from alt_tvm.models import MODEL_NAMES
+    from alt_tvm.models import MODEL_NAMES
 
-        unknown = [m for m in args.models if m not in MODEL_NAMES]
-        if unknown:
-            raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)}")
-        return fast_math_compare(args)
+    unknown = [m for m in args.models if m not in MODEL_NAMES and not (m.endswith(".onnx") and os.path.isfile(m))]
+    if unknown:
+        raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)} or give ONNX files")
+    if args.fast_math_compare:
+        return compare_builds(args, ("fast_math=False (IEEE)", "fast_math=True"),
+                              ({"fast_math": False}, {"fast_math": True}))
+    if args.compare_options is not None:
+        return compare_builds(args, ("default options", "given options"),
+                              ({}, {"strategy_options": args.compare_options}))
 
     import numpy as np
 
@@ -179,12 +196,8 @@ def main(argv=None) -> int:
     from alt_tvm.graph.metaschedule import tune_model
     from alt_tvm.graph.prepare import prepare
     from alt_tvm.integration import tune
-    from alt_tvm.models import MODEL_NAMES, MODELS
+    from alt_tvm.models import MODELS
     from alt_tvm.target import host
-
-    unknown = [m for m in args.models if m not in MODEL_NAMES and not (m.endswith(".onnx") and os.path.isfile(m))]
-    if unknown:
-        raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)} or give ONNX files")
     from alt_tvm.timing import measure_peak_gflops
 
     # The ceiling of this run (machine states differ between days): FP32 FMA peak.

@@ -65,7 +65,9 @@ class Partition:
     #: attention's softmax over the epilogue's last axis and the matmul of its result (and the
     #: transpose putting the heads back after it, :func:`split_attention_tail`), when the
     #: anchor's strategy :attr:`Strategy.fuses_attention`; or, after a 1x1 conv, a depthwise
-    #: conv and a 1x1 conv with their epilogues, when :meth:`Strategy.fuses_block` takes them
+    #: conv and a 1x1 conv with their epilogues, when :meth:`Strategy.fuses_block` takes them;
+    #: or a layer norm over the last axis of the epilogue's result, when
+    #: :meth:`Strategy.fuses_norm` takes it (:func:`norm_of`)
     tail: list[relax.VarBinding] = field(default_factory=list)
 
     @property
@@ -105,6 +107,13 @@ def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBin
         raise ValueError(f"an attention tail is [softmax, *guard, matmul, (permute_dims)], got "
                          f"{[op_name(b.value) for b in tail]}")
     return body[0], body[1:-1], body[-1], heads
+
+
+def norm_of(partition: Partition) -> relax.VarBinding | None:
+    """The layer norm a partition's tail is (:meth:`Strategy.fuses_norm`), else None: the one
+    place that tells a norm tail from the others."""
+    tail = partition.tail
+    return tail[0] if len(tail) == 1 and op_name(tail[0].value) == "relax.nn.layer_norm" else None
 
 
 def attention_operands(partition: Partition) -> tuple[relax.Expr, relax.Expr, relax.Expr]:
@@ -184,6 +193,14 @@ class Strategy(abc.ABC):
         conv with their epilogues, read one by the next) as one kernel; the tail is then
         :attr:`Partition.tail`. ``options``: the build's options for this strategy. The
         default: never."""
+        return False
+
+    def fuses_norm(self, anchor: relax.VarBinding, norm: relax.VarBinding, target: HardwareTarget,
+                   options: Any = None) -> bool:
+        """Whether to lower ``anchor``'s partition on through ``norm``, a layer norm over the
+        last axis that alone reads the epilogue's result (``LayerNorm(x W + b + residual)``
+        of a post-norm transformer layer), as one kernel; ``norm`` is then the partition's
+        tail. ``options``: the build's options for this strategy. The default: never."""
         return False
 
     @abc.abstractmethod
@@ -452,7 +469,8 @@ def workload_key(partition: Partition) -> str:
         <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
 
     and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``
-    (``+permute_dims(<axes>)`` after ``matmul`` where it writes the heads back);
+    (``+permute_dims(<axes>)`` after ``matmul`` where it writes the heads back), for a layer
+    norm tail ``|then=nn.layer_norm:<attrs as JSON>``;
     a partition that scales its input channels first ends in ``|prologue=multiply``, and
     attention that reads its operands through views of their producers in ``|prologue=view``.
     """
@@ -479,6 +497,10 @@ def workload_key(partition: Partition) -> str:
 def _tail_key(partition: Partition) -> str:
     if not partition.tail:
         return ""
+    norm = norm_of(partition)
+    if norm is not None:
+        attrs = json.dumps(attrs_dict(norm.value.attrs), sort_keys=True, separators=(",", ":"), default=str)
+        return f"|then=nn.layer_norm:{attrs}"
     if str(partition.tail[0].value.op.name).startswith("relax.nn.conv"):
         # A block tail: every op, and each conv's weight shape and attributes.
         parts = []

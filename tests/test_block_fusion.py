@@ -11,7 +11,7 @@ from torch import nn
 
 from alt_tvm.graph import build as build_module
 from alt_tvm.graph.build import build
-from alt_tvm.graph.partition import block_pieces, plan_partitions
+from alt_tvm.graph.partition import plan_partitions, tail_pieces
 from alt_tvm.strategies.alt import block
 from alt_tvm.target import resolve
 
@@ -92,8 +92,8 @@ def test_a_block_with_cheap_bands_is_fused_by_default():
     target = resolve(None)
     plan = plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"], target=target)
     tails = [p for p in plan.partitions if p.tail]
-    assert len(tails) == 1 and len(block_pieces(tails[0])) == 3
-    assert [len(piece.epilogue) for piece in block_pieces(tails[0])] == [2, 2, 1]  # bias + clip, bias + clip, bias
+    assert len(tails) == 1 and len(tail_pieces(tails[0])) == 3
+    assert [len(piece.epilogue) for piece in tail_pieces(tails[0])] == [2, 2, 1]  # bias + clip, bias + clip, bias
     geometry = block.BlockGeometry.of(tails[0].anchor, tails[0].tail)
     assert (geometry.c, geometry.m, geometry.o, geometry.oh, geometry.stride) == (16, 96, 24, 28, (2, 2))
 

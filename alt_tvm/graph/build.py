@@ -57,7 +57,7 @@ from .in_layout import (
     schedule_concat,
     schedule_in_layout,
 )
-from .partition import block_pieces, consumers, plan_partitions
+from .partition import consumers, plan_partitions, tail_pieces
 from .prepare import prepare
 
 LOGGER = logging.getLogger("alt_tvm")
@@ -656,9 +656,9 @@ class _Mutator(relax.PyExprMutator):
             message = f"{type(err).__name__}: {message}"
         reason = f"strategy {strategy.name!r} failed on {key.split('|')[0]} {key.split('|')[1]}: {message}"
         report.failed[key] = reason
-        pieces = block_pieces(partition)
+        pieces = tail_pieces(partition)
         if pieces:
-            # A fused block that failed: its convs are lowered one by one instead.
+            # A fused block or norm that failed: its pieces are lowered one by one instead.
             for piece in pieces:
                 if piece.anchor.var in self.selected:
                     self._emit_partition(piece)

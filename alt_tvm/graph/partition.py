@@ -24,6 +24,7 @@ from alt_tvm.strategies.base import (
     attrs_dict,
     const_value,
     dtype_of,
+    norm_of,
     op_name,
     split_block_tail,
     static_shape,
@@ -68,6 +69,7 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                     absorbs_pad: Callable[[relax.VarBinding], bool] | None = None,
                     fuses_attention: Callable[[relax.VarBinding], bool] | None = None,
                     fuses_block: Callable[[relax.VarBinding, list], bool] | None = None,
+                    fuses_norm: Callable[[relax.VarBinding, relax.VarBinding], bool] | None = None,
                     absorbs_scale: Callable[[relax.VarBinding], bool] | None = None) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
@@ -82,7 +84,9 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
     and second matmul (:func:`_attention_tail`). Where a 1x1 conv is followed by a depthwise
     conv and a 1x1 conv, each read only by the next (an inverted-residual block,
     :func:`_block_tail`), and ``fuses_block(anchor, tail)`` holds, the partition goes on
-    through both with their epilogues.
+    through both with their epilogues. Where the partition's value is read only by a layer
+    norm over its last axis and ``fuses_norm(anchor, norm)`` holds, the norm joins it
+    (:func:`_norm_tail`).
     """
     users = consumers(func)
     partitions: list[Partition] = []
@@ -108,6 +112,10 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                 tail = _block_tail(part, bindings[pos + 1:], users, taken, is_anchor)
                 if tail and fuses_block(binding, tail):
                     part.tail = tail
+            if epilogues and fuses_norm is not None and not part.tail:
+                norm = _norm_tail(part, bindings[pos + 1:], users, taken)
+                if norm is not None and fuses_norm(binding, norm):
+                    part.tail = [norm]
             taken.update(b.var for b in part.bindings)
             partitions.append(part)
     return partitions
@@ -182,9 +190,27 @@ def _block_tail(part: Partition, later: list, users: dict, taken: set,
     return [] if any(b.var in taken for b in tail) else tail
 
 
-def block_pieces(partition: Partition) -> list[Partition]:
-    """A partition with a block tail (:func:`_block_tail`) as its three convs' own partitions
-    (for lowering them one by one when the fused kernel cannot be built); ``[]`` for others."""
+def _norm_tail(part: Partition, later: list, users: dict, taken: set) -> relax.VarBinding | None:
+    """The layer norm over the last axis that alone reads the partition's value, else None."""
+    readers = users.get(part.output, [])
+    if len(readers) != 1:
+        return None
+    norm = {b.var: b for b in later if isinstance(b, relax.VarBinding)}.get(readers[0])
+    if norm is None or norm.var in taken or op_name(norm.value) != "relax.nn.layer_norm" \
+            or not norm.value.args[0].same_as(part.output):
+        return None
+    rank = len(static_shape(part.output) or ())
+    axes = [int(a) % rank for a in norm.value.attrs.axes] if rank else []
+    return norm if axes == [rank - 1] else None
+
+
+def tail_pieces(partition: Partition) -> list[Partition]:
+    """A partition with a block tail (:func:`_block_tail`) as its three convs' own partitions,
+    one with a norm tail as its anchor's and the norm's (for lowering them one by one when
+    the fused kernel cannot be built); ``[]`` for others."""
+    if norm_of(partition) is not None:
+        return [Partition(partition.anchor, list(partition.epilogue), list(partition.prologue)),
+                Partition(partition.tail[0])]
     if not partition.tail or op_name(partition.tail[0].value) != "relax.nn.conv2d":
         return []
     depthwise, dw_epilogue, project, project_epilogue = split_block_tail(partition.tail)
@@ -472,7 +498,9 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
                                fuses_attention=lambda b: plan.strategies[b.var].fuses_attention,
                                absorbs_scale=lambda b: plan.strategies[b.var].absorbs_scale,
                                fuses_block=lambda b, tail: plan.strategies[b.var].fuses_block(
-                                   b, tail, target, options.get(plan.strategies[b.var].name)))
+                                   b, tail, target, options.get(plan.strategies[b.var].name)),
+                               fuses_norm=lambda b, norm: plan.strategies[b.var].fuses_norm(
+                                   b, norm, target, options.get(plan.strategies[b.var].name)))
 
     plan.partitions = partition()
     for part in plan.partitions if chosen else []:

@@ -16,9 +16,11 @@ from tvm import te
 
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
-from alt_tvm.strategies.base import OpInfo, Strategy, static_shape, tiles_for
+from alt_tvm.ops.rows import layer_norm_rows
+from alt_tvm.strategies.base import OpInfo, Strategy, dtype_of, norm_of, static_shape, tiles_for
 from alt_tvm.strategies.registry import register_strategy
 
+from .gemm_norm import gemm_rows_te, group_blocks, norm_fits, schedule_gemm_norm
 from .prefetch import prefetch_next_block
 from .tiling import streams_from_memory
 
@@ -263,6 +265,21 @@ class AltGemmStrategy(Strategy):
             return f"shapes {info.input_shapes} (needs [..., M, K] x [K, N])"
         return None
 
+    def fuses_norm(self, anchor, norm, target, options=None) -> bool:
+        """Fuse the layer norm after the GEMM (:mod:`.gemm_norm`) where the weight stays in L2
+        (:func:`.gemm_norm.norm_fits`). The option ``fuse_norms``: True (that rule), False
+        (never), ``"always"`` (any float32 row up to :data:`.rows.MAX_ROW` elements)."""
+        fuse = (options or {}).get("fuse_norms", True)
+        if fuse not in (True, False, "always"):
+            raise ValueError(f"strategy_options['alt']['fuse_norms'] must be True, False or 'always', got {fuse!r}")
+        if fuse is False or target.to_tvm().kind.name != "llvm":
+            return False
+        if any(dtype_of(arg) not in (None, "float32") for arg in norm.value.args):
+            return False
+        _, n, k = _gemm_extents(anchor)
+        why = norm_fits(n=n, k=k, l2_bytes=0 if fuse == "always" else target.l2_bytes)
+        return why is None
+
     def layout_params(self, anchor: Any, context: Any) -> dict[str, int]:
         """``{"nt", "mt", "vec", "kt", "panels_outer", "kc", "panel_groups"}``: ``nt`` tiles the
         packed weight, the rest are loop parameters."""
@@ -287,6 +304,8 @@ class AltGemmStrategy(Strategy):
                                        kc=int(kc), panel_groups=int(groups), prefetch=bool(prefetch))
 
     def implement(self, anchor, context) -> Any:
+        if norm_of(context.partition) is not None:
+            return self._implement_norm(anchor, context)
         call = anchor.value
         a = context.te_input(call.args[0], "a")
         b = context.te_input(call.args[1], "b")
@@ -320,6 +339,31 @@ class AltGemmStrategy(Strategy):
                               schedule=self.schedule(anchor=anchor, gemm=gemm, stages=stages, batch=len(lead),
                                                      params=params, context=context))
 
+    def _implement_norm(self, anchor, context) -> Any:
+        """GEMM, epilogue and layer norm as one kernel of row groups (:mod:`.gemm_norm`),
+        with the analytic register block; the weight packed as in :meth:`implement`."""
+        norm = norm_of(context.partition)
+        a = context.te_input(anchor.value.args[0], "a")
+        b = context.te_input(anchor.value.args[1], "b")
+        *lead, m, kdim = (int(s) for s in a.shape)
+        rows, n = m * math.prod(lead), int(b.shape[1])
+        lanes = context.target.vector_lanes("float32")
+        mt, nt = register_tile(rows, n, lanes, context.target.vector_registers or 16)
+        group_rows = mt * group_blocks(rows=rows, mt=mt, cores=context.target.num_cores)
+        product, view = gemm_rows_te(a, b, group_rows=group_rows)
+        stages = context.epilogue_te(view)
+        attrs = norm.value.attrs
+        gamma = context.te_input(norm.value.args[1], "gamma") if bool(attrs.scale) else None
+        beta = context.te_input(norm.value.args[2], "beta") if bool(attrs.center) else None
+        kernel = layer_norm_rows(stages[-1] if stages else view, gamma, beta, epsilon=float(attrs.epsilon),
+                                 lanes=lanes)
+        layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
+        vec = tiles_for(nt, lanes)
+        return context.finish(output=kernel.output, layouts=layouts, strategy=self.name,
+                              schedule=lambda f: schedule_gemm_norm(f, product=product, inlined=[view, *stages],
+                                                                    kernel=kernel, group_rows=group_rows, mt=mt,
+                                                                    nt=nt, vec=vec))
+
     @staticmethod
     def _defaults(m: int, n: int, k: int, context, *, entries: int = 1) -> dict[str, int]:
         target = context.target
@@ -339,6 +383,8 @@ class AltGemmStrategy(Strategy):
     def space(self, anchor, context) -> Any:
         from .space import GemmSpace
 
+        if norm_of(context.partition) is not None:
+            return None  # a fused norm is lowered with its analytic register block and groups
         m, n, k = _gemm_extents(anchor, fold_batch=True)
         return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, k, context, entries=_batch_entries(anchor)),
                          lanes=context.target.vector_lanes("float32"), cores=context.target.num_cores)

@@ -1,0 +1,176 @@
+"""A post-norm layer's ``LayerNorm(x W + b + residual)`` as one kernel of row groups
+(``strategies/alt/gemm_norm.py``): the rules, the partition, and encoder layers exported by
+both of PyTorch's exporters against PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import alt_tvm
+from alt_tvm.strategies.alt import gemm
+from alt_tvm.strategies.alt.gemm_norm import group_blocks, norm_fits
+
+
+def test_groups_deal_register_blocks_evenly_with_the_fewest_groups():
+    assert group_blocks(rows=128, mt=6, cores=2) == 11  # 22 blocks: two groups of 11
+    assert group_blocks(rows=128, mt=4, cores=2) == 16  # 32 blocks: two groups of 16
+    assert group_blocks(rows=10, mt=6, cores=2) == 1  # 2 blocks: one each
+    assert group_blocks(rows=6, mt=6, cores=4) == 1
+    assert group_blocks(rows=30, mt=6, cores=2) == 3  # 5 blocks: 3 + 2, not 5 on one thread
+
+
+def test_norm_fuses_only_where_the_weight_stays_in_l2():
+    l2 = 2 << 20
+    assert norm_fits(n=128, k=512, l2_bytes=l2) is None
+    assert "does not stay in half the L2" in norm_fits(n=768, k=768, l2_bytes=l2)
+    assert "at most" in norm_fits(n=32768, k=4, l2_bytes=0)  # too long a row for a row buffer
+    assert norm_fits(n=768, k=3072, l2_bytes=0) is None  # L2 unknown: no reason to refuse
+
+
+class _PostNorm(nn.Module):
+    """BERT's output block: ``LayerNorm(dense(x) + residual)``, twice (attention output and FFN)."""
+
+    def __init__(self, dim: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.norm1 = nn.LayerNorm(dim, eps=1e-12)
+        self.up, self.down = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.norm2 = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        h = self.norm1(self.dense(x) + x)
+        return self.norm2(self.down(torch.nn.functional.gelu(self.up(h))) + h)
+
+
+def _export(model: nn.Module, x: torch.Tensor, path: str, dynamo: bool) -> None:
+    if dynamo:
+        torch.onnx.export(model, (x,), path, dynamo=True)
+    else:
+        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+
+
+def _randomise(model: nn.Module) -> nn.Module:
+    """Norm scales and shifts away from 1 and 0 (a test of both)."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_()
+    return model.eval()
+
+
+@pytest.mark.parametrize("shape", [(1, 24, 32), (2, 5, 32)], ids=["one-sequence", "batch-of-2-partial-blocks"])
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_post_norm_layers_fuse_into_their_gemms_and_match_torch(shape, dynamo, tmp_path):
+    model = _randomise(_PostNorm())
+    x = torch.randn(*shape)
+    path = str(tmp_path / "post_norm.onnx")
+    _export(model, x, path, dynamo)
+    built = alt_tvm.build(path, strict=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+    fused = [k for k in built.report.kernels if "relax.nn.layer_norm" in k.ops]
+    assert len(fused) == 2 and all(k.ops[0] == "relax.matmul" for k in fused), [k.ops for k in fused]
+    assert all("|then=nn.layer_norm:" in k.workload for k in fused)
+    # The option turns it off: two layer-norm kernels of their own, the same numbers.
+    apart = alt_tvm.build(path, strict=True, strategy_options={"alt": {"fuse_norms": False}})
+    norms = [k.ops for k in apart.report.kernels if "relax.nn.layer_norm" in k.ops]
+    assert norms == [("relax.nn.layer_norm",)] * 2
+    np.testing.assert_allclose(apart(x.numpy())[0], built(x.numpy())[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_large_weight_keeps_its_own_norm_kernel_unless_told(tmp_path):
+    model = _randomise(_PostNorm(dim=768, hidden=64))
+    x = torch.randn(1, 8, 768)
+    path = str(tmp_path / "wide.onnx")
+    _export(model, x, path, dynamo=False)
+    default = alt_tvm.build(path, strict=True)
+    fused_ops = [k.ops for k in default.report.kernels if "relax.nn.layer_norm" in k.ops]
+    # The 768 x 768 weight (2.4 MB) is not fused; the 64 x 768 one (196 kB) is.
+    assert ("relax.nn.layer_norm",) in fused_ops and len(fused_ops) == 2
+    always = alt_tvm.build(path, strict=True, strategy_options={"alt": {"fuse_norms": "always"}})
+    assert all(ops[0] == "relax.matmul" for ops in
+               (k.ops for k in always.report.kernels if "relax.nn.layer_norm" in k.ops))
+    with torch.no_grad():
+        want = model(x).numpy()
+    for built in (default, always):
+        np.testing.assert_allclose(built(x.numpy())[0], want, rtol=1e-4, atol=1e-4)
+
+
+class _Shifted(nn.Module):
+    """A residual far from zero: the norm's mean is 1e3 times its rows' spread."""
+
+    def __init__(self, dim: int = 48) -> None:
+        super().__init__()
+        self.dense, self.norm = nn.Linear(dim, dim), nn.LayerNorm(dim)
+
+    def forward(self, x):
+        return self.norm(self.dense(x) + x + 1000.0)
+
+
+def test_rows_with_a_large_mean_keep_their_precision(tmp_path):
+    model = _Shifted().eval()
+    x = torch.randn(1, 16, 48)
+    path = str(tmp_path / "shifted.onnx")
+    _export(model, x, path, dynamo=False)
+    built = alt_tvm.build(path, strict=True)
+    assert any("relax.nn.layer_norm" in k.ops and k.ops[0] == "relax.matmul" for k in built.report.kernels)
+    with torch.no_grad():
+        want = model.double()(x.double()).numpy()
+    # float32 rows around 1000 carry 6e-5 of rounding each: the result stays near that.
+    np.testing.assert_allclose(built(x.numpy())[0], want, atol=2e-3)
+
+
+class _PreNorm(nn.Module):
+    """A pre-norm residual: the sum is read by the norm and by the next residual add."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.dense, self.norm, self.out = nn.Linear(dim, dim), nn.LayerNorm(dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = self.dense(x) + x
+        return self.out(self.norm(h)) + h
+
+
+def test_a_sum_that_something_else_reads_keeps_its_own_norm_kernel(tmp_path):
+    model = _PreNorm().eval()
+    x = torch.randn(1, 12, 32)
+    path = str(tmp_path / "pre_norm.onnx")
+    _export(model, x, path, dynamo=False)
+    built = alt_tvm.build(path, strict=True)
+    assert [k.ops for k in built.report.kernels if "relax.nn.layer_norm" in k.ops] == [("relax.nn.layer_norm",)]
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_fused_kernel_that_fails_falls_back_to_the_gemm_and_norm_kernels(tmp_path, monkeypatch):
+    model = _randomise(_PostNorm())
+    x = torch.randn(1, 10, 32)
+    path = str(tmp_path / "post_norm.onnx")
+    _export(model, x, path, dynamo=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no schedule today")
+
+    monkeypatch.setattr(gemm, "schedule_gemm_norm", broken)
+    built = alt_tvm.build(path)
+    assert len(built.report.failed) == 2
+    assert all("no schedule today" in why and "then=nn.layer_norm" in key for key, why in built.report.failed.items())
+    # Each piece is lowered by its own strategy: two GEMM kernels and two layer-norm kernels.
+    assert [k.ops for k in built.report.kernels if "relax.nn.layer_norm" in k.ops] == [("relax.nn.layer_norm",)] * 2
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_bad_fuse_norms_option_names_the_values_allowed(tmp_path):
+    model = _randomise(_PostNorm())
+    x = torch.randn(1, 6, 32)
+    path = str(tmp_path / "post_norm.onnx")
+    _export(model, x, path, dynamo=False)
+    with pytest.raises(ValueError, match=r"fuse_norms.*True, False or 'always'.*'sometimes'"):
+        alt_tvm.build(path, strategy_options={"alt": {"fuse_norms": "sometimes"}})
