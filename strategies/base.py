@@ -80,8 +80,10 @@ class Partition:
 
     @property
     def ops(self) -> list[str]:
-        """Anchor op first, then the epilogue and tail ops (an absorbed pad is not listed)."""
-        return [op_name(b.value) for b in (self.anchor, *self.epilogue, *self.tail)]
+        """Anchor op first, then a layer norm it reads (:func:`norm_before`), then the epilogue
+        and tail ops (an absorbed pad, scale or view is not listed)."""
+        norms = [b for b in self.prologue if op_name(b.value) == "relax.nn.layer_norm"]
+        return [op_name(b.value) for b in (self.anchor, *norms, *self.epilogue, *self.tail)]
 
 
 def split_block_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding, list]:
@@ -114,6 +116,12 @@ def norm_of(partition: Partition) -> relax.VarBinding | None:
     place that tells a norm tail from the others."""
     tail = partition.tail
     return tail[0] if len(tail) == 1 and op_name(tail[0].value) == "relax.nn.layer_norm" else None
+
+
+def norm_before(partition: Partition) -> relax.VarBinding | None:
+    """The layer norm whose result the partition's anchor reads first, taken into the
+    partition (:meth:`Strategy.fuses_norm`), else None."""
+    return next((b for b in partition.prologue if op_name(b.value) == "relax.nn.layer_norm"), None)
 
 
 def attention_operands(partition: Partition) -> tuple[relax.Expr, relax.Expr, relax.Expr]:
@@ -197,10 +205,12 @@ class Strategy(abc.ABC):
 
     def fuses_norm(self, anchor: relax.VarBinding, norm: relax.VarBinding, target: HardwareTarget,
                    options: Any = None) -> bool:
-        """Whether to lower ``anchor``'s partition on through ``norm``, a layer norm over the
-        last axis that alone reads the epilogue's result (``LayerNorm(x W + b + residual)``
-        of a post-norm transformer layer), as one kernel; ``norm`` is then the partition's
-        tail. ``options``: the build's options for this strategy. The default: never."""
+        """Whether to lower ``norm``, a layer norm over the last axis, in ``anchor``'s partition
+        as one kernel. Either ``norm`` alone reads the epilogue's result (``LayerNorm(x W + b +
+        residual)`` of a post-norm transformer layer; it becomes the partition's tail) or the
+        anchor alone reads ``norm``'s result as its first operand (``LayerNorm(x) W`` of a
+        pre-norm layer; it becomes the prologue). ``options``: the build's options for this
+        strategy. The default: never."""
         return False
 
     @abc.abstractmethod
@@ -471,7 +481,8 @@ def workload_key(partition: Partition) -> str:
     and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``
     (``+permute_dims(<axes>)`` after ``matmul`` where it writes the heads back), for a layer
     norm tail ``|then=nn.layer_norm:<attrs as JSON>``;
-    a partition that scales its input channels first ends in ``|prologue=multiply``, and
+    a partition that scales its input channels first ends in ``|prologue=multiply``, one that
+    normalises the rows it reads first in ``|prologue=nn.layer_norm:<attrs as JSON>``, and
     attention that reads its operands through views of their producers in ``|prologue=view``.
     """
     anchor = partition.anchor
@@ -486,6 +497,8 @@ def workload_key(partition: Partition) -> str:
         prologue = "view"  # attention reading its operands through views (strategies.views)
     elif any(op_name(b.value) == "relax.multiply" for b in partition.prologue):
         prologue = "multiply"
+    elif norm_before(partition) is not None:
+        prologue = f"nn.layer_norm:{_attrs_key(norm_before(partition))}"
     else:
         prologue = ""
     return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
@@ -494,13 +507,16 @@ def workload_key(partition: Partition) -> str:
             + (f"|prologue={prologue}" if prologue else ""))
 
 
+def _attrs_key(binding: relax.VarBinding) -> str:
+    return json.dumps(attrs_dict(binding.value.attrs), sort_keys=True, separators=(",", ":"), default=str)
+
+
 def _tail_key(partition: Partition) -> str:
     if not partition.tail:
         return ""
     norm = norm_of(partition)
     if norm is not None:
-        attrs = json.dumps(attrs_dict(norm.value.attrs), sort_keys=True, separators=(",", ":"), default=str)
-        return f"|then=nn.layer_norm:{attrs}"
+        return f"|then=nn.layer_norm:{_attrs_key(norm)}"
     if str(partition.tail[0].value.op.name).startswith("relax.nn.conv"):
         # A block tail: every op, and each conv's weight shape and attributes.
         parts = []

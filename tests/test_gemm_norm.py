@@ -1,6 +1,7 @@
-"""A post-norm layer's ``LayerNorm(x W + b + residual)`` as one kernel of row groups
-(``strategies/alt/gemm_norm.py``): the rules, the partition, and encoder layers exported by
-both of PyTorch's exporters against PyTorch."""
+"""Layer norms fused into the GEMM after them (a post-norm layer's ``LayerNorm(x W + b +
+residual)``) or before them (a pre-norm layer's ``LayerNorm(x) W``) as one kernel of row
+groups (``strategies/alt/gemm_norm.py``): the rules, the partitions, and encoder layers
+exported by both of PyTorch's exporters against PyTorch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import nn
 
 import alt_tvm
 from alt_tvm.strategies.alt import gemm
-from alt_tvm.strategies.alt.gemm_norm import group_blocks, norm_fits
+from alt_tvm.strategies.alt.gemm_norm import group_blocks, group_unit, norm_fits
 
 
 def test_groups_deal_register_blocks_evenly_with_the_fewest_groups():
@@ -22,12 +23,18 @@ def test_groups_deal_register_blocks_evenly_with_the_fewest_groups():
     assert group_blocks(rows=30, mt=6, cores=2) == 3  # 5 blocks: 3 + 2, not 5 on one thread
 
 
+def test_groups_of_a_feature_map_are_whole_rows_of_it():
+    assert group_unit(mt=6, shape=(1, 128, 32)) == 6
+    assert group_unit(mt=6, shape=(1, 56, 56, 96)) == 168  # three rows of 56 positions
+    assert group_unit(mt=4, shape=(3, 7, 32)) == 28
+
+
 def test_norm_fuses_only_where_the_weight_stays_in_l2():
     l2 = 2 << 20
-    assert norm_fits(n=128, k=512, l2_bytes=l2) is None
-    assert "does not stay in half the L2" in norm_fits(n=768, k=768, l2_bytes=l2)
-    assert "at most" in norm_fits(n=32768, k=4, l2_bytes=0)  # too long a row for a row buffer
-    assert norm_fits(n=768, k=3072, l2_bytes=0) is None  # L2 unknown: no reason to refuse
+    assert norm_fits(row=128, n=128, k=512, l2_bytes=l2) is None
+    assert "does not stay in half the L2" in norm_fits(row=768, n=768, k=768, l2_bytes=l2)
+    assert "at most" in norm_fits(row=32768, n=32768, k=4, l2_bytes=0)  # too long a row for a row buffer
+    assert norm_fits(row=768, n=768, k=3072, l2_bytes=0) is None  # L2 unknown: no reason to refuse
 
 
 class _PostNorm(nn.Module):
@@ -126,21 +133,52 @@ def test_rows_with_a_large_mean_keep_their_precision(tmp_path):
 
 
 class _PreNorm(nn.Module):
-    """A pre-norm residual: the sum is read by the norm and by the next residual add."""
+    """A pre-norm block (GPT-2, ViT, Swin): ``x + W2 gelu(W1 LayerNorm(x))``, twice; the norms'
+    inputs are also read by the residual adds."""
+
+    def __init__(self, dim: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.norm1, self.proj = nn.LayerNorm(dim), nn.Linear(dim, dim)
+        self.norm2, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        x = x + self.proj(self.norm1(x))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+@pytest.mark.parametrize("shape", [(1, 20, 32), (3, 7, 32), (1, 6, 6, 32)],
+                         ids=["one-sequence", "batch-of-3", "feature-map"])
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_pre_norm_layers_fuse_into_the_gemm_reading_them_and_match_torch(shape, dynamo, tmp_path):
+    model = _randomise(_PreNorm())
+    x = torch.randn(*shape)
+    path = str(tmp_path / "pre_norm.onnx")
+    _export(model, x, path, dynamo)
+    built = alt_tvm.build(path, strict=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+    fused = [k for k in built.report.kernels if "relax.nn.layer_norm" in k.ops]
+    assert [k.ops[:2] for k in fused] == [("relax.matmul", "relax.nn.layer_norm")] * 2
+    assert all("|prologue=nn.layer_norm:" in k.workload for k in fused)
+    assert not [k for k in built.report.kernels if k.ops == ("relax.nn.layer_norm",)]
+
+
+class _SharedNorm(nn.Module):
+    """One norm read by two projections (BERT's ``h`` feeding Q, K and V)."""
 
     def __init__(self, dim: int = 32) -> None:
         super().__init__()
-        self.dense, self.norm, self.out = nn.Linear(dim, dim), nn.LayerNorm(dim), nn.Linear(dim, dim)
+        self.norm, self.a, self.b = nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
 
     def forward(self, x):
-        h = self.dense(x) + x
-        return self.out(self.norm(h)) + h
+        h = self.norm(x)
+        return self.a(h) * self.b(h)
 
 
-def test_a_sum_that_something_else_reads_keeps_its_own_norm_kernel(tmp_path):
-    model = _PreNorm().eval()
+def test_a_norm_that_two_gemms_read_keeps_its_own_kernel(tmp_path):
+    model = _randomise(_SharedNorm())
     x = torch.randn(1, 12, 32)
-    path = str(tmp_path / "pre_norm.onnx")
+    path = str(tmp_path / "shared.onnx")
     _export(model, x, path, dynamo=False)
     built = alt_tvm.build(path, strict=True)
     assert [k.ops for k in built.report.kernels if "relax.nn.layer_norm" in k.ops] == [("relax.nn.layer_norm",)]
@@ -148,19 +186,21 @@ def test_a_sum_that_something_else_reads_keeps_its_own_norm_kernel(tmp_path):
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_a_fused_kernel_that_fails_falls_back_to_the_gemm_and_norm_kernels(tmp_path, monkeypatch):
-    model = _randomise(_PostNorm())
+@pytest.mark.parametrize("model", [_PostNorm, _PreNorm], ids=["post-norm", "pre-norm"])
+def test_a_fused_kernel_that_fails_falls_back_to_the_gemm_and_norm_kernels(model, tmp_path, monkeypatch):
+    model = _randomise(model())
     x = torch.randn(1, 10, 32)
-    path = str(tmp_path / "post_norm.onnx")
+    path = str(tmp_path / "norm.onnx")
     _export(model, x, path, dynamo=False)
 
     def broken(*args, **kwargs):
         raise RuntimeError("no schedule today")
 
     monkeypatch.setattr(gemm, "schedule_gemm_norm", broken)
+    monkeypatch.setattr(gemm, "schedule_norm_gemm", broken)
     built = alt_tvm.build(path)
     assert len(built.report.failed) == 2
-    assert all("no schedule today" in why and "then=nn.layer_norm" in key for key, why in built.report.failed.items())
+    assert all("no schedule today" in why and "nn.layer_norm:" in key for key, why in built.report.failed.items())
     # Each piece is lowered by its own strategy: two GEMM kernels and two layer-norm kernels.
     assert [k.ops for k in built.report.kernels if "relax.nn.layer_norm" in k.ops] == [("relax.nn.layer_norm",)] * 2
     with torch.no_grad():

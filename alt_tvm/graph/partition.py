@@ -24,6 +24,7 @@ from alt_tvm.strategies.base import (
     attrs_dict,
     const_value,
     dtype_of,
+    norm_before,
     norm_of,
     op_name,
     split_block_tail,
@@ -86,17 +87,24 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
     :func:`_block_tail`), and ``fuses_block(anchor, tail)`` holds, the partition goes on
     through both with their epilogues. Where the partition's value is read only by a layer
     norm over its last axis and ``fuses_norm(anchor, norm)`` holds, the norm joins it
-    (:func:`_norm_tail`).
+    (:func:`_norm_tail`); so does a layer norm over the last axis whose value only the anchor
+    reads, as its first operand (:func:`_norms_before`).
     """
     users = consumers(func)
     partitions: list[Partition] = []
     taken: set = set()
     for block in func.body.blocks:
         bindings = list(block.bindings)
+        # Norms an anchor after them takes (found first: the norm comes first in the program).
+        normed = _norms_before(bindings, users, is_anchor, fuses_norm) if epilogues and fuses_norm else {}
+        skipped = {norm.var for norm in normed.values()}
         for pos, binding in enumerate(bindings):
-            if binding.var in taken or not isinstance(binding, relax.VarBinding) or not is_anchor(binding):
+            if binding.var in taken or binding.var in skipped or not isinstance(binding, relax.VarBinding) \
+                    or not is_anchor(binding):
                 continue
             part = Partition(binding)
+            if binding.var in normed:
+                part.prologue.append(normed[binding.var])
             if epilogues:
                 part.epilogue = _epilogue(binding, bindings[pos + 1:], users, taken, is_anchor)
             if epilogues and fuses_attention is not None and fuses_attention(binding):
@@ -112,8 +120,8 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                 tail = _block_tail(part, bindings[pos + 1:], users, taken, is_anchor)
                 if tail and fuses_block(binding, tail):
                     part.tail = tail
-            if epilogues and fuses_norm is not None and not part.tail:
-                norm = _norm_tail(part, bindings[pos + 1:], users, taken)
+            if epilogues and fuses_norm is not None and not part.tail and not part.prologue:
+                norm = _norm_tail(part, bindings[pos + 1:], users, taken | skipped)
                 if norm is not None and fuses_norm(binding, norm):
                     part.tail = [norm]
             taken.update(b.var for b in part.bindings)
@@ -204,6 +212,29 @@ def _norm_tail(part: Partition, later: list, users: dict, taken: set) -> relax.V
     return norm if axes == [rank - 1] else None
 
 
+def _norms_before(bindings: list, users: dict, is_anchor: Callable[[relax.VarBinding], bool],
+                  fuses_norm: Callable[[relax.VarBinding, relax.VarBinding], bool]) -> dict:
+    """anchor var -> the layer norm over the last axis whose value only that anchor reads,
+    as its first operand, where ``fuses_norm(anchor, norm)`` holds."""
+    norms = {b.var: b for b in bindings
+             if isinstance(b, relax.VarBinding) and op_name(b.value) == "relax.nn.layer_norm"}
+    found = {}
+    for binding in bindings:
+        if not isinstance(binding, relax.VarBinding) or not isinstance(binding.value, relax.Call) \
+                or not binding.value.args:
+            continue
+        norm = norms.get(binding.value.args[0])
+        if norm is None or len(users.get(norm.var, [])) != 1 \
+                or any(a.same_as(norm.var) for a in binding.value.args[1:]):
+            continue
+        rank = len(static_shape(norm.var) or ())
+        # The norm is an anchor too: lowered by its own strategy should the fused kernel fail.
+        if rank and [int(a) % rank for a in norm.value.attrs.axes] == [rank - 1] and is_anchor(norm) \
+                and is_anchor(binding) and fuses_norm(binding, norm):
+            found[binding.var] = norm
+    return found
+
+
 def tail_pieces(partition: Partition) -> list[Partition]:
     """A partition with a block tail (:func:`_block_tail`) as its three convs' own partitions,
     one with a norm tail as its anchor's and the norm's (for lowering them one by one when
@@ -211,6 +242,8 @@ def tail_pieces(partition: Partition) -> list[Partition]:
     if norm_of(partition) is not None:
         return [Partition(partition.anchor, list(partition.epilogue), list(partition.prologue)),
                 Partition(partition.tail[0])]
+    if norm_before(partition) is not None:
+        return [Partition(norm_before(partition)), Partition(partition.anchor, list(partition.epilogue))]
     if not partition.tail or op_name(partition.tail[0].value) != "relax.nn.conv2d":
         return []
     depthwise, dw_epilogue, project, project_epilogue = split_block_tail(partition.tail)

@@ -9,6 +9,7 @@ already "N innermost" and needs no conversion around LayerNorm/softmax in transf
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import tvm
@@ -17,10 +18,18 @@ from tvm import te
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.ops.rows import layer_norm_rows
-from alt_tvm.strategies.base import OpInfo, Strategy, dtype_of, norm_of, static_shape, tiles_for
+from alt_tvm.strategies.base import OpInfo, Strategy, dtype_of, norm_before, norm_of, static_shape, tiles_for
 from alt_tvm.strategies.registry import register_strategy
 
-from .gemm_norm import gemm_rows_te, group_blocks, norm_fits, schedule_gemm_norm
+from .gemm_norm import (
+    gemm_rows_te,
+    group_blocks,
+    group_unit,
+    norm_fits,
+    padded_rows,
+    schedule_gemm_norm,
+    schedule_norm_gemm,
+)
 from .prefetch import prefetch_next_block
 from .tiling import streams_from_memory
 
@@ -266,9 +275,9 @@ class AltGemmStrategy(Strategy):
         return None
 
     def fuses_norm(self, anchor, norm, target, options=None) -> bool:
-        """Fuse the layer norm after the GEMM (:mod:`.gemm_norm`) where the weight stays in L2
-        (:func:`.gemm_norm.norm_fits`). The option ``fuse_norms``: True (that rule), False
-        (never), ``"always"`` (any float32 row up to :data:`.rows.MAX_ROW` elements)."""
+        """Fuse the layer norm before or after the GEMM (:mod:`.gemm_norm`) where the weight
+        stays in L2 (:func:`.gemm_norm.norm_fits`). The option ``fuse_norms``: True (that rule),
+        False (never), ``"always"`` (any float32 row up to :data:`.rows.MAX_ROW` elements)."""
         fuse = (options or {}).get("fuse_norms", True)
         if fuse not in (True, False, "always"):
             raise ValueError(f"strategy_options['alt']['fuse_norms'] must be True, False or 'always', got {fuse!r}")
@@ -277,8 +286,8 @@ class AltGemmStrategy(Strategy):
         if any(dtype_of(arg) not in (None, "float32") for arg in norm.value.args):
             return False
         _, n, k = _gemm_extents(anchor)
-        why = norm_fits(n=n, k=k, l2_bytes=0 if fuse == "always" else target.l2_bytes)
-        return why is None
+        row = k if norm.var.same_as(anchor.value.args[0]) else n
+        return norm_fits(row=row, n=n, k=k, l2_bytes=0 if fuse == "always" else target.l2_bytes) is None
 
     def layout_params(self, anchor: Any, context: Any) -> dict[str, int]:
         """``{"nt", "mt", "vec", "kt", "panels_outer", "kc", "panel_groups"}``: ``nt`` tiles the
@@ -304,7 +313,7 @@ class AltGemmStrategy(Strategy):
                                        kc=int(kc), panel_groups=int(groups), prefetch=bool(prefetch))
 
     def implement(self, anchor, context) -> Any:
-        if norm_of(context.partition) is not None:
+        if norm_of(context.partition) is not None or norm_before(context.partition) is not None:
             return self._implement_norm(anchor, context)
         call = anchor.value
         a = context.te_input(call.args[0], "a")
@@ -340,29 +349,42 @@ class AltGemmStrategy(Strategy):
                                                      params=params, context=context))
 
     def _implement_norm(self, anchor, context) -> Any:
-        """GEMM, epilogue and layer norm as one kernel of row groups (:mod:`.gemm_norm`),
-        with the analytic register block; the weight packed as in :meth:`implement`."""
-        norm = norm_of(context.partition)
-        a = context.te_input(anchor.value.args[0], "a")
-        b = context.te_input(anchor.value.args[1], "b")
-        *lead, m, kdim = (int(s) for s in a.shape)
-        rows, n = m * math.prod(lead), int(b.shape[1])
+        """GEMM, epilogue and a layer norm before or after them as one kernel of row groups
+        (:mod:`.gemm_norm`), with the analytic register block; the weight packed as in
+        :meth:`implement`."""
+        before = norm_before(context.partition)
+        norm = before if before is not None else norm_of(context.partition)
         lanes = context.target.vector_lanes("float32")
-        mt, nt = register_tile(rows, n, lanes, context.target.vector_registers or 16)
-        group_rows = mt * group_blocks(rows=rows, mt=mt, cores=context.target.num_cores)
-        product, view = gemm_rows_te(a, b, group_rows=group_rows)
-        stages = context.epilogue_te(view)
         attrs = norm.value.attrs
         gamma = context.te_input(norm.value.args[1], "gamma") if bool(attrs.scale) else None
         beta = context.te_input(norm.value.args[2], "beta") if bool(attrs.center) else None
-        kernel = layer_norm_rows(stages[-1] if stages else view, gamma, beta, epsilon=float(attrs.epsilon),
-                                 lanes=lanes)
+
+        def normalise(data: te.Tensor):
+            return layer_norm_rows(data, gamma, beta, epsilon=float(attrs.epsilon), lanes=lanes)
+
+        a = context.te_input(before.value.args[0] if before is not None else anchor.value.args[0], "a")
+        b = context.te_input(anchor.value.args[1], "b")
+        *lead, m, kdim = (int(s) for s in a.shape)
+        rows, n = m * math.prod(lead), int(b.shape[1])
+        mt, nt = register_tile(rows, n, lanes, context.target.vector_registers or 16)
+        unit = group_unit(mt=mt, shape=a.shape)
+        group_rows = unit * group_blocks(rows=rows, mt=unit, cores=context.target.num_cores)
+        padded = padded_rows(a, group_rows=group_rows)
+        normed = normalise(padded) if before is not None else None
+        product, view = gemm_rows_te(normed.output if normed is not None else padded, b, shape=(*lead, m, n))
+        stages = context.epilogue_te(view)
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
         vec = tiles_for(nt, lanes)
-        return context.finish(output=kernel.output, layouts=layouts, strategy=self.name,
-                              schedule=lambda f: schedule_gemm_norm(f, product=product, inlined=[view, *stages],
-                                                                    kernel=kernel, group_rows=group_rows, mt=mt,
-                                                                    nt=nt, vec=vec))
+        if normed is not None:
+            output = stages[-1] if stages else view
+            schedule = partial(schedule_norm_gemm, norm=normed, product=product,
+                               inlined=[padded, view, *stages[:-1]] if stages else [padded], output=output)
+        else:
+            kernel = normalise(stages[-1] if stages else view)
+            output = kernel.output
+            schedule = partial(schedule_gemm_norm, product=product, inlined=[padded, view, *stages], kernel=kernel)
+        return context.finish(output=output, layouts=layouts, strategy=self.name,
+                              schedule=lambda f: schedule(f, group_rows=group_rows, mt=mt, nt=nt, vec=vec))
 
     @staticmethod
     def _defaults(m: int, n: int, k: int, context, *, entries: int = 1) -> dict[str, int]:
@@ -383,7 +405,7 @@ class AltGemmStrategy(Strategy):
     def space(self, anchor, context) -> Any:
         from .space import GemmSpace
 
-        if norm_of(context.partition) is not None:
+        if norm_of(context.partition) is not None or norm_before(context.partition) is not None:
             return None  # a fused norm is lowered with its analytic register block and groups
         m, n, k = _gemm_extents(anchor, fold_batch=True)
         return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, k, context, entries=_batch_entries(anchor)),

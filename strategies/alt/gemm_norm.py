@@ -1,12 +1,16 @@
-"""GEMM, epilogue and the layer norm after it in one kernel: row groups that own whole rows.
+"""GEMM, epilogue and a layer norm before or after them in one kernel: row groups that own
+whole rows.
 
 A post-norm transformer layer ends in ``LayerNorm(x W + b + residual)`` (BERT; Vaswani et
-al. 2017, §3.1). A layer norm needs every column of a row, while the GEMM template
-(:mod:`.gemm`) runs register blocks of a few rows and one weight panel as parallel tasks.
-Here each parallel task is a group of rows: it computes every weight panel of its rows'
-product, panel by panel over its register blocks, into a buffer of the group's rows, then
-normalises those rows while they are still in its cache (:mod:`alt_tvm.ops.rows`). The
-separate layer-norm kernel, and the pass over memory between the two, are gone.
+al. 2017, §3.1); a pre-norm one starts its attention and feed-forward blocks with
+``LayerNorm(x) W`` (GPT-2, ViT, Swin). A layer norm needs every column of a row, while the
+GEMM template (:mod:`.gemm`) runs register blocks of a few rows and one weight panel as
+parallel tasks. Here each parallel task is a group of rows. After the product, it computes
+every weight panel of its rows' product, panel by panel over its register blocks, into a
+buffer of the group's rows, then normalises those rows while they are still in its cache
+(:mod:`alt_tvm.ops.rows`). Before it, it normalises its rows into a buffer first, and the
+product reads them from there. Either way the layer-norm kernel, and the pass over memory
+between the two, are gone.
 
 Each group reads the whole weight, so the rule (:func:`norm_fits`) fuses only where the
 weight stays in the L2 cache; larger weights keep the GEMM's own order and a layer-norm
@@ -29,8 +33,10 @@ from .rows import MAX_ROW, vectorize_row_stages
 from .tiling import streams_from_memory
 
 
-def norm_fits(*, n: int, k: int, l2_bytes: int) -> str | None:
+def norm_fits(*, row: int, n: int, k: int, l2_bytes: int) -> str | None:
     """None where the fused kernel's order costs the product nothing, else why not.
+
+    ``row`` is the normalised row's length (``N`` after the product, ``K`` before it).
 
     Every row group reads the whole ``K x N`` float32 weight: that is free while it stays in
     L2 (at most half of it, :func:`.tiling.streams_from_memory`). Measured alone on the
@@ -38,17 +44,25 @@ def norm_fits(*, n: int, k: int, l2_bytes: int) -> str | None:
     ``128 x 128 x 128`` and ``128 x 512 x 128`` (BERT-tiny) 0.97-1.09x, even; ``128 x 768 x
     768`` 0.95x and ``128 x 3072 x 768`` (BERT-base, 2.4 and 9.4 MB of weights) 0.84x.
     """
-    if n > MAX_ROW:
-        return f"rows of {n} elements (at most {MAX_ROW})"
+    if row > MAX_ROW:
+        return f"rows of {row} elements (at most {MAX_ROW})"
     if streams_from_memory(4 * k * n, l2_bytes):
         return f"a {k} x {n} weight ({4 * k * n} bytes) does not stay in half the L2 ({l2_bytes} bytes)"
     return None
 
 
+def group_unit(*, mt: int, shape: Sequence[int]) -> int:
+    """Rows that a group's size is a multiple of: the register block ``mt``, and with leading
+    axes (``[1, 56, 56, C]``) whole ones of the second-to-last axis as well, so that a group's
+    rows are a box of the output and the product's rows a group reads are known exactly."""
+    *lead, m, _ = (int(s) for s in shape)
+    return mt if math.prod(lead) == 1 else math.lcm(mt, m)
+
+
 def group_blocks(*, rows: int, mt: int, cores: int) -> int:
-    """Register blocks of ``mt`` rows per group: the fewest groups whose blocks, dealt out to
-    ``cores`` threads, give the shortest longest thread (128 rows in 22 blocks of 6 on two
-    cores: two groups of 11 blocks). Fewer groups read the weight fewer times."""
+    """Blocks of ``mt`` rows (a :func:`group_unit`) per group: the fewest groups whose blocks,
+    dealt out to ``cores`` threads, give the shortest longest thread (128 rows in 22 blocks
+    of 6 on two cores: two groups of 11 blocks). Fewer groups read the weight fewer times."""
     blocks = -(-rows // mt)
 
     def longest(per_group: int) -> tuple[int, int]:
@@ -58,24 +72,28 @@ def group_blocks(*, rows: int, mt: int, cores: int) -> int:
     return min(range(1, blocks + 1), key=longest)
 
 
-def gemm_rows_te(a: te.Tensor, b: te.Tensor, *, group_rows: int) -> tuple[te.Tensor, te.Tensor]:
-    """``(product, view)``: the product ``[rows, N]`` over every row of ``a``'s ``[..., M, K]``
-    (leading axes folded into rows), padded to whole groups of ``group_rows`` by repeating
-    the last row, and ``view``, the product in ``a``'s leading shape for the epilogue."""
+def padded_rows(a: te.Tensor, *, group_rows: int) -> te.Tensor:
+    """``a``'s ``[..., M, K]`` as ``[rows, K]`` (leading axes folded into rows), padded to whole
+    groups of ``group_rows`` by repeating the last row."""
     *lead, m, kdim = (int(s) for s in a.shape)
-    n = int(b.shape[1])
     rows = m * math.prod(lead)
-    padded = -(-rows // group_rows) * group_rows
-    k = te.reduce_axis((0, kdim), "k")
 
-    def source_row(r):
+    def source(r, k):
         index, r = [], te.min(r, rows - 1)
         for extent in reversed((*lead, m)):
             index.append(r % extent)
             r = r // extent
-        return reversed(index)
+        return a(*reversed(index), k)
 
-    product = te.compute((padded, n), lambda r, j: te.sum(a(*source_row(r), k) * b(k, j), axis=k),
+    return te.compute((-(-rows // group_rows) * group_rows, kdim), source, name="rows")
+
+
+def gemm_rows_te(rows: te.Tensor, b: te.Tensor, *, shape: Sequence[int]) -> tuple[te.Tensor, te.Tensor]:
+    """``(product, view)``: ``rows [R, K] x b [K, N]``, and the product's first rows as
+    ``shape`` (``[..., M, N]``: the anchor's output, for the epilogue)."""
+    *lead, m, n = (int(s) for s in shape)
+    k = te.reduce_axis((0, int(rows.shape[1])), "k")
+    product = te.compute((int(rows.shape[0]), n), lambda r, j: te.sum(rows(r, k) * b(k, j), axis=k),
                          name="matmul", tag="matmul")
 
     def flat(index: Sequence) -> tvm.tirx.PrimExpr:
@@ -84,7 +102,7 @@ def gemm_rows_te(a: te.Tensor, b: te.Tensor, *, group_rows: int) -> tuple[te.Ten
             row = row * extent + i
         return row
 
-    view = te.compute((*lead, m, n), lambda *i: product(flat(i[:-1]), i[-1]), name="matmul_rows")
+    view = te.compute(tuple(shape), lambda *i: product(flat(i[:-1]), i[-1]), name="matmul_rows")
     return product, view
 
 
@@ -107,6 +125,14 @@ def schedule_gemm_norm(func: tvm.tirx.PrimFunc, *, product: te.Tensor, inlined: 
         sch.compute_inline(sch.get_sblock(stage.op.name))
     block = sch.get_sblock(product.op.name)
     sch.compute_at(block, group)
+    _register_blocks(sch, block, mt=mt, nt=nt, vec=vec, kt=kt)
+    vectorize_row_stages(sch, kernel)
+    return sch.mod
+
+
+def _register_blocks(sch: tvm.s_tir.Schedule, block, *, mt: int, nt: int, vec: int, kt: int) -> None:
+    """The product of one group (its loops ``rows, N | K`` under the group's loop): weight
+    panels outermost, then register blocks of ``mt x nt`` accumulators over ``k``."""
     m, n, k = sch.get_loops(block)[-3:]
     mo, mi = sch.split(m, [None, mt])
     no, ni = sch.split(n, [None, nt])
@@ -123,5 +149,33 @@ def schedule_gemm_norm(func: tvm.tirx.PrimFunc, *, product: te.Tensor, inlined: 
     sch.unroll(nio)
     sch.unroll(mi)
     sch.decompose_reduction(block, k_loops[0])
-    vectorize_row_stages(sch, kernel)
+
+
+def schedule_norm_gemm(func: tvm.tirx.PrimFunc, *, norm: RowKernel, product: te.Tensor, inlined: Sequence[te.Tensor],
+                       output: te.Tensor, group_rows: int, mt: int, nt: int, vec: int, kt: int = 1) -> tvm.IRModule:
+    """``group | (row | norm stages) (n_o m_o | k | m_i n_i) (row | epilogue)``: per group of
+    ``group_rows`` rows, the norm's rows into a buffer of the group's rows, then every weight
+    panel of the product over its register blocks, then the epilogue (``inlined``, the
+    product's view and all epilogue stages but the last, computed in ``output``) over the
+    group's rows."""
+    sch = tvm.s_tir.Schedule(func)
+    for stage in inlined:
+        sch.compute_inline(sch.get_sblock(stage.op.name))
+    out = sch.get_sblock(output.op.name)
+    loops = sch.get_loops(out)
+    row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    group, _ = sch.split(row, [None, group_rows])
+    sch.parallel(group)
+    if vec > 1:
+        _, lane = sch.split(sch.get_loops(out)[-1], [None, vec])
+        sch.vectorize(lane)
+    block = sch.get_sblock(product.op.name)
+    sch.compute_at(block, group)
+    normed = sch.get_sblock(norm.output.op.name)
+    sch.compute_at(normed, group)
+    norm_row = sch.get_loops(normed)[1]
+    for stage in reversed(norm.row_stages):
+        sch.compute_at(sch.get_sblock(stage.op.name), norm_row, preserve_unit_loops=True)
+    _register_blocks(sch, block, mt=mt, nt=nt, vec=vec, kt=kt)
+    vectorize_row_stages(sch, norm)
     return sch.mod
