@@ -59,6 +59,16 @@ def _export(model: nn.Module, x: torch.Tensor, path: str, dynamo: bool) -> None:
         torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
 
 
+def _built_and_checked(model: nn.Module, x: torch.Tensor, tmp_path, dynamo: bool):
+    """(ONNX path, model built from it), its output checked against PyTorch's."""
+    path = str(tmp_path / "model.onnx")
+    _export(model, x, path, dynamo)
+    built = alt_tvm.build(path, strict=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+    return path, built
+
+
 def _randomise(model: nn.Module) -> nn.Module:
     """Norm scales and shifts away from 1 and 0 (a test of both)."""
     torch.manual_seed(0)
@@ -73,13 +83,8 @@ def _randomise(model: nn.Module) -> nn.Module:
 @pytest.mark.parametrize("shape", [(1, 24, 32), (2, 5, 32)], ids=["one-sequence", "batch-of-2-partial-blocks"])
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_post_norm_layers_fuse_into_their_gemms_and_match_torch(shape, dynamo, tmp_path):
-    model = _randomise(_PostNorm())
-    x = torch.randn(*shape)
-    path = str(tmp_path / "post_norm.onnx")
-    _export(model, x, path, dynamo)
-    built = alt_tvm.build(path, strict=True)
-    with torch.no_grad():
-        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+    model, x = _randomise(_PostNorm()), torch.randn(*shape)
+    path, built = _built_and_checked(model, x, tmp_path, dynamo)
     fused = [k for k in built.report.kernels if "relax.nn.layer_norm" in k.ops]
     assert len(fused) == 2 and all(k.ops[0] == "relax.matmul" for k in fused), [k.ops for k in fused]
     assert all("|then=nn.layer_norm:" in k.workload for k in fused)
@@ -150,13 +155,7 @@ class _PreNorm(nn.Module):
                          ids=["one-sequence", "batch-of-3", "feature-map"])
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_pre_norm_layers_fuse_into_the_gemm_reading_them_and_match_torch(shape, dynamo, tmp_path):
-    model = _randomise(_PreNorm())
-    x = torch.randn(*shape)
-    path = str(tmp_path / "pre_norm.onnx")
-    _export(model, x, path, dynamo)
-    built = alt_tvm.build(path, strict=True)
-    with torch.no_grad():
-        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+    _, built = _built_and_checked(_randomise(_PreNorm()), torch.randn(*shape), tmp_path, dynamo)
     fused = [k for k in built.report.kernels if "relax.nn.layer_norm" in k.ops]
     assert [k.ops[:2] for k in fused] == [("relax.matmul", "relax.nn.layer_norm")] * 2
     assert all("|prologue=nn.layer_norm:" in k.workload for k in fused)

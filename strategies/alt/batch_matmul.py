@@ -41,6 +41,7 @@ from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.strategies.views import ViewReader, contiguous_layout, source_positions
 
 from .gemm import column_tile, padded_columns, row_tile, schedule_gemm
+from .gemm_norm import tile_in_registers
 from .rows import vectorize_row_stages
 
 
@@ -237,7 +238,7 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     else:
         query_block = sch.fuse(*lead, mo)
         sch.parallel(query_block)
-    _tile_in_registers(sch, block, at=eo, rows=mi, columns=ei, vec=column_vec, reduction=j)
+    tile_in_registers(sch, block, at=eo, rows=mi, columns=ei, vec=column_vec, reduction=j)
     # The block's softmax rows and scores, computed inside the query block.
     for stage in reversed(soft.row_stages):
         sch.compute_at(sch.get_sblock(stage.op.name), query_block, preserve_unit_loops=True)
@@ -246,7 +247,7 @@ def schedule_attention(func: tvm.tirx.PrimFunc, *, scores: te.Tensor, pad: te.Te
     *_, rows, cols, depth = sch.get_loops(score_block)
     co, ci = sch.split(cols, [None, nt])
     sch.reorder(co, depth, rows, ci)
-    _tile_in_registers(sch, score_block, at=co, rows=rows, columns=ci, vec=vec, reduction=depth)
+    tile_in_registers(sch, score_block, at=co, rows=rows, columns=ci, vec=vec, reduction=depth)
     vectorize_row_stages(sch, soft)
     if pad is not None:
         keys = sch.get_sblock(pad.op.name)
@@ -277,20 +278,6 @@ def _schedule_keys(sch: tvm.s_tir.Schedule, block, *, batch: int, parallel: bool
     sch.vectorize(keys_i)
     if parallel:
         sch.parallel(sch.fuse(*lead, keys_o))
-
-
-def _tile_in_registers(sch: tvm.s_tir.Schedule, block, *, at, rows, columns, vec: int, reduction) -> None:
-    """Accumulate ``block``'s ``rows x columns`` tile (the innermost loops, under ``reduction``)
-    in registers, written back once per tile at loop ``at``; columns in vectors of ``vec``."""
-    write = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write, at)
-    outer, inner = sch.split(columns, [None, vec])
-    if vec > 1:
-        sch.vectorize(inner)
-        sch.vectorize(sch.get_loops(write)[-1])
-    sch.unroll(outer)
-    sch.unroll(rows)
-    sch.decompose_reduction(block, reduction)
 
 
 register_strategy(AltBatchMatmulStrategy())

@@ -140,15 +140,7 @@ def _register_blocks(sch: tvm.s_tir.Schedule, block, *, mt: int, nt: int, vec: i
     sch.reorder(no, mo, *k_loops, mi, ni)
     if kt > 1:
         sch.unroll(k_loops[1])
-    write = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write, mo)
-    nio, nii = sch.split(ni, [None, vec])
-    if vec > 1:
-        sch.vectorize(nii)
-        sch.vectorize(sch.get_loops(write)[-1])
-    sch.unroll(nio)
-    sch.unroll(mi)
-    sch.decompose_reduction(block, k_loops[0])
+    tile_in_registers(sch, block, at=mo, rows=mi, columns=ni, vec=vec, reduction=k_loops[0])
 
 
 def schedule_norm_gemm(func: tvm.tirx.PrimFunc, *, norm: RowKernel, product: te.Tensor, inlined: Sequence[te.Tensor],
@@ -179,3 +171,17 @@ def schedule_norm_gemm(func: tvm.tirx.PrimFunc, *, norm: RowKernel, product: te.
     _register_blocks(sch, block, mt=mt, nt=nt, vec=vec, kt=kt)
     vectorize_row_stages(sch, norm)
     return sch.mod
+
+
+def tile_in_registers(sch: tvm.s_tir.Schedule, block, *, at, rows, columns, vec: int, reduction) -> None:
+    """Accumulate ``block``'s ``rows x columns`` tile (the innermost loops, under ``reduction``)
+    in registers, written back once per tile at loop ``at``; columns in vectors of ``vec``."""
+    write = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write, at)
+    outer, inner = sch.split(columns, [None, vec])
+    if vec > 1:
+        sch.vectorize(inner)
+        sch.vectorize(sch.get_loops(write)[-1])
+    sch.unroll(outer)
+    sch.unroll(rows)
+    sch.decompose_reduction(block, reduction)
