@@ -111,6 +111,15 @@ def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBin
     return body[0], body[1:-1], body[-1], heads
 
 
+def fusion_option(options: Any, key: str, *, strategy: str = "alt") -> bool | str:
+    """A fusion switch from a strategy's build options: True (the strategy's rule, the
+    default), False (never) or ``"always"``; anything else is a ``ValueError`` naming them."""
+    fuse = (options or {}).get(key, True)
+    if fuse not in (True, False, "always"):
+        raise ValueError(f"strategy_options[{strategy!r}][{key!r}] must be True, False or 'always', got {fuse!r}")
+    return fuse
+
+
 def norm_of(partition: Partition) -> relax.VarBinding | None:
     """The layer norm a partition's tail is (:meth:`Strategy.fuses_norm`), else None: the one
     place that tells a norm tail from the others."""

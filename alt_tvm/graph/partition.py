@@ -204,20 +204,24 @@ def _norm_tail(part: Partition, later: list, users: dict, taken: set) -> relax.V
     if len(readers) != 1:
         return None
     norm = {b.var: b for b in later if isinstance(b, relax.VarBinding)}.get(readers[0])
-    if norm is None or norm.var in taken or op_name(norm.value) != "relax.nn.layer_norm" \
-            or not norm.value.args[0].same_as(part.output):
+    if norm is None or norm.var in taken or not _last_axis_norm(norm) or not norm.value.args[0].same_as(part.output):
         return None
-    rank = len(static_shape(part.output) or ())
-    axes = [int(a) % rank for a in norm.value.attrs.axes] if rank else []
-    return norm if axes == [rank - 1] else None
+    return norm
+
+
+def _last_axis_norm(binding: relax.VarBinding) -> bool:
+    """Is ``binding`` a layer norm over its value's last axis alone?"""
+    if op_name(binding.value) != "relax.nn.layer_norm":
+        return False
+    rank = len(static_shape(binding.var) or ())
+    return bool(rank) and [int(a) % rank for a in binding.value.attrs.axes] == [rank - 1]
 
 
 def _norms_before(bindings: list, users: dict, is_anchor: Callable[[relax.VarBinding], bool],
                   fuses_norm: Callable[[relax.VarBinding, relax.VarBinding], bool]) -> dict:
     """anchor var -> the layer norm over the last axis whose value only that anchor reads,
     as its first operand, where ``fuses_norm(anchor, norm)`` holds."""
-    norms = {b.var: b for b in bindings
-             if isinstance(b, relax.VarBinding) and op_name(b.value) == "relax.nn.layer_norm"}
+    norms = {b.var: b for b in bindings if isinstance(b, relax.VarBinding) and _last_axis_norm(b)}
     found = {}
     for binding in bindings:
         if not isinstance(binding, relax.VarBinding) or not isinstance(binding.value, relax.Call) \
@@ -227,10 +231,8 @@ def _norms_before(bindings: list, users: dict, is_anchor: Callable[[relax.VarBin
         if norm is None or len(users.get(norm.var, [])) != 1 \
                 or any(a.same_as(norm.var) for a in binding.value.args[1:]):
             continue
-        rank = len(static_shape(norm.var) or ())
         # The norm is an anchor too: lowered by its own strategy should the fused kernel fail.
-        if rank and [int(a) % rank for a in norm.value.attrs.axes] == [rank - 1] and is_anchor(norm) \
-                and is_anchor(binding) and fuses_norm(binding, norm):
+        if is_anchor(norm) and is_anchor(binding) and fuses_norm(binding, norm):
             found[binding.var] = norm
     return found
 

@@ -28,7 +28,15 @@ from alt_tvm.layout.templates import (
     conv_weight_tiled,
     weight_channels_last,
 )
-from alt_tvm.strategies.base import OpInfo, Strategy, attrs_dict, equivalent, split_block_tail, static_shape
+from alt_tvm.strategies.base import (
+    OpInfo,
+    Strategy,
+    attrs_dict,
+    equivalent,
+    fusion_option,
+    split_block_tail,
+    static_shape,
+)
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
@@ -517,9 +525,7 @@ class AltConvStrategy(Strategy):
         L2 cache with a band per core and, by default, the recomputed rows leave the fused
         kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work. The
         option ``fuse_blocks``: True (that rule), False (never), ``"always"`` (wherever a band fits)."""
-        fuse = (options or {}).get("fuse_blocks", True)
-        if fuse not in (True, False, "always"):
-            raise ValueError(f"strategy_options['alt']['fuse_blocks'] must be True, False or 'always', got {fuse!r}")
+        fuse = fusion_option(options, "fuse_blocks")
         if fuse is False or target.to_tvm().kind.name != "llvm":
             return False
         try:

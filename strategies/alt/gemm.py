@@ -18,7 +18,16 @@ from tvm import te
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.ops.rows import layer_norm_rows
-from alt_tvm.strategies.base import OpInfo, Strategy, dtype_of, norm_before, norm_of, static_shape, tiles_for
+from alt_tvm.strategies.base import (
+    OpInfo,
+    Strategy,
+    dtype_of,
+    fusion_option,
+    norm_before,
+    norm_of,
+    static_shape,
+    tiles_for,
+)
 from alt_tvm.strategies.registry import register_strategy
 
 from .gemm_norm import (
@@ -278,9 +287,7 @@ class AltGemmStrategy(Strategy):
         """Fuse the layer norm before or after the GEMM (:mod:`.gemm_norm`) where the weight
         stays in L2 (:func:`.gemm_norm.norm_fits`). The option ``fuse_norms``: True (that rule),
         False (never), ``"always"`` (any float32 row up to :data:`.rows.MAX_ROW` elements)."""
-        fuse = (options or {}).get("fuse_norms", True)
-        if fuse not in (True, False, "always"):
-            raise ValueError(f"strategy_options['alt']['fuse_norms'] must be True, False or 'always', got {fuse!r}")
+        fuse = fusion_option(options, "fuse_norms")
         if fuse is False or target.to_tvm().kind.name != "llvm":
             return False
         if any(dtype_of(arg) not in (None, "float32") for arg in norm.value.args):
