@@ -183,7 +183,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     """
     sch = tvm.s_tir.Schedule(func)
     name = func.params[-1].name
-    vector = _innermost_dim(output) if output is not None and not output.is_identity else None
+    vector = output.innermost_dim if output is not None and not output.is_identity else None
     copies = []  # padded copies kept as stages
     for block in _all_blocks(sch):
         if any(w.source.name == name for w in sch.get(block).writes):
@@ -300,7 +300,7 @@ def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, a
     loops run in parallel around all the copies (one parallel region). None when the
     layout or the sizes do not allow it.
     """
-    vector = _innermost_dim(output) if output is not None and not output.is_identity else None
+    vector = output.innermost_dim if output is not None and not output.is_identity else None
     shape = tuple(int(d) for d in output.orig_shape) if output is not None else ()
     if vector is None or vector[0] != axis or output != channel_blocked(shape, vector[1]) \
             or any(size % vector[1] for size in sizes):
@@ -362,18 +362,10 @@ def channel_vector(shape: Sequence[int], lanes: int, source: Layout | None = Non
     tiles), else ``lanes``. A pool reading 16 channels of each 32-channel tile per parallel
     iteration loads each cache line twice (ResNet-18's stem pool: 0.165 -> 0.129 ms in the
     model with the conv's 32-channel tiles)."""
-    inner = _innermost_dim(source) if source is not None and not source.is_identity else None
+    inner = source.innermost_dim if source is not None and not source.is_identity else None
     if inner is not None and inner[0] == 1 and inner[1] % lanes == 0 and len(shape) > 1 and shape[1] % inner[1] == 0:
         lanes = inner[1]
     return channel_blocked(shape, lanes)
-
-
-def _innermost_dim(layout: Layout) -> tuple[int, int] | None:
-    """(original dim, extent) of the innermost stored dim, if it is a tile of one original dim."""
-    index = [0] * len(layout.shape)
-    index[-1] = 1
-    moved = [i for i, v in enumerate(layout.backward(index)) if v != 0]
-    return (moved[0], int(layout.shape[-1])) if len(moved) == 1 else None
 
 
 def _index_map(layout: Layout) -> tirx.IndexMap:

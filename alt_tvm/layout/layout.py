@@ -109,6 +109,15 @@ class Layout:
                    for p, s in zip(self._steps, self._shapes))
 
     @property
+    def innermost_dim(self) -> tuple[int, int] | None:
+        """``(original dim, extent)`` of the innermost stored dim when it is a tile of one
+        original dim (a channel vector of a tiled map: ``(1, 16)``), else None."""
+        index = [0] * len(self.shape)
+        index[-1] = 1
+        moved = [i for i, v in enumerate(self.backward(index)) if v != 0]
+        return (moved[0], int(self.shape[-1])) if len(moved) == 1 else None
+
+    @property
     def guests(self) -> list[StoreAt]:
         """The ``store_at`` steps, in order (the tensors attached to this one)."""
         return [p for p in self._steps if isinstance(p, StoreAt)]

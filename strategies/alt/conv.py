@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import numpy as np
 import tvm
-from tvm import te
+from tvm import relax, te
 
 from alt_tvm import ops
 from alt_tvm.layout import Layout
@@ -37,12 +38,14 @@ from alt_tvm.strategies.base import (
     split_block_tail,
     static_shape,
 )
+from alt_tvm.strategies.constants import const_value
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
 from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, work_ratio
 from .prefetch import prefetch_next_block
 from .tiling import DefaultConvTiling, default_conv_tiling, reduction_block
+from .winograd import LANES, MIN_TILES, VECTOR_BLOCK, schedule_winograd, transform_weight, winograd_conv, winograd_tile
 
 LayoutKind = Literal["nchw", "nhwc", "tiled"]
 LAYOUT_KINDS: tuple[str, ...] = ("nchw", "nhwc", "tiled")
@@ -548,6 +551,8 @@ class AltConvStrategy(Strategy):
             return None
 
         geometry = ConvGeometry.of(anchor)
+        if self.winograd_tile(geometry, context):
+            return None  # its tiles are fixed by the transform; see :meth:`winograd_tile`
         machine = context.target
         levels = int((context.options or {}).get("layout_levels", 1))
         return ConvSpace(out_shape=geometry.out_shape, in_channels_per_group=geometry.in_per_group,
@@ -617,6 +622,47 @@ class AltConvStrategy(Strategy):
             pad_in_tile=geometry.in_per_group == 1 and geometry.out_per_group == 1,
             reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch)
 
+    def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
+        """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for
+        the direct template. Only dense stride-1 3x3 convs padded by one on every side qualify,
+        without an absorbed prologue, on a CPU target, and not when a tuning record gives the
+        direct template's parameters. The option ``winograd``: True (where
+        :func:`.winograd.winograd_tile` finds enough tiles), False (never), ``"always"`` (any
+        conv that qualifies, whatever its tile count)."""
+        mode = fusion_option(context.options, "winograd")
+        if mode is False or context.params is not None or context.partition.prologue:
+            return 0
+        if context.target.to_tvm().kind.name != "llvm" or context.target.vector_lanes("float32") != LANES:
+            return 0
+        if (geometry.rank != 2 or geometry.transposed or geometry.groups != 1 or geometry.strides != (1, 1)
+                or geometry.dilation != (1, 1) or geometry.weight_shape[2:] != (3, 3) or geometry.pads != (1,) * 4):
+            return 0
+        batch, channels = geometry.data_shape[:2]
+        m, _ = winograd_tile(out_hw=geometry.out_shape[2:], batch=batch, in_channels=channels,
+                             out_channels=geometry.out_shape[1], min_tiles=MIN_TILES if mode is True else 1)
+        return m
+
+    def _implement_winograd(self, anchor: Any, context: Any, geometry: ConvGeometry, m: int) -> Any:
+        """Lower the conv and its epilogue as :func:`.winograd.winograd_conv`."""
+        call = anchor.value
+        data = context.te_input(call.args[0], "data")
+        weight = const_value(call.args[1])
+        u = context.te_input(relax.const(transform_weight(np.asarray(weight), m)), "winograd_weight")
+        conv = winograd_conv(data, u, m=m, pads=geometry.pads, out_hw=geometry.out_shape[2:])
+        stages = context.epilogue_te(conv)
+        current = context.input_layouts.get(call.args[0])
+        inner = current.innermost_dim if current is not None else None
+        if inner is None or inner[0] != 1 or inner[1] % LANES:
+            # The transform reads vectors of input channels: have them stored innermost.
+            context.require_layout(data, conv_output_tiled(geometry.data_shape, spatial_tiles=[1, 1],
+                                                           channel_tile=LANES))
+        output = conv_output_tiled(geometry.out_shape, spatial_tiles=[m, m], channel_tile=LANES)
+        vectors = geometry.out_shape[1] // LANES
+        block = max(v for v in range(1, VECTOR_BLOCK + 1) if vectors % v == 0)
+        return context.finish(output=stages[-1] if stages else conv,
+                              layouts=TensorMap((t, output) for t in [conv, *stages]), strategy=self.name,
+                              schedule=lambda f: schedule_winograd(f, stages=[conv, *stages], vector_block=block))
+
     def implement(self, anchor, context) -> Any:
         if context.partition.tail:
             project = split_block_tail(context.partition.tail)[2]
@@ -624,6 +670,9 @@ class AltConvStrategy(Strategy):
                                    project_tiling=self.default_tiling(ConvGeometry.of(project), context.target))
         call = anchor.value
         geometry = ConvGeometry.of(anchor, context.partition.prologue)
+        m = self.winograd_tile(geometry, context)
+        if m:
+            return self._implement_winograd(anchor, context, geometry, m)
         rank = geometry.rank
         prologue = context.partition.prologue
         if geometry.transposed_input:

@@ -1,0 +1,116 @@
+"""3x3 convs by Winograd's F(m x m, 3 x 3) (``strategies/alt/winograd.py``): the transforms
+against a direct correlation, the rule that picks it, and ResNet basic blocks exported by
+both of PyTorch's exporters against PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import alt_tvm
+from alt_tvm.integration import extract_tasks
+from alt_tvm.strategies.alt.winograd import MIN_TILES, transform_weight, winograd_matrices, winograd_tile
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_transforms_compute_a_tile_of_the_correlation(m):
+    a, b, _ = winograd_matrices(m)
+    rng = np.random.default_rng(m)
+    tile, g = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+    u = transform_weight(g[None, None].astype(np.float32), m)[:, :, 0, 0].astype(np.float64)
+    y = a.T @ (u * (b.T @ tile @ b)) @ a
+    direct = np.array([[np.sum(tile[i:i + 3, j:j + 3] * g) for j in range(m)] for i in range(m)])
+    np.testing.assert_allclose(y, direct, rtol=1e-5, atol=1e-5)
+
+
+def test_tile_rule_follows_the_tile_count():
+    assert winograd_tile(out_hw=(56, 56), batch=1, in_channels=64, out_channels=64)[0] == 4
+    assert winograd_tile(out_hw=(28, 28), batch=1, in_channels=128, out_channels=128)[0] == 4
+    assert winograd_tile(out_hw=(14, 14), batch=1, in_channels=256, out_channels=256)[0] == 2
+    m, why = winograd_tile(out_hw=(7, 7), batch=1, in_channels=512, out_channels=512)
+    assert m == 0 and "2x2 or 4x4" in why
+    m, why = winograd_tile(out_hw=(8, 8), batch=1, in_channels=512, out_channels=512)
+    assert m == 0 and f"needs {MIN_TILES}" in why  # 16 tiles of 2x2
+    assert winograd_tile(out_hw=(8, 8), batch=4, in_channels=16, out_channels=16)[0] == 2  # 64 tiles
+    m, why = winograd_tile(out_hw=(56, 56), batch=1, in_channels=24, out_channels=64)
+    assert m == 0 and "multiples of 16" in why
+    with pytest.raises(ValueError, match="F\\(2x2, 3x3\\) and F\\(4x4, 3x3\\) only"):
+        winograd_matrices(3)
+    with pytest.raises(ValueError, match="O x C x 3 x 3"):
+        transform_weight(np.zeros((4, 4, 5, 5), np.float32), 2)
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's basic block (He et al. 2016): conv-bn-relu, conv-bn, + input, relu."""
+
+    def __init__(self, channels: int, bias: bool = True) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(channels, channels, 3, padding=1, bias=bias)
+        self.b = nn.Conv2d(channels, channels, 3, padding=1, bias=bias)
+
+    def forward(self, x):
+        return torch.relu(self.b(torch.relu(self.a(x))) + x)
+
+
+def _build(model: nn.Module, x: torch.Tensor, tmp_path, *, dynamo: bool = False, winograd=True):
+    """The model built from its ONNX export, its output checked against PyTorch's."""
+    path = str(tmp_path / "model.onnx")
+    if dynamo:
+        torch.onnx.export(model, (x,), path, dynamo=True)
+    else:
+        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    built = alt_tvm.build(path, strict=True, strategy_options={"alt": {"winograd": winograd}})
+    with torch.no_grad():
+        expected = model(x).numpy()
+    got = built(x.numpy())[0]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
+    return built
+
+
+def _conv_layouts(built) -> list[str]:
+    return [k.layout for k in built.report.kernels if k.kind == "partition"]
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("shape, m", [((1, 16, 8, 8), 2), ((2, 32, 24, 24), 4)])
+def test_basic_block_matches_pytorch(tmp_path, dynamo, shape, m):
+    torch.manual_seed(0)
+    model = _BasicBlock(shape[1]).eval()
+    built = _build(model, torch.randn(*shape), tmp_path, dynamo=dynamo, winograd="always")
+    n, c, h, w = shape
+    tiled = f"{n}x{h // m}x{w // m}x{c // 16}x{m}x{m}x16"
+    assert _conv_layouts(built) == [tiled, tiled]  # both convs, the residual add in the second's epilogue
+
+
+def test_conv_without_epilogue_and_the_direct_template_when_off(tmp_path):
+    torch.manual_seed(1)
+    model = nn.Conv2d(16, 32, 3, padding=1, bias=False).eval()
+    x = torch.randn(1, 16, 12, 12)
+    assert _conv_layouts(_build(model, x, tmp_path, winograd="always")) == ["1x6x6x2x2x2x16"]
+    assert "x2x2x16" not in _conv_layouts(_build(model, x, tmp_path, winograd=False))[0]
+
+
+def test_rule_keeps_small_maps_on_the_direct_template_and_out_of_winograd_tuning(tmp_path):
+    torch.manual_seed(2)
+    model = _BasicBlock(16).eval()
+    small = torch.randn(1, 16, 8, 8)  # 16 tiles of 2x2: the direct template
+    assert all(not layout.endswith("x2x2x16") for layout in _conv_layouts(_build(model, small, tmp_path)))
+    assert len(extract_tasks(model, example_inputs=(small,))) == 2
+    large = torch.randn(1, 16, 24, 24)  # 36 tiles of 4x4: Winograd, which has no tuning space
+    assert _conv_layouts(_build(model, large, tmp_path)) == ["1x6x6x1x4x4x16"] * 2
+    assert extract_tasks(model, example_inputs=(large,)) == []
+
+
+def test_strided_and_grouped_convs_stay_direct(tmp_path):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.Conv2d(32, 32, 3, padding=1, groups=2))
+    layouts = _conv_layouts(_build(model.eval(), torch.randn(1, 16, 16, 16), tmp_path, winograd="always"))
+    assert not any(layout.endswith(("x2x2x16", "x4x4x16")) for layout in layouts)
+
+
+def test_bad_option_is_named(tmp_path):
+    model = nn.Conv2d(16, 16, 3, padding=1).eval()
+    with pytest.raises(ValueError, match="'winograd'.*True, False or 'always'"):
+        _build(model, torch.randn(1, 16, 8, 8), tmp_path, winograd="fast")
