@@ -54,14 +54,14 @@ class _BasicBlock(nn.Module):
         return torch.relu(self.b(torch.relu(self.a(x))) + x)
 
 
-def _build(model: nn.Module, x: torch.Tensor, tmp_path, *, dynamo: bool = False, winograd=True):
+def _build(model: nn.Module, x: torch.Tensor, tmp_path, *, dynamo: bool = False, winograd=True, fast_math=True):
     """The model built from its ONNX export, its output checked against PyTorch's."""
     path = str(tmp_path / "model.onnx")
     if dynamo:
         torch.onnx.export(model, (x,), path, dynamo=True)
     else:
         torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
-    built = alt_tvm.build(path, strict=True, strategy_options={"alt": {"winograd": winograd}})
+    built = alt_tvm.build(path, strict=True, fast_math=fast_math, strategy_options={"alt": {"winograd": winograd}})
     with torch.no_grad():
         expected = model(x).numpy()
     got = built(x.numpy())[0]
@@ -97,10 +97,28 @@ def test_rule_keeps_small_maps_on_the_direct_template_and_out_of_winograd_tuning
     model = _BasicBlock(16).eval()
     small = torch.randn(1, 16, 8, 8)  # 16 tiles of 2x2: the direct template
     assert all(not layout.endswith("x2x2x16") for layout in _conv_layouts(_build(model, small, tmp_path)))
-    assert len(extract_tasks(model, example_inputs=(small,))) == 2
     large = torch.randn(1, 16, 24, 24)  # 36 tiles of 4x4: Winograd, which has no tuning space
     assert _conv_layouts(_build(model, large, tmp_path)) == ["1x6x6x1x4x4x16"] * 2
-    assert extract_tasks(model, example_inputs=(large,)) == []
+    assert extract_tasks(model, example_inputs=(large,), strategy_options={"alt": {"winograd": "always"}}) == []
+    assert len(extract_tasks(model, example_inputs=(large,))) == 2  # not fast math: both convs direct, tunable
+
+
+def test_default_build_keeps_ieee_results_with_the_direct_template(tmp_path):
+    """Without fast math the rule leaves convs direct: a 1e38 input keeps the other outputs of
+    its 4x4 tile finite, as ONNX Runtime's and PyTorch's direct convs do. Winograd's
+    transforms turn the tile NaN (which is why it needs fast math or ``"always"``)."""
+    torch.manual_seed(4)
+    model = nn.Conv2d(16, 16, 3, padding=1).eval()
+    x = torch.randn(1, 16, 24, 24)
+    x[0, 3, 5, 5] = 1e38
+    with torch.no_grad():
+        expected = model(x).numpy()
+    path = str(tmp_path / "huge.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    direct = alt_tvm.build(path)(x.numpy())[0]
+    assert np.array_equal(np.isfinite(direct), np.isfinite(expected))
+    fast = alt_tvm.build(path, fast_math=True)(x.numpy())[0]
+    assert np.isfinite(fast).sum() < np.isfinite(expected).sum()
 
 
 def test_strided_and_grouped_convs_stay_direct(tmp_path):

@@ -626,11 +626,18 @@ class AltConvStrategy(Strategy):
         """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for
         the direct template. Only dense stride-1 3x3 convs padded by one on every side qualify,
         without an absorbed prologue, on a CPU target, and not when a tuning record gives the
-        direct template's parameters. The option ``winograd``: True (where
+        direct template's parameters.
+
+        The transforms mix every input of a tile into every output of it: an input that is
+        NaN or infinite, or large enough for the transforms to overflow (1e38), turns the
+        whole tile NaN where a direct conv keeps the other outputs finite. So by default it
+        is a fast-math transformation (``alt_tvm.build(fast_math=True)``). The option
+        ``winograd``: True (the default: in fast-math builds, where
         :func:`.winograd.winograd_tile` finds enough tiles), False (never), ``"always"`` (any
-        conv that qualifies, whatever its tile count)."""
+        conv that qualifies, whatever its tile count, fast math or not)."""
         mode = fusion_option(context.options, "winograd")
-        if mode is False or context.params is not None or context.partition.prologue:
+        if mode is False or (mode is True and not context.fast_math) or context.params is not None \
+                or context.partition.prologue:
             return 0
         if context.target.to_tvm().kind.name != "llvm" or context.target.vector_lanes("float32") != LANES:
             return 0

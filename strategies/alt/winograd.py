@@ -17,6 +17,10 @@ transform matrices are TVM's Cook-Toom construction with the interpolation point
 Barabasz et al. 2018 (``tvm.topi.nn.winograd_util``); F(4x4, 3x3) with them keeps float32
 results within about 1e-6 of the direct conv's, relative to the output's largest value.
 
+Its results differ from a direct conv's where inputs are not finite or large enough to
+overflow the transforms (a NaN or infinity reaches every output of its tiles), so the
+strategy uses it in fast-math builds or on request (``AltConvStrategy.winograd_tile``).
+
 Where it pays (:func:`winograd_tile`): the products are a GEMM per point, efficient when
 there are enough tiles to fill register blocks (measured alone on the 2-vCPU AVX-512
 guest, 2 threads, against the direct template's 0.54-0.70 ms in the model: ResNet's
