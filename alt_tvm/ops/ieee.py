@@ -29,8 +29,8 @@ from tvm import tirx
 
 from ._utils import dtype_of
 
-__all__ = ["clamp_expr", "highest", "is_float", "is_nan", "lowest", "max_expr", "max_of", "max_reducer", "min_expr",
-           "min_reducer"]
+__all__ = ["clamp_expr", "highest", "is_float", "is_nan", "is_not_finite", "lowest", "max_expr", "max_of",
+           "max_reducer", "min_expr", "min_reducer"]
 
 #: (exponent bits, mantissa bits) of the IEEE-style float types whose NaN test is a bit test.
 _FLOAT_FORMATS = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52)}
@@ -54,6 +54,17 @@ def is_nan(value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     exponent, mantissa = _FLOAT_FORMATS[dtype]
     itype = f"int{1 + exponent + mantissa}"
     return tirx.reinterpret(itype, tirx.abs(value)) > tirx.const(((1 << exponent) - 1) << mantissa, itype)
+
+
+def is_not_finite(value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+    """A vectorizable test for NaN and infinities: exponent all ones (as :func:`is_nan`, with
+    ``>=`` instead of ``>``)."""
+    dtype = dtype_of(value)
+    if dtype not in _FLOAT_FORMATS:
+        return tirx.Not(tirx.isfinite(value))
+    exponent, mantissa = _FLOAT_FORMATS[dtype]
+    itype = f"int{1 + exponent + mantissa}"
+    return tirx.reinterpret(itype, tirx.abs(value)) >= tirx.const(((1 << exponent) - 1) << mantissa, itype)
 
 
 def max_expr(a: tvm.ir.PrimExpr, b: tvm.ir.PrimExpr, *, fast_math: bool = False,

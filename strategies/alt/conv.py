@@ -628,16 +628,11 @@ class AltConvStrategy(Strategy):
         without an absorbed prologue, on a CPU target, and not when a tuning record gives the
         direct template's parameters.
 
-        The transforms mix every input of a tile into every output of it: an input that is
-        NaN or infinite, or large enough for the transforms to overflow (1e38), turns the
-        whole tile NaN where a direct conv keeps the other outputs finite. So by default it
-        is a fast-math transformation (``alt_tvm.build(fast_math=True)``). The option
-        ``winograd``: True (the default: in fast-math builds, where
-        :func:`.winograd.winograd_tile` finds enough tiles), False (never), ``"always"`` (any
-        conv that qualifies, whatever its tile count, fast math or not)."""
+        The option ``winograd``: True (the default: where :func:`.winograd.winograd_tile` finds
+        enough tiles), False (never), ``"always"`` (any conv that qualifies, whatever its tile
+        count)."""
         mode = fusion_option(context.options, "winograd")
-        if mode is False or (mode is True and not context.fast_math) or context.params is not None \
-                or context.partition.prologue:
+        if mode is False or context.params is not None or context.partition.prologue:
             return 0
         if context.target.to_tvm().kind.name != "llvm" or context.target.vector_lanes("float32") != LANES:
             return 0
@@ -653,9 +648,11 @@ class AltConvStrategy(Strategy):
         """Lower the conv and its epilogue as :func:`.winograd.winograd_conv`."""
         call = anchor.value
         data = context.te_input(call.args[0], "data")
-        weight = const_value(call.args[1])
-        u = context.te_input(relax.const(transform_weight(np.asarray(weight), m)), "winograd_weight")
-        conv = winograd_conv(data, u, m=m, pads=geometry.pads, out_hw=geometry.out_shape[2:])
+        weight = context.te_input(call.args[1], "weight")
+        u = context.te_input(relax.const(transform_weight(np.asarray(const_value(call.args[1])), m)),
+                             "winograd_weight")
+        conv = winograd_conv(data, u, weight, m=m, pads=geometry.pads, out_hw=geometry.out_shape[2:])
+        stored = [t for t in conv.op.input_tensors if t.op.name in ("winograd_output", "winograd_direct")]
         stages = context.epilogue_te(conv)
         current = context.input_layouts.get(call.args[0])
         inner = current.innermost_dim if current is not None else None
@@ -667,7 +664,7 @@ class AltConvStrategy(Strategy):
         vectors = geometry.out_shape[1] // LANES
         block = max(v for v in range(1, VECTOR_BLOCK + 1) if vectors % v == 0)
         return context.finish(output=stages[-1] if stages else conv,
-                              layouts=TensorMap((t, output) for t in [conv, *stages]), strategy=self.name,
+                              layouts=TensorMap((t, output) for t in [*stored, conv, *stages]), strategy=self.name,
                               schedule=lambda f: schedule_winograd(f, stages=[conv, *stages], vector_block=block))
 
     def implement(self, anchor, context) -> Any:

@@ -25,7 +25,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-__all__ = ["prefetch_next_block"]
+__all__ = ["find_realize", "loads_of", "prefetch_next_block", "substitute"]
 
 #: ``llvm.prefetch`` locality: 2 fills the L2 (``prefetcht1`` on x86), leaving the L1 to
 #: the block being computed.
@@ -74,14 +74,14 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
 
     if not spread:
         raise ValueError("spread needs at least one loop (the hints go in the body of its last one)")
-    realize = _find_realize(func.body, block)
+    realize = find_realize(func.body, block)
     if realize is None:
         raise ValueError(f"no block named {block!r} in the function")
-    loads = _loads_of(realize.block.body, buffer)
+    loads = loads_of(realize.block.body, buffer)
     if not loads:
         raise ValueError(f"block {block!r} reads no buffer named {buffer!r}")
     binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
-    indices = [_substitute(index, binding) for index in loads[0].indices]
+    indices = [substitute(index, binding) for index in loads[0].indices]
     if not any(_uses(index, outer) for index in indices):
         raise ValueError(f"the read of {buffer!r} in {block!r} does not depend on loop {outer.name}")
     revisiting = [loop.name for loop in spread if any(_uses(index, loop) for index in indices)]
@@ -112,7 +112,7 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
         count = -(-extent // step)
         mapping[loop] = tirx.floormod(rest, count) * step
         rest = tirx.floordiv(rest, count)
-    where = [_substitute(index, mapping) for index in indices]
+    where = [substitute(index, mapping) for index in indices]
     address = tirx.address_of(tirx.BufferLoad(loads[0].source, where))
     hint = tirx.Evaluate(tirx.call_intrin("void", "tirx.prefetch", address, 0, L2_LOCALITY, 1))
     hints = tirx.For(j, tirx.const(0, index_type), tirx.const(share, index_type), tirx.ForKind.SERIAL, hint)
@@ -142,7 +142,8 @@ def _loop_extents(body: Any, loops: Sequence[tirx.Var]) -> Any:
     return lambda var: next(extent for v, extent in found if v.same_as(var))
 
 
-def _find_realize(body: Any, name: str) -> Any:
+def find_realize(body: Any, name: str) -> Any:
+    """The realize of the block named ``name`` in ``body`` (a statement), or None."""
     found = []
 
     def visit(node: Any) -> None:
@@ -153,14 +154,16 @@ def _find_realize(body: Any, name: str) -> Any:
     return found[0] if found else None
 
 
-def _loads_of(body: Any, name: str) -> list:
+def loads_of(body: Any, name: str) -> list:
+    """The loads of the buffer named ``name`` in ``body``."""
     loads = []
     tvm_ffi.structural_walk(body, (tvm.ir.expr.TensorLoad,
                                    lambda load: loads.append(load) if load.source.name == name else None))
     return loads
 
 
-def _substitute(expr: Any, mapping: dict) -> Any:
+def substitute(expr: Any, mapping: dict) -> Any:
+    """``expr`` with the variables of ``mapping`` replaced by their values."""
     if not mapping:
         return expr
     return tvm_ffi.structural_map(

@@ -17,9 +17,11 @@ transform matrices are TVM's Cook-Toom construction with the interpolation point
 Barabasz et al. 2018 (``tvm.topi.nn.winograd_util``); F(4x4, 3x3) with them keeps float32
 results within about 1e-6 of the direct conv's, relative to the output's largest value.
 
-Its results differ from a direct conv's where inputs are not finite or large enough to
-overflow the transforms (a NaN or infinity reaches every output of its tiles), so the
-strategy uses it in fast-math builds or on request (``AltConvStrategy.winograd_tile``).
+A NaN or an infinity in a tile's input, or an overflow in its transforms, reaches every
+output of the tile, where a direct conv keeps the outputs whose windows miss it finite. The
+kernel flags the tiles with outputs that are not finite and computes those again directly,
+so NaN and infinities land where a direct conv puts them. Finite results carry Winograd's
+rounding error, relative to the largest values of their input tile (Barabasz et al. 2018).
 
 Where it pays (:func:`winograd_tile`): the products are a GEMM per point, efficient when
 there are enough tiles to fill register blocks (measured alone on the 2-vCPU AVX-512
@@ -36,7 +38,12 @@ from collections.abc import Sequence
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import te, tirx
+
+from alt_tvm.ops.ieee import is_not_finite
+
+from .prefetch import find_realize, loads_of, substitute
 
 __all__ = ["MIN_TILES", "transform_weight", "winograd_conv", "winograd_matrices", "winograd_tile",
            "schedule_winograd"]
@@ -98,13 +105,18 @@ def _const(values: np.ndarray, name: str) -> te.Tensor:
     return const_matrix(values.astype("float32"), name)
 
 
-def winograd_conv(data: te.Tensor, u: te.Tensor, *, m: int, pads: Sequence[int], out_hw: Sequence[int]) -> te.Tensor:
+def winograd_conv(data: te.Tensor, u: te.Tensor, weight: te.Tensor, *, m: int, pads: Sequence[int],
+                  out_hw: Sequence[int]) -> te.Tensor:
     """TE of the conv ``N x O x OH x OW`` from ``data`` (``N x C x H x W``, padded by ``pads``:
-    top, left, bottom, right) and the transformed weight ``u`` (``a x a x C x O``).
+    top, left, bottom, right), the transformed weight ``u`` (``a x a x C x O``) and the
+    weight itself (``O x C x 3 x 3``, for the direct fallback).
 
     Stages (names are what :func:`schedule_winograd` looks up): ``winograd_rows`` (``B^T d``
     per tile), ``winograd_input`` (``V``), ``winograd_product`` (``M``), ``winograd_columns``
-    (``M A`` per tile), and the returned output (``A^T (M A)``).
+    (``M A`` per tile), ``winograd_output`` (``A^T (M A)``), ``winograd_flag`` (per tile and
+    output channel: how many of its outputs are not finite), ``winograd_direct`` (the direct
+    conv, computed only for flagged tiles) and the returned ``winograd_conv`` (Winograd's
+    value where the flag is clear, else the direct one).
     """
     n, c, h, w = (int(s) for s in data.shape)
     alpha, _, _, o = (int(s) for s in u.shape)
@@ -117,15 +129,20 @@ def winograd_conv(data: te.Tensor, u: te.Tensor, *, m: int, pads: Sequence[int],
     top, left = pads[0], pads[1]
     a_np, b_np, _ = winograd_matrices(m)
     a_mat, b_mat = _const(a_np, "winograd_A"), _const(b_np, "winograd_B")
+    zero = tirx.const(0.0, data.dtype)
 
-    def padded(p, ch, y, x):
-        row, col = (p // pw) % ph * m + y - top, p % pw * m + x - left
-        inside = tirx.all(p < tiles, row >= 0, row < h, col >= 0, col < w)
-        return tirx.if_then_else(inside, data[p // (ph * pw), ch, row, col], tirx.const(0.0, data.dtype))
+    def padded(b, ch, row, col):
+        inside = tirx.all(row >= 0, row < h, col >= 0, col < w)
+        return tirx.if_then_else(inside, data[b, ch, row, col], zero)
+
+    def tile_input(p, ch, y, x):
+        inside = p < tiles
+        return tirx.if_then_else(inside, padded(p // (ph * pw), ch, (p // pw) % ph * m + y - top,
+                                                p % pw * m + x - left), zero)
 
     r1 = te.reduce_axis((0, alpha), "r1")
     rows = te.compute((padded_tiles, alpha, alpha, c), lambda p, xi, x, ch: te.sum(
-        b_mat[r1, xi] * padded(p, ch, r1, x), axis=r1), name="winograd_rows")
+        b_mat[r1, xi] * tile_input(p, ch, r1, x), axis=r1), name="winograd_rows")
     r2 = te.reduce_axis((0, alpha), "r2")
     v = te.compute((alpha, alpha, padded_tiles, c), lambda xi, nu, p, ch: te.sum(
         b_mat[r2, nu] * rows[p, xi, r2, ch], axis=r2), name="winograd_input")
@@ -135,14 +152,27 @@ def winograd_conv(data: te.Tensor, u: te.Tensor, *, m: int, pads: Sequence[int],
     columns = te.compute((n, ph, pw, o // LANES, alpha, m, LANES), lambda b, th, tw, oo, i, wi, oi: sum(
         a_mat[j, wi] * product[i, j, (b * ph + th) * pw + tw, oo, oi] for j in range(alpha)),
         name="winograd_columns")
-    return te.compute((n, o, oh, ow), lambda b, oc, y, x: sum(
+    wino = te.compute((n, o, oh, ow), lambda b, oc, y, x: sum(
         a_mat[i, y % m] * columns[b, y // m, x // m, oc // LANES, i, x % m, oc % LANES] for i in range(alpha)),
         name="winograd_output")
+    # A NaN, an infinity or an overflow in a tile's transforms reaches every output of the
+    # tile: those tiles are computed again directly, which gives what a direct conv gives.
+    flag = te.compute((n, ph, pw, o // LANES, LANES), lambda b, th, tw, oo, oi: sum(
+        is_not_finite(wino(b, oo * LANES + oi, th * m + y, tw * m + x)).astype("int32")
+        for y in range(m) for x in range(m)), name="winograd_flag")
+    dc, dy, dx = te.reduce_axis((0, c), "dc"), te.reduce_axis((0, 3), "dy"), te.reduce_axis((0, 3), "dx")
+    direct = te.compute((n, o, oh, ow), lambda b, oc, y, x: te.sum(
+        padded(b, dc, y + dy - top, x + dx - left) * weight[oc, dc, dy, dx], axis=[dc, dy, dx]),
+        name="winograd_direct")
+    return te.compute((n, o, oh, ow), lambda b, oc, y, x: tirx.Select(
+        flag[b, y // m, x // m, oc // LANES, oc % LANES] == 0, wino[b, oc, y, x], direct[b, oc, y, x]),
+        name="winograd_conv")
 
 
 def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], vector_block: int) -> tvm.IRModule:
     """Schedule :func:`winograd_conv`'s stages; ``stages`` are its output then the epilogue's
-    stages, the last the partition's output, stored ``N . OH/m . OW/m . O/16 . m . m . 16``.
+    stages, the last the partition's output; the output, ``winograd_output`` and
+    ``winograd_direct`` are stored ``N . OH/m . OW/m . O/16 . m . m . 16``.
 
     ``vector_block`` output channel vectors per register block of the GEMM (it divides O/16).
     """
@@ -151,13 +181,20 @@ def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], v
         sch.compute_inline(sch.get_sblock(name))
     # Output transform and epilogue: parallel over rows of tiles, a vector of channels at a time.
     final = sch.get_sblock(stages[-1].op.name)
-    n, th, _, oo, hi, wi, oi = sch.get_loops(final)
+    n, th, _, tile_channels, hi, wi, oi = sch.get_loops(final)
     sch.parallel(sch.fuse(n, th))
     sch.unroll(hi)
     sch.unroll(wi)
     sch.vectorize(oi)
+    for name in ("winograd_flag", "winograd_direct", "winograd_output", "winograd_columns"):
+        sch.compute_at(sch.get_sblock(name), tile_channels)
+    wino = sch.get_sblock("winograd_output")
+    *_, hi, wi, oi = sch.get_loops(wino)
+    sch.unroll(hi)
+    sch.unroll(wi)
+    sch.vectorize(oi)
+    sch.vectorize(sch.get_loops(sch.get_sblock("winograd_flag"))[-1])
     columns = sch.get_sblock("winograd_columns")
-    sch.compute_at(columns, oo)
     *_, i, wj, lane = sch.get_loops(columns)
     sch.unroll(i)
     sch.unroll(wj)
@@ -194,4 +231,31 @@ def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], v
         sch.unroll(loop)
     sch.vectorize(ch)
     sch.decompose_reduction(rows, r1)
-    return sch.mod
+    return tvm.IRModule({"main": _direct_only_where_flagged(sch.mod["main"], final=stages[-1].op.name,
+                                                            at=sch.get(tile_channels).loop_var)})
+
+
+def _direct_only_where_flagged(func: tirx.PrimFunc, *, final: str, at: tirx.Var) -> tirx.PrimFunc:
+    """``func`` with the direct conv under loop ``at`` run only when a flag of the tile is set.
+
+    No schedule primitive makes a block conditional, so the scheduled function is mapped with
+    ``tvm_ffi.structural_map`` (as :mod:`.prefetch` does): the flags the final block reads
+    for its tile (one per output channel of the vector) guard the direct conv's loop nest.
+    """
+    realize = find_realize(func.body, final)
+    (load, *_) = loads_of(realize.block.body, "winograd_flag")
+    binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
+    *tile, lane = [substitute(index, binding) for index in load.indices]
+    flags = [tirx.BufferLoad(load.source, [*tile, tirx.const(k, str(lane.ty))]) > 0 for k in range(LANES)]
+    flagged = functools.reduce(tirx.Or, flags)
+
+    def guard(loop: tirx.For) -> tirx.For:
+        if not loop.loop_var.same_as(at):
+            return loop
+        body = loop.body.seq if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+        guarded = [tirx.IfThenElse(flagged, stmt, None) if find_realize(stmt, "winograd_direct") is not None else stmt
+                   for stmt in body]
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt(guarded),
+                        loop.thread_binding, loop.annotations)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, guard)))
