@@ -92,15 +92,32 @@ def test_conv_without_epilogue_and_the_direct_template_when_off(tmp_path):
     assert "x2x2x16" not in _conv_layouts(_build(model, x, tmp_path, winograd=False))[0]
 
 
-def test_rule_keeps_small_maps_on_the_direct_template_and_out_of_winograd_tuning(tmp_path):
+def test_rule_keeps_small_maps_on_the_direct_template(tmp_path):
     torch.manual_seed(2)
     model = _BasicBlock(16).eval()
     small = torch.randn(1, 16, 8, 8)  # 16 tiles of 2x2: the direct template
     assert all(not layout.endswith("x2x2x16") for layout in _conv_layouts(_build(model, small, tmp_path)))
-    large = torch.randn(1, 16, 24, 24)  # 36 tiles of 4x4: Winograd, which has no tuning space
+    assert [t.space.default()[1]["winograd"] for t in extract_tasks(model, example_inputs=(small,))] == [0, 0]
+    large = torch.randn(1, 16, 24, 24)  # 36 tiles of 4x4: Winograd
     assert _conv_layouts(_build(model, large, tmp_path)) == ["1x6x6x1x4x4x16"] * 2
-    assert extract_tasks(model, example_inputs=(large,)) == []
-    assert len(extract_tasks(model, example_inputs=(large,), strategy_options={"alt": {"winograd": False}})) == 2
+
+
+def test_tuning_chooses_between_winograd_and_the_direct_template():
+    """The conv's space offers Winograd (its default) and the direct template; a Winograd
+    point has no other knobs, and a record's choice is what the kernel computes."""
+    torch.manual_seed(5)
+    model = _BasicBlock(16).eval()
+    x = torch.randn(1, 16, 24, 24)
+    task = extract_tasks(model, example_inputs=(x,))[0]
+    layout, loop = task.space.default()
+    assert loop["winograd"] == 4 and task.space.check(layout, loop) is None
+    assert "no other knobs" in task.space.check(layout, {**loop, "unroll_window": not loop["unroll_window"]})
+    direct = {**loop, "winograd": 0}
+    assert task.space.check(layout, direct) is None
+    assert [int(s) for s in task.lower(task.space.params(layout, loop)).output_layout.shape[-3:]] == [4, 4, 16]
+    assert [int(s) for s in task.lower(task.space.params(layout, direct)).output_layout.shape[-3:]] != [4, 4, 16]
+    with pytest.raises(ValueError, match="Winograd tiles of 2: this conv .* allows 4"):
+        task.lower({**task.space.params(layout, loop), "winograd": 2})
 
 
 @pytest.mark.parametrize("special", [1e38, np.inf, -np.inf, np.nan])

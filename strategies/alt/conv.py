@@ -551,15 +551,13 @@ class AltConvStrategy(Strategy):
             return None
 
         geometry = ConvGeometry.of(anchor)
-        if self.winograd_tile(geometry, context):
-            return None  # its tiles are fixed by the transform; see :meth:`winograd_tile`
         machine = context.target
         levels = int((context.options or {}).get("layout_levels", 1))
         return ConvSpace(out_shape=geometry.out_shape, in_channels_per_group=geometry.in_per_group,
                          out_channels_per_group=geometry.out_per_group,
                          default=self.default_tiling(geometry, machine).to_json(),
                          registers=machine.vector_registers or 16, lanes=machine.vector_lanes("float32"),
-                         levels=levels)
+                         levels=levels, winograd=self.winograd_tile(geometry, context))
 
     def layout_params(self, geometry: ConvGeometry, context: Any) -> tuple[DefaultConvTiling, str]:
         """The tiling the layouts come from, and the variant they follow (``"alt"`` or ``"alt-ol"``)."""
@@ -625,23 +623,34 @@ class AltConvStrategy(Strategy):
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
         """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for
         the direct template. Only dense stride-1 3x3 convs padded by one on every side qualify,
-        without an absorbed prologue, on a CPU target, and not when a tuning record gives the
-        direct template's parameters.
-
-        The option ``winograd``: True (the default: where :func:`.winograd.winograd_tile` finds
-        enough tiles), False (never), ``"always"`` (any conv that qualifies, whatever its tile
-        count)."""
+        without an absorbed prologue, on a CPU target. A tuning record's ``winograd`` (its
+        :class:`.space.ConvSpace` knob) decides when there is one; otherwise the option
+        ``winograd``: True (the default: where :func:`.winograd.winograd_tile` finds enough
+        tiles), False (never), ``"always"`` (any conv that qualifies, whatever its tile count)."""
         mode = fusion_option(context.options, "winograd")
-        if mode is False or context.params is not None or context.partition.prologue:
+        if context.params is not None:
+            chosen = int(context.params.get("winograd", 0))
+            if chosen and chosen != self._winograd_fit(geometry, context, min_tiles=1):
+                raise ValueError(f"a tuning record asks for Winograd tiles of {chosen}: this conv "
+                                 f"({geometry.weight_shape} on {geometry.out_shape}) allows "
+                                 f"{self._winograd_fit(geometry, context, min_tiles=1) or 'none'}")
+            return chosen
+        if mode is False:
             return 0
-        if context.target.to_tvm().kind.name != "llvm" or context.target.vector_lanes("float32") != LANES:
+        return self._winograd_fit(geometry, context, min_tiles=MIN_TILES if mode is True else 1)
+
+    @staticmethod
+    def _winograd_fit(geometry: ConvGeometry, context: Any, *, min_tiles: int) -> int:
+        """:func:`.winograd.winograd_tile` for a conv the kernel can compute, else 0."""
+        if context.partition.prologue or context.target.to_tvm().kind.name != "llvm" \
+                or context.target.vector_lanes("float32") != LANES:
             return 0
         if (geometry.rank != 2 or geometry.transposed or geometry.groups != 1 or geometry.strides != (1, 1)
                 or geometry.dilation != (1, 1) or geometry.weight_shape[2:] != (3, 3) or geometry.pads != (1,) * 4):
             return 0
         batch, channels = geometry.data_shape[:2]
         m, _ = winograd_tile(out_hw=geometry.out_shape[2:], batch=batch, in_channels=channels,
-                             out_channels=geometry.out_shape[1], min_tiles=MIN_TILES if mode is True else 1)
+                             out_channels=geometry.out_shape[1], min_tiles=min_tiles)
         return m
 
     def _implement_winograd(self, anchor: Any, context: Any, geometry: ConvGeometry, m: int) -> Any:

@@ -37,12 +37,16 @@ class ConvSpace(Space):
     levels
         1: the one-level template; 2: the two-level one (adds ``s<d>_outer`` and
         ``ot_outer``, tiles of tiles stored contiguously; 1 = no outer tiling).
+    winograd
+        The Winograd output tile the untuned build uses for this conv (0: none). The loop
+        knob ``winograd`` then chooses between it (the default point) and the direct
+        template; a Winograd point has no other knobs (its tiles are the transform's).
     """
 
     OUTER_CHOICES = (1, 2, 4, 8)
 
     def __init__(self, *, out_shape: Sequence[int], in_channels_per_group: int, out_channels_per_group: int,
-                 default: dict[str, Any], registers: int, lanes: int, levels: int = 1) -> None:
+                 default: dict[str, Any], registers: int, lanes: int, levels: int = 1, winograd: int = 0) -> None:
         if levels not in (1, 2):
             raise ValueError(f"levels must be 1 or 2 (layout tiling levels), got {levels!r}")
         self.out_shape = tuple(int(s) for s in out_shape)
@@ -51,6 +55,7 @@ class ConvSpace(Space):
         self.registers = registers
         self.lanes = lanes
         self.levels = levels
+        self.winograd = winograd
         self._default = default
         depthwise = out_channels_per_group == 1 and in_channels_per_group == 1
         o_extent = self.out_shape[1] if depthwise else out_channels_per_group
@@ -87,10 +92,15 @@ class ConvSpace(Space):
                 Knob("epilogue_in_block", (False, True)),
                 # The reduction-outer loop order exists for the one-level template only.
                 Knob("reduction_outer", (False, True) if self.levels == 1 else (False,)),
-                Knob("prefetch", (False, True) if self.levels == 1 else (False,)))
+                Knob("prefetch", (False, True) if self.levels == 1 else (False,)),
+                Knob("winograd", (0, self.winograd) if self.winograd else (0,)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
         why = super().check(layout, loop)
+        if why is None and loop.get("winograd"):
+            default_layout, default_loop = self.default()
+            if layout != default_layout or {**loop, "winograd": 0} != {**default_loop, "winograd": 0}:
+                return "a Winograd point has no other knobs: its tiles are the transform's (the default's)"
         if why is None and loop["reduction_outer"] and (loop["window_outer"] or
                                                         not 1 < loop["rc_split"] < self._i_extent):
             return (f"reduction_outer needs window_outer=False (got {loop['window_outer']}) and rc_split "
@@ -117,18 +127,22 @@ class ConvSpace(Space):
                 "parallel_channels": bool(d.parallel_channels),
                 "unroll_window": d.unroll_window, "window_outer": d.window_outer,
                 "epilogue_in_block": d.epilogue_in_block, "reduction_outer": d.reduction_outer,
-                "prefetch": d.prefetch}
+                "prefetch": d.prefetch, "winograd": self.winograd}
         if self.levels == 2:
             layout.update({f"s{k}_outer": 1 for k in range(self.rank)}, ot_outer=1)
         # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
         for knob in self.layout_knobs:
             layout[knob.name] = knob.nearest(layout[knob.name])
         for knob in self.loop_knobs(layout):
-            loop[knob.name] = knob.nearest(float(loop[knob.name]))
+            if knob.name != "winograd":
+                loop[knob.name] = knob.nearest(float(loop[knob.name]))
         return layout, loop
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         two_level = self.levels == 2
+        return {**self._direct(layout, loop, two_level), "winograd": int(loop.get("winograd", 0))}
+
+    def _direct(self, layout: dict[str, Any], loop: dict[str, Any], two_level: bool) -> dict[str, Any]:
         return DefaultConvTiling(
             spatial=tuple(layout[f"s{d}"] for d in range(self.rank)), ot=layout["ot"], it=layout["it"],
             reg=loop["reg"], weight_ot=layout["weight_ot"], weight_it=layout["weight_it"], rc_split=loop["rc_split"],
