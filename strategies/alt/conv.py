@@ -762,7 +762,10 @@ class AltConvStrategy(Strategy):
         if tile == chosen.tiling.it or geometry.in_per_group % tile:
             return chosen
         other = self.layouts(geometry, context, tiling=replace(chosen.tiling, it=tile, rc_split=0))
-        return other if equivalent(current, other.source, geometry.data_shape) else chosen
+        # A producer whose spatial tiles differ (a Winograd conv's m x m tiles) is read in
+        # place all the same when it stores whole vectors of ``tile`` channels innermost.
+        vectors = current.innermost_dim == (1, tile)
+        return other if vectors or equivalent(current, other.source, geometry.data_shape) else chosen
 
 
 def _with_scaled_weights(schedule: Any, scaled: te.Tensor) -> Any:
