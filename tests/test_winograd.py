@@ -165,3 +165,13 @@ def test_bad_option_is_named(tmp_path):
     model = nn.Conv2d(16, 16, 3, padding=1).eval()
     with pytest.raises(ValueError, match="'winograd'.*True, False or 'always'"):
         _build(model, torch.randn(1, 16, 8, 8), tmp_path, winograd="fast")
+
+
+def test_a_1x1_conv_reads_the_winograd_output_in_place(tmp_path):
+    """A bottleneck's 1x1 conv after a Winograd conv reads its 4x4-tiled output as stored (it
+    takes the 16-channel vector as its input channel tile): no conversion between them."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 1), nn.ReLU()).eval()
+    built = _build(model, torch.randn(1, 16, 24, 24), tmp_path)
+    assert _conv_layouts(built)[0] == "1x6x6x2x4x4x16"
+    assert [k.name for k in built.report.kernels if k.kind == "conversion" and not k.boundary] == []
