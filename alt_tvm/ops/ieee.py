@@ -48,23 +48,26 @@ def is_nan(value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     (``fabs`` rather than a bit mask: alt-tvm's layout rewriter knows no ``&``). Float
     types without a known format use ``tirx.isnan``.
     """
-    dtype = dtype_of(value)
-    if dtype not in _FLOAT_FORMATS:
-        return tirx.isnan(value)
-    exponent, mantissa = _FLOAT_FORMATS[dtype]
-    itype = f"int{1 + exponent + mantissa}"
-    return tirx.reinterpret(itype, tirx.abs(value)) > tirx.const(((1 << exponent) - 1) << mantissa, itype)
+    bits = _magnitude_and_infinity(value)
+    return tirx.isnan(value) if bits is None else bits[0] > bits[1]
 
 
 def is_not_finite(value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     """A vectorizable test for NaN and infinities: exponent all ones (as :func:`is_nan`, with
     ``>=`` instead of ``>``)."""
+    bits = _magnitude_and_infinity(value)
+    return tirx.Not(tirx.isfinite(value)) if bits is None else bits[0] >= bits[1]
+
+
+def _magnitude_and_infinity(value: tvm.ir.PrimExpr) -> tuple[tvm.ir.PrimExpr, tvm.ir.PrimExpr] | None:
+    """The bits of ``|value|`` and of infinity as signed integers (None for a float type of
+    unknown format): ``|value|`` is NaN above, infinite at, finite below."""
     dtype = dtype_of(value)
     if dtype not in _FLOAT_FORMATS:
-        return tirx.Not(tirx.isfinite(value))
+        return None
     exponent, mantissa = _FLOAT_FORMATS[dtype]
     itype = f"int{1 + exponent + mantissa}"
-    return tirx.reinterpret(itype, tirx.abs(value)) >= tirx.const(((1 << exponent) - 1) << mantissa, itype)
+    return tirx.reinterpret(itype, tirx.abs(value)), tirx.const(((1 << exponent) - 1) << mantissa, itype)
 
 
 def max_expr(a: tvm.ir.PrimExpr, b: tvm.ir.PrimExpr, *, fast_math: bool = False,
