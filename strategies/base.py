@@ -112,8 +112,9 @@ def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBin
 
 
 def fusion_option(options: Any, key: str, *, strategy: str = "alt") -> bool | str:
-    """A fusion switch from a strategy's build options: True (the strategy's rule, the
-    default), False (never) or ``"always"``; anything else is a ``ValueError`` naming them."""
+    """A switch of one of a strategy's rules (a fusion, Winograd convs) from its build options:
+    True (the rule, the default), False (never) or ``"always"``; anything else is a
+    ``ValueError`` naming them."""
     fuse = (options or {}).get(key, True)
     if fuse not in (True, False, "always"):
         raise ValueError(f"strategy_options[{strategy!r}][{key!r}] must be True, False or 'always', got {fuse!r}")

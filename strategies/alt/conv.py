@@ -45,7 +45,16 @@ from alt_tvm.target import HardwareTarget
 from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, work_ratio
 from .prefetch import prefetch_next_block
 from .tiling import DefaultConvTiling, default_conv_tiling, reduction_block
-from .winograd import LANES, MIN_TILES, VECTOR_BLOCK, schedule_winograd, transform_weight, winograd_conv, winograd_tile
+from .winograd import (
+    LANES,
+    MIN_TILES,
+    VECTOR_BLOCK,
+    schedule_winograd,
+    stored_in_output_layout,
+    transform_weight,
+    winograd_conv,
+    winograd_tile,
+)
 
 LayoutKind = Literal["nchw", "nhwc", "tiled"]
 LAYOUT_KINDS: tuple[str, ...] = ("nchw", "nhwc", "tiled")
@@ -661,7 +670,7 @@ class AltConvStrategy(Strategy):
         u = context.te_input(relax.const(transform_weight(np.asarray(const_value(call.args[1])), m)),
                              "winograd_weight")
         conv = winograd_conv(data, u, weight, m=m, pads=geometry.pads, out_hw=geometry.out_shape[2:])
-        stored = [t for t in conv.op.input_tensors if t.op.name in ("winograd_output", "winograd_direct")]
+        stored = stored_in_output_layout(conv)
         stages = context.epilogue_te(conv)
         current = context.input_layouts.get(call.args[0])
         inner = current.innermost_dim if current is not None else None

@@ -45,8 +45,8 @@ from alt_tvm.ops.ieee import is_not_finite
 
 from .prefetch import find_realize, loads_of, substitute
 
-__all__ = ["MIN_TILES", "transform_weight", "winograd_conv", "winograd_matrices", "winograd_tile",
-           "schedule_winograd"]
+__all__ = ["MIN_TILES", "schedule_winograd", "stored_in_output_layout", "transform_weight", "winograd_conv",
+           "winograd_matrices", "winograd_tile"]
 
 #: Fewest output tiles for which the batched GEMM beats the direct template (7x7 maps,
 #: 16 tiles of 2x2, do not; 14x14, 49 tiles, do).
@@ -167,6 +167,12 @@ def winograd_conv(data: te.Tensor, u: te.Tensor, weight: te.Tensor, *, m: int, p
     return te.compute((n, o, oh, ow), lambda b, oc, y, x: tirx.Select(
         flag[b, y // m, x // m, oc // LANES, oc % LANES] == 0, wino[b, oc, y, x], direct[b, oc, y, x]),
         name="winograd_conv")
+
+
+def stored_in_output_layout(conv: te.Tensor) -> list[te.Tensor]:
+    """The stages of :func:`winograd_conv`'s ``conv`` that :func:`schedule_winograd` expects in
+    the output's layout (the Winograd and the direct values), besides ``conv`` itself."""
+    return [t for t in conv.op.input_tensors if t.op.name in ("winograd_output", "winograd_direct")]
 
 
 def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], vector_block: int) -> tvm.IRModule:
