@@ -108,6 +108,16 @@ def test_space_decodes_and_rejects_points():
                                             "panel_groups": 0, "prefetch": 0}
 
 
+def test_the_gemm_space_default_is_the_rules_chunk_even_off_the_knobs_usual_choices():
+    # A 32 KiB L1 gives 96-column panels a 32-deep chunk (k_chunk); the space's default must be
+    # that kernel, not the nearest usual choice (0, which with prefetch is a refused point).
+    rule = {"nt": 96, "mt": 4, "vec": 16, "panels_outer": 1, "kc": 32, "panel_groups": 0, "prefetch": 1}
+    gemm = GemmSpace(m=64, n=3072, k=768, default=rule, lanes=16, cores=2)
+    layout, loop = gemm.default()
+    assert gemm.check(layout, loop) is None
+    assert {k: v for k, v in gemm.params(layout, loop).items() if k in rule} == rule
+
+
 def test_real_tuning_on_this_cpu_starts_from_the_untuned_schedule():
     from alt_tvm.integration import extract_tasks
     from alt_tvm.tuning.task import measure_in_process

@@ -177,7 +177,10 @@ class GemmSpace(Space):
         groups = (0, self.cores) if self.cores > 1 and (self.n // layout["nt"]) % self.cores == 0 else (0,)
         return (Knob("mt", tuple(sorted(rows))), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
                 Knob("kt", divisors(self.k, cap=8)), Knob("panels_outer", (0, 1)),
-                Knob("kc", (0, *(c for c in (64, 128, 256, 512) if c < self.k and self.k % c == 0))),
+                # The rule's chunk (from the L1 size: 32 on a 32 KiB L1) is a choice, so the
+                # default point is the build's kernel.
+                Knob("kc", tuple(sorted({0, int(self._default.get("kc", 0)),
+                                         *(c for c in (64, 128, 256, 512) if c < self.k and self.k % c == 0)}))),
                 Knob("panel_groups", groups), Knob("prefetch", (0, 1)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
