@@ -11,7 +11,10 @@ alt-tvm's parallel launcher (``alt_tvm.deploy.parallel``), its calls sized by th
 governor (``alt_tvm.deploy.threads``); ``alt-tvm all threads`` is the same model with the
 governor off, on all threads every call; ``tvm pool`` is the same code run the way it ran
 before the launcher (TVM's JIT module on TVM's thread pool, with the governor): the quiet
-A/B of the launcher. Settings: ``default`` (TVM's pool as ``alt_tvm.build`` leaves it: polling
+A/B of the launcher; ``--launcher-ab JSON`` adds the same code on a launcher with other
+:class:`~alt_tvm.deploy.parallel.LauncherConfig` fields (the A/B of a launcher setting, e.g.
+``'{"avoid_caller_cpu": false}'``: workers placed by the OS alone). Settings: ``default``
+(TVM's pool as ``alt_tvm.build`` leaves it: polling
 workers for ``POOL_SPIN_COUNT`` polls, not bound to cores since ``use_runtime_threads`` sets ``TVM_BIND_THREADS=0``),
 ``spin0`` (``TVM_THREAD_POOL_SPIN_COUNT=0``), ``tvmspin`` (300000: TVM's own default, which
 alt-tvm's short poll replaced), ``nobind`` (``TVM_BIND_THREADS=0``), ``bind``
@@ -81,7 +84,20 @@ def _on_tvm_pool(built):
     return before
 
 
-def _one(model: str, rounds: int) -> dict:
+def _on_launcher(built, config: dict):
+    """The same code on a library linked with a launcher of another :class:`LauncherConfig`."""
+    import copy
+
+    from alt_tvm.deploy.parallel import LauncherConfig, link_and_load
+
+    other = copy.copy(built)
+    library, launcher = link_and_load(built.executable, threads=built._threads, config=LauncherConfig(**config))
+    other._library, other._vm = library, None
+    other._use_launcher(launcher)
+    return other
+
+
+def _one(model: str, rounds: int, launcher_ab: dict | None = None) -> dict:
     """In this process (the setting is in the environment): the three phases."""
     import alt_tvm
     from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
@@ -104,6 +120,8 @@ def _one(model: str, rounds: int) -> dict:
             if built.thread_governor is not None:  # no launcher: the governed model, and without governor
                 runners["alt-tvm all threads"] = (_all_threads(built), arrays)
             runners["tvm pool"] = (_on_tvm_pool(built), arrays)
+            if launcher_ab is not None and built.launcher is not None:
+                runners[f"launcher {json.dumps(launcher_ab)}"] = (_on_launcher(built, launcher_ab), arrays)
         row = {"parallel_kernels": _parallel_kernels(built.mod)}
         for phase in ("quiet", "busy", "quiet_after"):
             busy = None
@@ -135,42 +153,48 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "bert_tiny"])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--launcher-ab", type=json.loads, default=None, metavar="JSON",
+                        help="also time the model on a launcher with these LauncherConfig fields, "
+                             "e.g. '{\"park_us\": 0}' (an in-process A/B of a launcher setting)")
     parser.add_argument("--json", default=None, help="append one JSON line per model and setting here")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.launcher_ab is not None:
+        from alt_tvm.deploy.parallel import LauncherConfig
+
+        LauncherConfig(**args.launcher_ab)  # a bad field or value fails here, not in every worker
     if args.worker:
-        print(json.dumps(_one(args.worker[0], args.rounds)))
+        print(json.dumps(_one(args.worker[0], args.rounds, args.launcher_ab)))
         return 0
-    print(f"{'model':28s} {'setting':9s} {'kernels':>8s} {'alt quiet':>9s} {'alt busy':>9s} {'x':>5s} "
-          f"{'all-thr q':>9s} {'all-thr b':>9s} {'x':>5s} {'pool q':>9s} {'pool b':>9s} {'x':>5s} "
-          f"{'ORT quiet':>9s} {'ORT busy':>9s} {'x':>5s} {'ORT/alt q':>9s} {'busy':>5s} {'alt/pool q':>10s}",
-          flush=True)
     for model in args.models:
         for setting in args.settings:
             env = {**os.environ, **SETTINGS[setting]}
-            done = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--worker", model, setting],
-                                  capture_output=True, text=True, env=env, timeout=1800)
+            command = [sys.executable, __file__, "--rounds", str(args.rounds), "--worker", model, setting]
+            if args.launcher_ab is not None:
+                command += ["--launcher-ab", json.dumps(args.launcher_ab)]
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
             if done.returncode != 0:
                 print(f"{model}: {setting}: failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
                 continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
-            q, b = row["quiet"], row["busy"]
-            name = os.path.basename(model)
-            par, total = row["parallel_kernels"]
-            def cols(label, q=q, b=b):
-                if label not in q:
-                    return f"{'-':>9s} {'-':>9s} {'-':>5s}"
-                return f"{q[label]:9.3f} {b[label]:9.3f} {b[label] / q[label]:5.2f}"
-
-            pool_ratio = f"{q['alt-tvm'] / q['tvm pool']:10.3f}" if "tvm pool" in q else f"{'-':>10s}"
-            print(f"{name[:28]:28s} {setting:9s} {f'{par}/{total}':>8s} {cols('alt-tvm')} "
-                  f"{cols('alt-tvm all threads')} "
-                  f"{cols('tvm pool')} {cols('onnxruntime')} {q['onnxruntime'] / q['alt-tvm']:9.2f} "
-                  f"{b['onnxruntime'] / b['alt-tvm']:5.2f} {pool_ratio}", flush=True)
+            print(_table(os.path.basename(model), setting, row), flush=True)
             if args.json:
                 with open(args.json, "a") as out:
                     out.write(json.dumps({"model": model, "setting": setting, **row}) + "\n")
     return 0
+
+
+def _table(name: str, setting: str, row: dict) -> str:
+    """One model and setting: each runner quiet, busy and busy/quiet; alt-tvm against the others."""
+    quiet, busy = row["quiet"], row["busy"]
+    parallel, total = row["parallel_kernels"]
+    lines = [f"{name} ({setting}; {parallel} of {total} kernels parallel)",
+             f"  {'runner':40s} {'quiet ms':>9s} {'busy ms':>9s} {'busy/quiet':>10s} "
+             f"{'/alt-tvm quiet':>14s} {'busy':>6s}"]
+    for label in quiet:
+        lines.append(f"  {label[:40]:40s} {quiet[label]:9.3f} {busy[label]:9.3f} {busy[label] / quiet[label]:10.2f} "
+                     f"{quiet[label] / quiet['alt-tvm']:14.3f} {busy[label] / busy['alt-tvm']:6.3f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

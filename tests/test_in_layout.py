@@ -354,3 +354,17 @@ def test_a_transpose_is_copied_in_tiles_and_a_broadcast_is_not():
     kernels = _built_kernels(_BiasAdd(), (1, 32, 128))
     (script,) = [s for name, s in kernels.items() if "add" in name]
     assert "T.unroll" not in script and "T.vectorized" in script, script
+
+
+def test_a_global_mean_sums_whole_channel_vectors_of_the_tiled_map():
+    """The squeeze-excitation mean reads the depthwise conv's tiled map: its sum runs over the
+    positions with the channel vector innermost, vectorised (not one channel at a time, a
+    strided gather per position), and matches PyTorch (checked by :func:`_built_kernels`)."""
+    kernels = _built_kernels(_SqueezeExcite(), (1, 32, 14, 14))
+    (script,) = [s for name, s in kernels.items() if name.startswith("alt_mean")]
+    head, _, body = script.partition('T.sblock("p0_red")')
+    assert body, script
+    loops = head[head.rindex("for "):]  # the loops around the sum's update
+    assert "T.vectorized" in loops, script
+    # the positions (k2, k3) are reduced outside the vector loop
+    assert head.rindex("k3") < head.rindex("T.vectorized"), script

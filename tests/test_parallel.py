@@ -164,3 +164,67 @@ def test_built_and_loaded_models_run_their_parallel_kernels_on_the_launcher(tmp_
     assert two["tasks"] == two["launches"] * 2 * facts["tasks_per_thread"]
     assert facts["one_launches"] == 0 and facts["same_on_one"]  # one thread: each loop runs whole, inline
     assert facts["loaded_launcher"] and facts["loaded_same"]
+
+
+_AWAY = """
+import ctypes, json, os, sys, threading, time
+from alt_tvm.deploy.parallel import LauncherConfig, ParallelLauncher
+
+class Env(ctypes.Structure):
+    _fields_ = [("sync_handle", ctypes.c_void_p), ("num_task", ctypes.c_int32)]
+
+LAMBDA = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(Env), ctypes.c_void_p)
+lib = ctypes.CDLL(sys.argv[1])
+lib.alt_tvm_parallel_launch.argtypes = [LAMBDA, ctypes.c_void_p, ctypes.c_int]
+libc = ctypes.CDLL(None)
+caller = threading.get_native_id()
+ran = []  # (task, thread, cpu) of every task
+
+def body(task, env, _):
+    ran.append((task, threading.get_native_id(), libc.sched_getcpu()))
+    if task < 4 and threading.get_native_id() == caller:
+        time.sleep(0.02)  # the worker wakes meanwhile and runs its own tasks
+    return 0
+
+callback = LAMBDA(body)
+launcher = ParallelLauncher(lib, threads=2, config=LauncherConfig(tasks_per_thread=4,
+                                                                    avoid_caller_cpu=sys.argv[2] == "1"))
+everywhere = os.sched_getaffinity(0)
+# The worker, started just now, takes part in this first launch (it once missed the launches
+# published before it first ran) and shows its thread.
+lib.alt_tvm_parallel_launch(callback, None, 0)
+worker = next(tid for _, tid, _ in ran if tid != caller)
+cpu = min(everywhere)
+os.sched_setaffinity(0, {cpu})       # the caller, and the worker with it, on one CPU
+os.sched_setaffinity(worker, {cpu})
+launcher.stats()
+ran.clear()
+lib.alt_tvm_parallel_launch(callback, None, 0)
+moves = launcher.stats().moves
+print(json.dumps({"cpu": cpu, "moves": moves, "worker_mask": sorted(os.sched_getaffinity(worker)),
+                  "everywhere": sorted(everywhere),
+                  "worker_cpus": sorted({c for _, tid, c in ran if tid == worker}),
+                  "tasks": sorted(t for t, _, _ in ran)}))
+"""
+
+
+@pytest.mark.parametrize("avoid", [True, False], ids=["avoid", "stay"])
+def test_a_worker_on_the_callers_cpu_moves_off_it(launcher_lib, tmp_path, avoid):
+    """With both threads on one CPU, the worker takes that CPU out of its mask at the next
+    launch (where it would take turns with a caller that polls for it); with
+    ``avoid_caller_cpu=False`` it stays. In a child process: it changes CPU masks."""
+    if len(alt_tvm.target._AFFINITY_AT_IMPORT) < 2:
+        pytest.skip("one CPU: a worker has nowhere else to go")
+    lib = tmp_path / "launcher.so"
+    subprocess.run(["gcc", "-shared", "-o", str(lib), str(launcher_object())], check=True)
+    done = subprocess.run([sys.executable, "-c", _AWAY, str(lib), str(int(avoid))], capture_output=True, text=True,
+                          timeout=120, preexec_fn=unpinned)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["tasks"] == list(range(8))
+    if avoid:
+        assert facts["moves"] == 1
+        assert facts["worker_mask"] == [c for c in facts["everywhere"] if c != facts["cpu"]]
+        assert facts["cpu"] not in facts["worker_cpus"]
+    else:
+        assert facts["moves"] == 0 and facts["worker_mask"] == [facts["cpu"]]

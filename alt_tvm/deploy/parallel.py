@@ -59,16 +59,24 @@ class LauncherConfig:
         Polls (``pause`` instructions) an idle worker makes before it sleeps, while its core
         is not contended: long enough to bridge the gap between two kernels of one call.
         A worker that found its core contended sleeps at once (see ``parallel.c``).
+    avoid_caller_cpu
+        A worker that finds itself on the calling thread's CPU when a launch starts takes
+        that CPU out of its affinity mask, so the two never take turns on one core (with a
+        busy process on the other core they did, and ResNet-18 ran at its one-thread speed).
+        False leaves placement to the OS alone (e.g. for a caller that pins its threads).
     """
 
     tasks_per_thread: int = 8
     spin_polls: int = 3000
+    avoid_caller_cpu: bool = True
 
     def __post_init__(self) -> None:
         for name, low, high in (("tasks_per_thread", 1, _MAX_TASKS_PER_THREAD), ("spin_polls", 0, 10**8)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+        if not isinstance(self.avoid_caller_cpu, bool):
+            raise ValueError(f"avoid_caller_cpu must be a bool, got {self.avoid_caller_cpu!r}")
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class LaunchStats:
         Tasks run by a thread other than the one whose range they were in.
     sleeps
         Times a worker went to sleep.
+    moves
+        Times a worker found itself on the calling thread's CPU at the start of a launch and
+        took that CPU out of its affinity mask (see ``parallel.c``).
     """
 
     launches: int
@@ -94,6 +105,7 @@ class LaunchStats:
     worker_tasks: int
     stolen: int
     sleeps: int
+    moves: int
 
 
 @functools.cache
@@ -150,13 +162,14 @@ class ParallelLauncher:
         """
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= _MAX_THREADS:
             raise ValueError(f"threads must be an int in [1, {_MAX_THREADS}], got {threads!r}")
-        got = self._lib.alt_tvm_parallel_configure(threads, self.config.tasks_per_thread, self.config.spin_polls)
+        got = self._lib.alt_tvm_parallel_configure(threads, self.config.tasks_per_thread, self.config.spin_polls,
+                                                   int(self.config.avoid_caller_cpu))
         if got != threads:
             raise LauncherError(f"the parallel launcher could start only {got} of {threads} threads")
 
     def stats(self) -> LaunchStats:
         """Counters since the previous call (and resets them)."""
-        out = (ctypes.c_longlong * 5)()
+        out = (ctypes.c_longlong * 6)()  # a library linked before ``moves`` existed leaves it 0
         self._lib.alt_tvm_parallel_stats(out)
         return LaunchStats(*(int(v) for v in out))
 
