@@ -131,6 +131,8 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None) -> dict:
                 busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                         preexec_fn=lambda: os.sched_setaffinity(0, start_mask))
                 time.sleep(0.5)
+            if built.launcher is not None:
+                built.launcher.stats()  # counted from here: the whole phase's calls
             try:
                 timed = time_interleaved(runners, rounds=rounds, repeat=10)
             finally:
@@ -139,8 +141,6 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None) -> dict:
                     busy.wait()
             row[phase] = {label: ms for label, (ms, _) in timed.items()}
             if built.launcher is not None:
-                built.launcher.stats()
-                built(*arrays)
                 row[f"{phase}_launcher"] = built.launcher.stats().__dict__
             if built.thread_governor is not None:
                 row[f"{phase}_governor"] = {"state": built.thread_governor.state,
