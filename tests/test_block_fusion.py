@@ -64,6 +64,64 @@ def test_fused_block_matches_pytorch(case):
     assert not [k for k in built.report.kernels if k.kind == "conversion" and not k.boundary]
 
 
+class _Stem(nn.Module):  # MobileNet-V2 / MNASNet: first conv on the image, depthwise, pointwise
+    def __init__(self, *, c=3, m=16, o=8, kernel=3, stride=2, padding=1, dw_kernel=3, dw_stride=1):
+        super().__init__()
+        self.first = nn.Conv2d(c, m, kernel, stride, padding)
+        self.dw = nn.Conv2d(m, m, dw_kernel, dw_stride, dw_kernel // 2, groups=m)
+        self.project = nn.Conv2d(m, o, 1)
+
+    def forward(self, x):
+        return self.project(nn.functional.relu6(self.dw(nn.functional.relu6(self.first(x)))))
+
+
+STEMS = {
+    "3x3_stride2": (dict(), (1, 3, 32, 32)),
+    "3x3_stride2_odd_input": (dict(), (1, 3, 29, 29)),  # the conv's bottom/right padding is read
+    "5x5_stride1_dw_stride2": (dict(c=4, kernel=5, stride=1, padding=2, dw_stride=2), (1, 4, 20, 20)),
+    "3x3_unpadded": (dict(padding=0, dw_kernel=5), (1, 3, 30, 30)),
+    "batch2": (dict(), (2, 3, 16, 16)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STEMS))
+def test_a_first_conv_depthwise_pointwise_chain_is_one_kernel_and_matches_pytorch(case):
+    """The stem's first conv (any kernel, stride and padding) is the block's expand conv: its
+    output rows are computed per band from the input through the conv's window and padding."""
+    kwargs, shape = STEMS[case]
+    torch.manual_seed(0)
+    model = _Stem(**kwargs).eval()
+    x = torch.randn(*shape)
+    built = build(model, example_inputs=[x], strategy_options=ALWAYS, strict=True)
+    fused = _fused(built)
+    assert len(fused) == 1 and [k for k in built.report.kernels if k.kind == "partition"] == fused
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    geometry = block.BlockGeometry.of(*_anchor_and_tail(model, x))
+    assert not geometry.pointwise_expand and geometry.expand_taps == kwargs.get("kernel", 3) ** 2
+
+
+def _anchor_and_tail(model, x):
+    from alt_tvm.graph.frontend import load_model
+
+    plan = plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"],
+                           target=resolve(None), strategy_options=ALWAYS)
+    (fused,) = [p for p in plan.partitions if p.tail]
+    return fused.anchor, fused.tail
+
+
+def test_a_stem_blocks_work_counts_the_first_convs_window():
+    """The rule weighs the recomputed rows of a 3x3 first conv by its 27 taps per output, not 3."""
+    stem = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3), stride=(1, 1),
+                               pads=(1, 1, 1, 1), expand_kernel=(3, 3), expand_stride=(2, 2),
+                               expand_pads=(1, 1, 1, 1), in_hw=(224, 224))
+    pointwise = block.BlockGeometry(n=1, c=27, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3),
+                                    stride=(1, 1), pads=(1, 1, 1, 1))
+    assert stem.flops(8) == pointwise.flops(8)  # 3 channels x 9 taps cost what 27 channels x 1 do
+    assert block.work_ratio(stem, 8, cores=2) == pytest.approx(block.work_ratio(pointwise, 8, cores=2))
+    assert 1 < block.work_ratio(stem, 8, cores=2) < block.MAX_WORK_RATIO
+
+
 def test_single_row_bands_are_not_fused_by_default_and_nothing_with_the_option_off():
     """On a 7x7 map every band is one output row, whose three expanded rows are recomputed
     by the next band: more work than the rule allows (:data:`block.MAX_WORK_RATIO`)."""

@@ -167,13 +167,21 @@ def _pointwise(binding: relax.VarBinding | None) -> bool:
             and not any(int(p) for p in attrs.get("padding", [0] * 4)))
 
 
+def _dense(binding: relax.VarBinding | None) -> bool:
+    """Is ``binding`` an undilated conv2d of one group (any kernel, stride and padding)?"""
+    attrs = _conv2d_attrs(binding)
+    return (attrs is not None and int(attrs.get("groups", 1)) == 1
+            and all(int(v) == 1 for v in attrs.get("dilation", [1, 1])))
+
+
 def _block_tail(part: Partition, later: list, users: dict, taken: set,
                 is_anchor: Callable[[relax.VarBinding], bool]) -> list[relax.VarBinding]:
-    """``[depthwise, *its epilogue, 1x1 conv, *its epilogue]`` when the 1x1 conv ``part``'s
-    value is read only by a depthwise conv2d whose value is read only by a 1x1 conv2d (the
-    expand -> depthwise -> project chain of an inverted-residual block, MobileNetV2 §3.3),
-    else ``[]``."""
-    if not _pointwise(part.anchor):
+    """``[depthwise, *its epilogue, 1x1 conv, *its epilogue]`` when the conv ``part``'s value
+    is read only by a depthwise conv2d whose value is read only by a 1x1 conv2d, else ``[]``:
+    the expand -> depthwise -> project chain of an inverted-residual block (MobileNetV2
+    §3.3), or a network's first conv -> depthwise -> pointwise (MobileNet-V2's and MNASNet's
+    stem and first block), where ``part`` is a dense conv of any kernel."""
+    if not _dense(part.anchor):
         return []
     by_var = {b.var: b for b in later if isinstance(b, relax.VarBinding)}
 

@@ -1,5 +1,10 @@
 """An inverted-residual block as one kernel: expand 1x1 -> depthwise -> project 1x1.
 
+The same chain with a larger first conv is a network's stem: MobileNet-V2 and MNASNet start
+with a 3x3 stride-2 conv on the image, a depthwise conv and a 1x1 conv, whose two 32-channel
+112x112 maps (1.6 MB each) would otherwise go through memory twice. The first conv then
+reads its input rows through its own window and padding.
+
 MobileNetV2 (Sandler et al. 2018, §3.3 and §5.1) notes that the block's expanded
 intermediate need never be materialised whole. Computed one op at a time, the expanded map
 (``M = 6 C`` channels at full resolution: 4.8 MB for MobileNet-V2's second block) is written
@@ -41,13 +46,18 @@ __all__ = ["MAX_WORK_RATIO", "BlockGeometry", "band_rows", "implement_block", "w
 
 @dataclass(frozen=True)
 class BlockGeometry:
-    """The shapes of an expand -> depthwise -> project chain (NCHW, batch ``n``)."""
+    """The shapes of an expand -> depthwise -> project chain (NCHW, batch ``n``).
+
+    The expand conv is a 1x1 conv by default; a network's first conv (MobileNet-V2's 3x3,
+    stride 2, on the image) has its kernel, stride and padding in the ``expand_*`` fields
+    and its input's size in ``in_hw``.
+    """
 
     n: int
     c: int  #: input channels
     m: int  #: expanded channels
     o: int  #: output channels
-    h: int
+    h: int  #: the expanded map's height (the depthwise conv's input)
     w: int
     oh: int
     ow: int
@@ -55,20 +65,43 @@ class BlockGeometry:
     stride: tuple[int, int]
     #: depthwise padding: top, left, bottom, right
     pads: tuple[int, int, int, int]
+    expand_kernel: tuple[int, int] = (1, 1)
+    expand_stride: tuple[int, int] = (1, 1)
+    #: the expand conv's padding: top, left, bottom, right
+    expand_pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    #: the input's height and width (None: the expanded map's, as for a 1x1 expand conv)
+    in_hw: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding]) -> BlockGeometry:
         depthwise, _, project, _ = split_block_tail(tail)
-        n, c, h, w = static_shape(anchor.value.args[0])
-        m = static_shape(anchor.var)[1]
+        n, c, ih, iw = static_shape(anchor.value.args[0])
+        _, m, h, w = static_shape(anchor.var)
         attrs = attrs_dict(depthwise.value.attrs)
-        if any(int(d) != 1 for d in attrs.get("dilation", [1, 1])):
-            raise ValueError(f"block fusion needs an undilated depthwise conv, got dilation {attrs['dilation']}")
+        expand = attrs_dict(anchor.value.attrs)
+        for conv, what in ((attrs, "depthwise"), (expand, "expand")):
+            if any(int(d) != 1 for d in conv.get("dilation", [1, 1])):
+                raise ValueError(f"block fusion needs an undilated {what} conv, got dilation {conv['dilation']}")
+        if int(expand.get("groups", 1)) != 1:
+            raise ValueError(f"block fusion needs a dense expand conv, got groups={expand['groups']}")
         _, o, oh, ow = static_shape(project.var)
         return cls(n=n, c=c, m=m, o=o, h=h, w=w, oh=oh, ow=ow,
                    kernel=tuple(static_shape(depthwise.value.args[1])[2:]),
                    stride=tuple(int(s) for s in attrs.get("strides", [1, 1])),
-                   pads=tuple(int(p) for p in attrs.get("padding", [0, 0, 0, 0])))
+                   pads=tuple(int(p) for p in attrs.get("padding", [0, 0, 0, 0])),
+                   expand_kernel=tuple(static_shape(anchor.value.args[1])[2:]),
+                   expand_stride=tuple(int(s) for s in expand.get("strides", [1, 1])),
+                   expand_pads=tuple(int(p) for p in expand.get("padding", [0, 0, 0, 0])),
+                   in_hw=(ih, iw))
+
+    @property
+    def pointwise_expand(self) -> bool:
+        """Is the expand conv 1x1, stride 1, unpadded (an inverted-residual block's)?"""
+        return self.expand_kernel == (1, 1) and self.expand_stride == (1, 1) and not any(self.expand_pads)
+
+    @property
+    def expand_taps(self) -> int:
+        return self.expand_kernel[0] * self.expand_kernel[1]
 
     def expanded_rows(self, rows: int) -> int:
         """Padded expanded rows the depthwise windows of ``rows`` output rows read."""
@@ -85,7 +118,7 @@ class BlockGeometry:
 
     def flops(self, rows: int) -> float:
         """FLOPs of one band of ``rows`` output rows, its expanded rows recomputed."""
-        expand = 2 * self.c * self.m * self.w * min(self.expanded_rows(rows), self.h)
+        expand = 2 * self.c * self.expand_taps * self.m * self.w * min(self.expanded_rows(rows), self.h)
         depthwise = 2 * self.kernel[0] * self.kernel[1] * self.m * rows * self.ow
         project = 2 * self.m * self.o * rows * self.ow
         return float(expand + depthwise + project)
@@ -102,7 +135,7 @@ def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
     """The fused kernel's work with bands of ``rows`` rows over ``cores``, over the unfused kernels'."""
     g = geometry
     bands = g.n * g.oh // rows
-    unfused = g.n * (2 * g.c * g.m * g.h * g.w + 2 * g.kernel[0] * g.kernel[1] * g.m * g.oh * g.ow
+    unfused = g.n * (2 * g.c * g.expand_taps * g.m * g.h * g.w + 2 * g.kernel[0] * g.kernel[1] * g.m * g.oh * g.ow
                      + 2 * g.m * g.o * g.oh * g.ow)
     return -(-bands // cores) * cores * g.flops(rows) / unfused
 
@@ -148,12 +181,10 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: A
     expand_w = context.te_input(anchor.value.args[1], "expand_weight")
     dw_w = context.te_input(depthwise.value.args[1], "depthwise_weight")
     project_w = context.te_input(project.value.args[1], "project_weight")
-    # The expand conv and its epilogue run over the depthwise conv's padded domain, reading
-    # the input at clamped (always valid) positions; the last stage zeroes the border. So the
+    # The expand conv and its epilogue run over the depthwise conv's padded domain, at clamped
+    # (always valid) positions of the expanded map; the last stage zeroes the border. So the
     # depthwise conv reads the expanded rows as they are written, with no pad stage between.
-    clamped = te.compute((g.n, g.c, hp, wp), lambda n, c, y, x: data(
-        n, c, te.max(te.min(y - top, g.h - 1), 0), te.max(te.min(x - left, g.w - 1), 0)), name="expand_input")
-    expand = ops.conv(clamped, expand_w, strides=1, dilation=1, name="expand")
+    expand_input, expand = _expand_te(data, expand_w, g)
     expand_stages = context.epilogue_te(expand)
     last = expand_stages[-1] if expand_stages else expand
     zero = tvm.tirx.const(0.0, "float32")
@@ -177,7 +208,7 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: A
     out_shape = [int(s) for s in pw.shape]
     output = conv_output_tiled(out_shape, spatial_tiles=list(project_tiling.spatial), channel_tile=project_tiling.ot)
     layouts.update((t, output) for t in [pw, *pw_stages])
-    layouts[expand_w] = conv_weight_tiled([g.m, g.c, 1, 1], out_tile=mt, in_tile=1)
+    layouts[expand_w] = conv_weight_tiled([g.m, g.c, *g.expand_kernel], out_tile=mt, in_tile=1)
     layouts[dw_w] = conv_weight_tiled([g.m, 1, *g.kernel], out_tile=mt, in_tile=1)
     layouts[project_w] = conv_weight_tiled([g.o, g.m, 1, 1], out_tile=project_tiling.ot, in_tile=1)
     mt_vectors = -(-mt // lanes)
@@ -189,11 +220,38 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: A
         project_reg=project_tiling.reg)
 
     def schedule(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
-        return schedule_block(func, clamped=clamped, expand=(expand, [*expand_stages, padded]),
+        return schedule_block(func, expand_input=expand_input, pointwise=g.pointwise_expand,
+                              expand=(expand, [*expand_stages, padded]),
                               depthwise=(dw, dw_stages), project=(pw, pw_stages), **params)
 
     return context.finish(output=pw_stages[-1] if pw_stages else pw, layouts=layouts, strategy=strategy,
                           schedule=schedule)
+
+
+def _expand_te(data: te.Tensor, weight: te.Tensor, g: BlockGeometry) -> tuple[te.Tensor, te.Tensor]:
+    """The expand conv over the depthwise conv's padded domain ``(n, m, hp, wp)``, and the
+    stage it reads its input from.
+
+    A 1x1 conv computes each position as the expanded map's nearest one (its input stage
+    reads clamped positions, and is inlined). A larger conv (a stem) reads a zero-padded copy
+    of its input, padded further by the rows and columns the depthwise padding adds, so every
+    position reads valid input through affine indices: the schedule copies a band's input rows
+    right before the band's expand rows read them. The border positions compute the conv of
+    zeros there; the depthwise padding stage zeroes them either way.
+    """
+    top, left, bottom, right = g.pads
+    hp, wp = g.h + top + bottom, g.w + left + right
+    if g.pointwise_expand:
+        clamped = te.compute((g.n, g.c, hp, wp), lambda n, c, y, x: data(
+            n, c, te.max(te.min(y - top, g.h - 1), 0), te.max(te.min(x - left, g.w - 1), 0)), name="expand_input")
+        return clamped, ops.conv(clamped, weight, strides=1, dilation=1, name="expand")
+    (kh, kw), (sy, sx), (ih, iw) = g.expand_kernel, g.expand_stride, g.in_hw
+    oy, ox = top * sy + g.expand_pads[0], left * sx + g.expand_pads[1]  # input (0, 0) in the copy
+    zero = tvm.tirx.const(0.0, "float32")
+    padded = te.compute((g.n, g.c, (hp - 1) * sy + kh, (wp - 1) * sx + kw), lambda n, c, y, x: tvm.tirx.if_then_else(
+        tvm.tirx.all(y >= oy, y < oy + ih, x >= ox, x < ox + iw), data(n, c, y - oy, x - ox), zero),
+        name="expand_input")
+    return padded, ops.conv(padded, weight, strides=(sy, sx), dilation=1, name="expand")
 
 
 def _registers(sch: tvm.s_tir.Schedule, block: Any, stages: list, *, at: Any, positions: Any, vector: Any,
@@ -213,18 +271,20 @@ def _registers(sch: tvm.s_tir.Schedule, block: Any, stages: list, *, at: Any, po
     return write
 
 
-def schedule_block(func: tvm.tirx.PrimFunc, *, clamped: te.Tensor, expand: tuple, depthwise: tuple,
-                   project: tuple, band: int, expand_reg: int, dw_reg: int, project_reg: int,
+def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwise: bool, expand: tuple,
+                   depthwise: tuple, project: tuple, band: int, expand_reg: int, dw_reg: int, project_reg: int,
                    channel_vector: int) -> tvm.IRModule:
     """Loops (outer to inner)::
 
         parallel(n, bands)
-          padded expanded rows . M/mt . Wp/reg . C . reg . mt       (+ epilogue per register block)
+          (a stem: its input rows, zero-padded)
+          padded expanded rows . M/mt . Wp/reg . C . (Kh . Kw) . reg . mt  (+ epilogue per register block)
           depthwise rows . M/mt . OW/reg . Kh . Kw . reg . mt      (+ epilogue)
           band rows . OW/wt . O/ot . wt/reg . M/mt . ht . reg . mt . ot (+ epilogue)
     """
     sch = tvm.s_tir.Schedule(func)
-    sch.compute_inline(sch.get_sblock(clamped.op.name))
+    if pointwise:
+        sch.compute_inline(sch.get_sblock(expand_input.op.name))
     # The project conv: the output layout's loops, rows grouped into bands.
     pw, pw_stages = project
     block = sch.get_sblock(pw.op.name)
@@ -256,4 +316,8 @@ def schedule_block(func: tvm.tirx.PrimFunc, *, clamped: te.Tensor, expand: tuple
         sch.decompose_reduction(conv_block, channels)
         sch.reverse_compute_at(final, wo_)
         sch.vectorize(sch.get_loops(final)[-1])
+    if not pointwise:  # a stem's zero-padded input rows, copied per band
+        copy = sch.get_sblock(expand_input.op.name)
+        sch.compute_at(copy, task, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(copy)[-1])
     return sch.mod
