@@ -213,3 +213,13 @@ def test_squeeze_excitation_scaling_is_folded_into_the_next_conv_at_batch_1(batc
     else:  # a scale per sample: the multiply stays a kernel of its own
         assert scaled == [] and len(multiplies) == 1
     assert not [k for k in built.report.kernels if k.kind == "conversion" and not k.boundary]
+
+
+def test_a_stem_bands_buffers_count_its_input_rows():
+    stem = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3), stride=(1, 1),
+                               pads=(1, 1, 1, 1), expand_kernel=(3, 3), expand_stride=(2, 2),
+                               expand_pads=(1, 1, 1, 1), in_hw=(224, 224))
+    pointwise = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3),
+                                    stride=(1, 1), pads=(1, 1, 1, 1))
+    # 10 expanded rows of 114 positions read 21 input rows of 229 columns, 3 channels
+    assert stem.band_bytes(8) - pointwise.band_bytes(8) == 4 * 3 * 21 * 229

@@ -112,9 +112,14 @@ class BlockGeometry:
         return 4 * self.n * self.m * self.h * self.w
 
     def band_bytes(self, rows: int) -> int:
-        """The band's expanded (padded) and depthwise buffers, in bytes."""
+        """The band's expanded (padded) and depthwise buffers, and a stem's copy of the input
+        rows they read, in bytes."""
         padded_w = self.w + self.pads[1] + self.pads[3]
-        return 4 * self.m * (self.expanded_rows(rows) * padded_w + rows * self.ow)
+        buffers = self.m * (self.expanded_rows(rows) * padded_w + rows * self.ow)
+        if not self.pointwise_expand:
+            (kh, kw), (sy, sx) = self.expand_kernel, self.expand_stride
+            buffers += self.c * ((self.expanded_rows(rows) - 1) * sy + kh) * ((padded_w - 1) * sx + kw)
+        return 4 * buffers
 
     def flops(self, rows: int) -> float:
         """FLOPs of one band of ``rows`` output rows, its expanded rows recomputed."""
