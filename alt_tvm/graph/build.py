@@ -532,7 +532,7 @@ class _Mutator(relax.PyExprMutator):
                 axis = int(call.attrs.axis) % len(static_shape(var))
                 concat = schedule_concat(func, cores=cores, output=wanted, axis=axis,
                                          sizes=[static_shape(f)[axis] for f in call.args[0].fields])
-            func = concat or schedule_in_layout(func, cores=cores, output=wanted)
+            func = concat or schedule_in_layout(func, cores=cores, output=wanted, inputs=inputs)
         except Exception:  # noqa: BLE001 - a layout TIR cannot express: convert instead
             return False
         self.count += 1
