@@ -197,7 +197,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     for block in _all_blocks(sch):
         if any(w.source.name == name for w in sch.get(block).writes):
             continue
-        if vector is not None and _block_channels(sch, block, *vector):
+        if vector is not None and _block_channels(sch, block, vector[0], narrow):
             # a padded copy in channel vectors: read by whole vectors, no index arithmetic
             copies.append(sch.get(block).name_hint)
             continue
@@ -215,13 +215,14 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
             spatial = [loop for loop, kind in zip(loops, kinds) if kind == 0]
             reduce = [loop for loop, kind in zip(loops, kinds) if kind != 0]
             writes_output = any(w.source.name == name for w in stmt.writes)
+            vector_inner = writes_output  # a spatial nest writing the output iterates in its stored order
             if reduce and vector is not None and vector[0] < len(spatial) \
                     and (writes_output or _stages_output(stmt, output)):
                 dim, lanes = vector
                 outer, inner = sch.split(spatial[dim], [None, lanes])
                 spatial = [*spatial[:dim], outer, *spatial[dim + 1:], inner]
-            if writes_output and vector is not None and narrow < vector[1] \
-                    and _extent(sch, spatial[-1]) == vector[1]:  # the output's vector loop, innermost
+                vector_inner = True
+            if vector_inner and vector is not None and narrow < vector[1] and _extent(sch, spatial[-1]) == vector[1]:
                 spatial = [*spatial[:-1], *sch.split(spatial[-1], [None, narrow])]
             if reduce:
                 sch.reorder(*spatial[:-1], *reduce, spatial[-1])
