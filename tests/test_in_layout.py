@@ -343,6 +343,17 @@ class _BiasAdd(nn.Module):
         return torch.relu(x) + self.bias
 
 
+class _LayerScaleBack(nn.Module):
+    """ConvNeXt's block end: channels-last rows back to NCHW, times the layer scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.randn(64, 1, 1))
+
+    def forward(self, x):
+        return self.gamma * x.permute(0, 3, 1, 2)
+
+
 def test_a_transpose_is_copied_in_tiles_and_a_broadcast_is_not():
     from alt_tvm.graph.in_layout import TRANSPOSE_TILE
 
@@ -350,6 +361,12 @@ def test_a_transpose_is_copied_in_tiles_and_a_broadcast_is_not():
     (script,) = [s for name, s in kernels.items() if "transpose" in name]
     assert f"T.unroll(T.int64({TRANSPOSE_TILE}))" in script, script  # the tile's output rows
     assert "T.vectorized" not in script, script  # no gather along the strided input
+
+    # NHWC -> NCHW with a multiply: the channel loop moves in next to the width loop, and
+    # tiles of 16 channels by the whole 14-wide row are copied
+    kernels = _built_kernels(_LayerScaleBack(), (1, 14, 14, 64))
+    (script,) = [s for name, s in kernels.items() if "transpose" in name]
+    assert "T.unroll(T.int64(14))" in script and "T.vectorized" not in script, script
 
     kernels = _built_kernels(_BiasAdd(), (1, 32, 128))
     (script,) = [s for name, s in kernels.items() if "add" in name]

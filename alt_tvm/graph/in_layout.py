@@ -286,22 +286,23 @@ TRANSPOSE_TILE = 16
 
 
 def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
-    """Copy a transpose in square tiles (True when ``block`` is one and was tiled).
+    """Copy a transpose in tiles (True when ``block`` is one and was tiled).
 
     A transpose is an element-wise block whose output is contiguous along its innermost loop
-    while one of its inputs is contiguous along the loop just outside it (a key transposed
-    for attention, ``[s, h * 64 + d] -> [h, d, s]``). Vectorised along the innermost loop it
-    reads one element per cache line (BERT-base's 12 key transposes: 0.56 ms in the model).
-    In tiles, with the tile's output rows unrolled, each tile reads and writes
-    :data:`TRANSPOSE_TILE` lines (0.079 -> 0.017 ms per key alone).
+    while one of its inputs is contiguous along another loop (a key transposed for attention,
+    ``[s, h * 64 + d] -> [h, d, s]``; ConvNeXt's channels-last rows back to NCHW,
+    ``[n, h, w, c] -> [n, c, h, w]``, there with the layer scale multiplied in). Vectorised
+    along the innermost loop it reads one element per cache line (BERT-base's 12 key
+    transposes: 0.56 ms in the model; ConvNeXt-T's layer-scale transposes up to 1.3 ms each).
+    That other loop moves just outside the innermost one; in tiles of both
+    (:data:`TRANSPOSE_TILE` where it divides the extent), with the tile's output rows
+    unrolled, each tile reads and writes one line per row (0.079 -> 0.017 ms per key alone).
     """
     stmt = sch.get(block)
     if len(spatial) < 2 or len(stmt.iter_vars) != len(spatial) or len(stmt.writes) != 1:
         return False
-    outer, inner = (iv.var for iv in stmt.iter_vars[-2:])
-    extents = [sch.get(loop).extent for loop in spatial[-2:]]
-    if not all(hasattr(e, "value") and int(e.value) % TRANSPOSE_TILE == 0 for e in extents):
-        return False
+    variables = [iv.var for iv in stmt.iter_vars]
+    inner = variables[-1]
 
     # Fused reshapes index by flat positions (``(h * 64 + d) % 768``): simplified against the
     # block's domains (``h * 64 + d``) they show their strides.
@@ -313,16 +314,33 @@ def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
         found = detect_linear_equation(analyzer.simplify(region.region[-1].min), [var])
         return int(found[0].value) if len(found) == 2 and hasattr(found[0], "value") else None
 
-    reads = [(stride(read, inner), stride(read, outer)) for read in stmt.reads]
     # (an input contiguous along the innermost loop, as ``x[c, s] + bias[c]``: not a transpose)
-    if stride(stmt.writes[0], inner) != 1 or any(inner_stride == 1 for inner_stride, _ in reads) \
-            or (0, 1) not in reads:
+    if stride(stmt.writes[0], inner) != 1 or any(stride(read, inner) == 1 for read in stmt.reads):
         return False
-    outer_o, outer_i = sch.split(spatial[-2], [None, TRANSPOSE_TILE])
-    inner_o, inner_i = sch.split(spatial[-1], [None, TRANSPOSE_TILE])
+    across = next((k for k in reversed(range(len(variables) - 1))
+                   if any(stride(read, inner) == 0 and stride(read, variables[k]) == 1 for read in stmt.reads)), None)
+    if across is None:
+        return False
+    tiles = [_transpose_tile(_extent(sch, spatial[across])), _transpose_tile(_extent(sch, spatial[-1]))]
+    if None in tiles:
+        return False
+    others = [loop for k, loop in enumerate(spatial[:-1]) if k != across]
+    sch.reorder(*others, spatial[across], spatial[-1])
+    outer_o, outer_i = sch.split(spatial[across], [None, tiles[0]])
+    inner_o, inner_i = sch.split(spatial[-1], [None, tiles[1]])
     sch.reorder(inner_o, outer_o, inner_i, outer_i)
     sch.unroll(inner_i)
     return True
+
+
+def _transpose_tile(extent: int | None) -> int | None:
+    """A transpose tile's side along a loop of ``extent``: :data:`TRANSPOSE_TILE` where it
+    divides, else the largest divisor from 4 to 16 (ConvNeXt's 14- and 7-wide maps)."""
+    if extent is None:
+        return None
+    if extent % TRANSPOSE_TILE == 0:
+        return TRANSPOSE_TILE
+    return next((t for t in range(TRANSPOSE_TILE, 3, -1) if extent % t == 0), None)
 
 
 def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, axis: int,
