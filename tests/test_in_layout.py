@@ -428,3 +428,29 @@ def test_an_op_between_layouts_of_different_vector_widths_loads_whole_input_vect
     vectorized = {int(v) for v in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", func.script())}
     assert read != written, "the case should store the channels in vectors of two widths"
     assert vectorized == {min(read, written)}, (read, written, func.script()[:600])
+
+
+class _ClassifierMean(nn.Module):  # SqueezeNet's end: a 1x1 conv, ReLU, then the global mean as the output
+    def __init__(self, classes=40):
+        super().__init__()
+        self.conv = nn.Conv2d(16, classes, 1)
+
+    def forward(self, x):
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1)
+
+
+def test_a_mean_into_an_untiled_output_sums_whole_vectors_of_the_tiled_map():
+    """The classifier's mean writes a plain ``(1, C, 1, 1)``: its sum still runs over the
+    positions with the map's channel tile (as much of it as divides C) vectorised innermost."""
+    import math
+    import re
+
+    kernels = _built_kernels(_ClassifierMean(), (1, 16, 13, 13))
+    (script,) = [s for name, s in kernels.items() if name.startswith("alt_mean")]
+    shape = re.search(r"p0: T\.Buffer\(\((.*?)\), \"float32\"\)", script).group(1)
+    read = int(re.findall(r"\d+", shape.split(",")[-1])[-1])  # the map's channel tile
+    assert read > 1, script
+    head = script.partition('T.sblock("p0_red")')[0]
+    assert f"T.vectorized(T.int64({math.gcd(read, 40)}))" in head[head.rindex("for "):], script
+    # the channel vectors run in parallel; the positions they sum are not fused into that loop
+    assert "T.parallel" in head and "k2_fused" not in head, script

@@ -12,6 +12,7 @@ operators (§4.2), applied to every operator TVM can legalize.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -148,7 +149,12 @@ def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layou
 
 
 def parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
-    """Run the outer spatial loops of each top-level block nest in parallel (best effort)."""
+    """Run the outer spatial loops of each top-level block nest in parallel (best effort).
+
+    The outer loops are fused until there are ``4 x cores`` iterations; where that takes in a
+    reduction loop (a global mean over few channel vectors), which cannot run in parallel,
+    fewer loops are tried, so the nest keeps its spatial parallelism and its loops unfused.
+    """
     sch = tvm.s_tir.Schedule(func)
     try:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
@@ -157,17 +163,25 @@ def parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
     for block in blocks:
         try:
             loops = sch.get_loops(block)
-            outer, extent = [], 1
-            for loop in loops:
-                loop_extent = sch.get(loop).extent
-                if not hasattr(loop_extent, "value") or extent >= 4 * cores:
-                    break
-                outer.append(loop)
-                extent *= int(loop_extent.value)
-            if extent >= 2 * cores and outer:
-                sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        except Exception:  # reductions, non-affine nests: leave those serial
+        except Exception:  # noqa: BLE001 - an opaque nest: left serial
             continue
+        outer, extents = [], []
+        for loop in loops:
+            loop_extent = sch.get(loop).extent
+            if not hasattr(loop_extent, "value") or math.prod(extents) >= 4 * cores:
+                break
+            outer.append(loop)
+            extents.append(int(loop_extent.value))
+        while outer and math.prod(extents) >= 2 * cores:
+            trial = sch.copy()  # a failed fuse or parallel must leave ``sch`` as it was
+            try:
+                trial.parallel(trial.fuse(*outer) if len(outer) > 1 else outer[0])
+            except Exception:  # noqa: BLE001 - a reduction or non-affine loop among them
+                outer.pop()
+                extents.pop()
+                continue
+            sch = trial
+            break
     return sch.mod["main"]
 
 
@@ -193,6 +207,12 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     name = func.params[-1].name
     vector = output.innermost_dim if output is not None and not output.is_identity else None
     narrow = _narrowest_tile(inputs, *vector) if vector is not None else None
+    stored = func.params[-1].ty.shape
+    out_shape = tuple(int(d) for d in output.orig_shape) if output is not None else \
+        tuple(int(d.value) for d in stored) if all(hasattr(d, "value") for d in stored) else None
+    # An untiled output (a classifier's global mean) reduced from a tiled map: sum whole
+    # vectors of the map's tile, as wide as the output's extent allows.
+    reduce_vector = vector if vector is not None or out_shape is None else _vector_of_inputs(inputs, out_shape)
     copies = []  # padded copies kept as stages
     for block in _all_blocks(sch):
         if any(w.source.name == name for w in sch.get(block).writes):
@@ -216,9 +236,9 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
             reduce = [loop for loop, kind in zip(loops, kinds) if kind != 0]
             writes_output = any(w.source.name == name for w in stmt.writes)
             vector_inner = writes_output  # a spatial nest writing the output iterates in its stored order
-            if reduce and vector is not None and vector[0] < len(spatial) \
-                    and (writes_output or _stages_output(stmt, output)):
-                dim, lanes = vector
+            if reduce and reduce_vector is not None and reduce_vector[0] < len(spatial) \
+                    and (writes_output or _stages_output(stmt, out_shape)):
+                dim, lanes = reduce_vector
                 outer, inner = sch.split(spatial[dim], [None, lanes])
                 spatial = [*spatial[:dim], outer, *spatial[dim + 1:], inner]
                 vector_inner = True
@@ -270,14 +290,27 @@ def _narrowest_tile(inputs: Sequence[Layout | None], dim: int, lanes: int) -> in
     return min([t for t in tiles if lanes % t == 0], default=lanes)
 
 
-def _stages_output(stmt, output: Layout) -> bool:
-    """Whether block ``stmt`` writes one buffer of ``output``'s original shape (an
-    intermediate the output is computed from element by element)."""
-    if len(stmt.writes) != 1:
+def _stages_output(stmt, out_shape: Sequence[int] | None) -> bool:
+    """Whether block ``stmt`` writes one buffer of the output's original shape ``out_shape``
+    (an intermediate the output is computed from element by element; None: a symbolic one)."""
+    if out_shape is None or len(stmt.writes) != 1:
         return False
     shape = stmt.writes[0].source.shape
-    return len(shape) == len(output.orig_shape) and all(
-        hasattr(d, "value") and int(d.value) == int(o) for d, o in zip(shape, output.orig_shape))
+    return len(shape) == len(out_shape) and all(
+        hasattr(d, "value") and int(d.value) == int(o) for d, o in zip(shape, out_shape))
+
+
+def _vector_of_inputs(inputs: Sequence[Layout | None], out_shape: Sequence[int]) -> tuple[int, int] | None:
+    """``(dim, lanes)``: an input of the output's rank stores ``dim`` innermost in tiles; lanes
+    divide both the tile and the output's extent there (at least 4). None when none does."""
+    for layout in inputs:
+        inner = layout.innermost_dim if layout is not None and not layout.is_identity else None
+        if inner is None or len(layout.orig_shape) != len(out_shape) or inner[0] >= len(out_shape):
+            continue
+        lanes = math.gcd(int(out_shape[inner[0]]), inner[1])
+        if lanes >= 4:
+            return inner[0], lanes
+    return None
 
 
 #: Side of the square tiles a transpose is copied in: 16 x 16 floats read as 16 cache lines
