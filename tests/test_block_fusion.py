@@ -1,8 +1,11 @@
-"""Inverted-residual blocks (expand 1x1 -> depthwise -> project 1x1) lowered as one kernel.
+"""Inverted-residual blocks (expand 1x1 -> depthwise -> project 1x1), and a network's first
+conv -> depthwise -> 1x1 (its stem), lowered as one kernel.
 
 Each block is built fused (``fuse_blocks="always"``, as these maps are small enough to stay
 in cache either way) and checked against PyTorch; the IR checks say what was fused.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -101,22 +104,34 @@ def test_a_first_conv_depthwise_pointwise_chain_is_one_kernel_and_matches_pytorc
     assert not geometry.pointwise_expand and geometry.expand_taps == kwargs.get("kernel", 3) ** 2
 
 
-def _anchor_and_tail(model, x):
+def _plan(model, x, options=None):
+    """The build's partition plan of ``model`` on this machine."""
     from alt_tvm.graph.frontend import load_model
 
-    plan = plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"],
-                           target=resolve(None), strategy_options=ALWAYS)
-    (fused,) = [p for p in plan.partitions if p.tail]
+    return plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"],
+                           target=resolve(None), strategy_options=options)
+
+
+def _anchor_and_tail(model, x):
+    (fused,) = [p for p in _plan(model, x, ALWAYS).partitions if p.tail]
     return fused.anchor, fused.tail
+
+
+#: MobileNet-V2's stem: 3x3 stride-2 conv on a 224x224 image, depthwise 3x3, 1x1 to 16 channels
+STEM = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3), stride=(1, 1),
+                           pads=(1, 1, 1, 1), expand_kernel=(3, 3), expand_stride=(2, 2), expand_pads=(1, 1, 1, 1),
+                           in_hw=(224, 224))
+
+
+def _pointwise_like(geometry, channels):
+    """The same block with a 1x1 expand conv of ``channels`` inputs."""
+    return dataclasses.replace(geometry, c=channels, expand_kernel=(1, 1), expand_stride=(1, 1),
+                               expand_pads=(0, 0, 0, 0), in_hw=None)
 
 
 def test_a_stem_blocks_work_counts_the_first_convs_window():
     """The rule weighs the recomputed rows of a 3x3 first conv by its 27 taps per output, not 3."""
-    stem = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3), stride=(1, 1),
-                               pads=(1, 1, 1, 1), expand_kernel=(3, 3), expand_stride=(2, 2),
-                               expand_pads=(1, 1, 1, 1), in_hw=(224, 224))
-    pointwise = block.BlockGeometry(n=1, c=27, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3),
-                                    stride=(1, 1), pads=(1, 1, 1, 1))
+    stem, pointwise = STEM, _pointwise_like(STEM, 27)
     assert stem.flops(8) == pointwise.flops(8)  # 3 channels x 9 taps cost what 27 channels x 1 do
     assert block.work_ratio(stem, 8, cores=2) == pytest.approx(block.work_ratio(pointwise, 8, cores=2))
     assert 1 < block.work_ratio(stem, 8, cores=2) < block.MAX_WORK_RATIO
@@ -145,11 +160,7 @@ def test_a_block_with_cheap_bands_is_fused_by_default():
     torch.manual_seed(0)
     model = _InvertedResidual(16, 24, stride=2).eval()
     x = torch.randn(1, 3, 56, 56)
-    from alt_tvm.graph.frontend import load_model
-
-    target = resolve(None)
-    plan = plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"], target=target)
-    tails = [p for p in plan.partitions if p.tail]
+    tails = [p for p in _plan(model, x).partitions if p.tail]
     assert len(tails) == 1 and len(tail_pieces(tails[0])) == 3
     assert [len(piece.epilogue) for piece in tail_pieces(tails[0])] == [2, 2, 1]  # bias + clip, bias + clip, bias
     geometry = block.BlockGeometry.of(tails[0].anchor, tails[0].tail)
@@ -216,10 +227,5 @@ def test_squeeze_excitation_scaling_is_folded_into_the_next_conv_at_batch_1(batc
 
 
 def test_a_stem_bands_buffers_count_its_input_rows():
-    stem = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3), stride=(1, 1),
-                               pads=(1, 1, 1, 1), expand_kernel=(3, 3), expand_stride=(2, 2),
-                               expand_pads=(1, 1, 1, 1), in_hw=(224, 224))
-    pointwise = block.BlockGeometry(n=1, c=3, m=32, o=16, h=112, w=112, oh=112, ow=112, kernel=(3, 3),
-                                    stride=(1, 1), pads=(1, 1, 1, 1))
     # 10 expanded rows of 114 positions read 21 input rows of 229 columns, 3 channels
-    assert stem.band_bytes(8) - pointwise.band_bytes(8) == 4 * 3 * 21 * 229
+    assert STEM.band_bytes(8) - _pointwise_like(STEM, 3).band_bytes(8) == 4 * 3 * 21 * 229
