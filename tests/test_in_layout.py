@@ -454,3 +454,40 @@ def test_a_mean_into_an_untiled_output_sums_whole_vectors_of_the_tiled_map():
     assert f"T.vectorized(T.int64({math.gcd(read, 40)}))" in head[head.rindex("for "):], script
     # the channel vectors run in parallel; the positions they sum are not fused into that loop
     assert "T.parallel" in head and "k2_fused" not in head, script
+
+
+class _ConvThenPool(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 32, 3, padding=1)
+
+    def forward(self, x):
+        return nn.functional.max_pool2d(torch.relu(self.conv(x)), 3, 2, 1)
+
+
+class _Fire(nn.Module):  # SqueezeNet's fire module: two expands of one squeeze, concatenated
+    def __init__(self):
+        super().__init__()
+        self.squeeze, self.expand1, self.expand3 = nn.Conv2d(32, 16, 1), nn.Conv2d(16, 32, 1), nn.Conv2d(16, 32, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.expand1(y)), torch.relu(self.expand3(y))], 1)
+
+
+@pytest.mark.parametrize("make, shape", [(_Fire, (1, 32, 15, 15)), (_ConvThenPool, (1, 8, 14, 14))],
+                         ids=["concat", "max_pool"])
+def test_an_onnx_output_computed_from_tiled_operands_is_written_row_major(tmp_path, make, shape):
+    """An ONNX graph's output is a binding of its own (torch.export returns a tuple of values):
+    an op without a strategy that computes it from tiled operands writes it row-major, no
+    conversion after it (a concatenation of equal tiles kept them and left the output unbound)."""
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(*shape)
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    built = build(str(path))
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    last = built.report.kernels[-1]
+    assert last.kind == "operator" and last.layout == ""  # the last kernel, writing the output

@@ -505,10 +505,11 @@ class _Mutator(relax.PyExprMutator):
         tiled = [v for v in relax.analysis.free_vars(call) if v in self.layouts and v not in self.canonical]
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or (not tiled and wanted is None):
             return False
-        if wanted is None:
+        leaves = not isinstance(var, relax.DataflowVar)  # a model output: written row-major, no conversion after
+        if wanted is None and not leaves:
             # Forward (ALT §4.2): an output of an operand's shape keeps that operand's layout.
             wanted = next((self.layouts[v][1] for v in tiled if static_shape(v) == static_shape(var)), None)
-        if wanted is None and tiled and any(word in op_name(call) for word in ("pool", "concat")):
+        if wanted is None and not leaves and tiled and any(word in op_name(call) for word in ("pool", "concat")):
             # A pooled or concatenated map stays in channel vectors (NCHWc), so its window
             # loads are whole vectors; its consumers read that layout directly.
             lanes = self.owner.target.vector_lanes(dtype_of(var))
@@ -543,7 +544,7 @@ class _Mutator(relax.PyExprMutator):
         if wanted is None:
             self._rebind(var, new_var)
         else:
-            self.layouts[var] = (new_var, wanted)
+            self._hold(var, new_var, wanted)
         return True
 
     def _emit_elementwise(self, chain: list[relax.VarBinding], layout: Layout) -> None:
@@ -582,7 +583,7 @@ class _Mutator(relax.PyExprMutator):
         name = f"alt_{ops[-1].split('.')[-1]}_{self.count}"
         self.owner.report.kernels.append(Kernel(name, "elementwise", ops=ops, layout=_stored(layout)))
         new_var = self._emit_call(func, name, args, layout.shape, dtype_of(chain[-1].var))
-        self.layouts[chain[-1].var] = (new_var, layout)
+        self._hold(chain[-1].var, new_var, layout)
         for op in ops:
             self.owner.report.partitions.append(("alt", op, [op]))
 
@@ -631,17 +632,9 @@ class _Mutator(relax.PyExprMutator):
             new_var = self._emit_call(lowered.func, name, args, lowered.output_shape, lowered.output_dtype)
         self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
         if lowered.output_layout is not None:
-            self.layouts[out] = (new_var, lowered.output_layout)
             self.owners[out] = context.workload_key
-            if self.owner.variant == "alt-wp":
-                # No propagation: convert back at every boundary; consumers see canonical data.
-                self._canonical_arg(out)
-                self._rebind(out, self.canonical[out])
-                return
-            if not isinstance(out, relax.DataflowVar):
-                # The value leaves the dataflow block: hand it out in canonical layout.
-                self._canonical_arg(out)
-                self._rebind(out, self.canonical[out])
+            # alt-wp: no propagation; convert back at every boundary, consumers see canonical data.
+            self._hold(out, new_var, lowered.output_layout, canonical=self.owner.variant == "alt-wp")
             return
         self._rebind(out, new_var)
 
@@ -675,6 +668,14 @@ class _Mutator(relax.PyExprMutator):
             for used in relax.analysis.free_vars(binding.value):
                 self._canonical_arg(used)
             super().visit_var_binding_(binding)
+
+    def _hold(self, var: relax.Var, value: relax.Var, layout: Layout, *, canonical: bool = False) -> None:
+        """``value`` holds ``var`` stored in ``layout``; a value that leaves the dataflow block
+        (a model output), or any with ``canonical``, is also handed on in canonical layout."""
+        self.layouts[var] = (value, layout)
+        if canonical or not isinstance(var, relax.DataflowVar):
+            self._canonical_arg(var)
+            self._rebind(var, self.canonical[var])
 
     def _rebind(self, original: relax.Var, value: relax.Var) -> None:
         if isinstance(original, relax.DataflowVar):
