@@ -36,6 +36,12 @@ def test_tile_rule_follows_the_tile_count():
     assert winograd_tile(out_hw=(8, 8), batch=4, in_channels=16, out_channels=16)[0] == 2  # 64 tiles
     m, why = winograd_tile(out_hw=(56, 56), batch=1, in_channels=24, out_channels=64)
     assert m == 0 and "multiples of 16" in why
+    # Ragged outputs in whole tiles while that adds at most 10% work (SqueezeNet's maps).
+    assert winograd_tile(out_hw=(55, 55), batch=1, in_channels=16, out_channels=64) == (4, "196 output tiles of 4x4")
+    assert winograd_tile(out_hw=(27, 27), batch=1, in_channels=32, out_channels=128)[0] == 4
+    assert winograd_tile(out_hw=(23, 23), batch=1, in_channels=16, out_channels=16)[0] == 2  # 24x24: +9%
+    m, why = winograd_tile(out_hw=(13, 13), batch=1, in_channels=64, out_channels=256)  # 14x14: +16%
+    assert m == 0 and "too far" in why
     with pytest.raises(ValueError, match="F\\(2x2, 3x3\\) and F\\(4x4, 3x3\\) only"):
         winograd_matrices(3)
     with pytest.raises(ValueError, match="O x C x 3 x 3"):
@@ -175,3 +181,51 @@ def test_a_1x1_conv_reads_the_winograd_output_in_place(tmp_path):
     built = _build(model, torch.randn(1, 16, 24, 24), tmp_path)
     assert _conv_layouts(built)[0] == "1x6x6x2x4x4x16"
     assert [k.name for k in built.report.kernels if k.kind == "conversion" and not k.boundary] == []
+
+
+class _Fire(nn.Module):
+    """SqueezeNet's fire module (Iandola et al. 2016): a 1x1 squeeze, then 1x1 and 3x3
+    expands concatenated along channels."""
+
+    def __init__(self, channels: int, squeeze: int, expand: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(channels, squeeze, 1)
+        self.expand1x1 = nn.Conv2d(squeeze, expand, 1)
+        self.expand3x3 = nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x):
+        s = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.expand1x1(s)), torch.relu(self.expand3x3(s))], 1)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_ragged_output_is_computed_in_whole_tiles(tmp_path, dynamo):
+    """A 23x23 map is twelve 2x2 tiles a side, the last ones half past the edge: the output is
+    stored padded to 24x24 and the concatenation after it reads the 23x23 inside."""
+    torch.manual_seed(7)
+    model = _Fire(32, 16, 32).eval()
+    built = _build(model, torch.randn(1, 32, 23, 23), tmp_path, dynamo=dynamo)
+    assert "1x12x12x2x2x2x16" in _conv_layouts(built)
+    assert [k.name for k in built.report.kernels if k.kind == "conversion" and not k.boundary] == []
+
+
+@pytest.mark.parametrize("special", [np.inf, np.nan])
+def test_a_special_value_at_a_ragged_edge_lands_where_the_direct_conv_puts_it(tmp_path, special):
+    """The last tiles of a ragged output cover outputs past the edge; a special value in the
+    last input row and column flags them, and the direct recomputation of the tile (past
+    the edge too) keeps the result exact where PyTorch's is."""
+    torch.manual_seed(8)
+    model = nn.Conv2d(16, 16, 3, padding=1).eval()
+    x = torch.randn(1, 16, 23, 23)
+    x[0, 2, 22, 22] = special
+    with torch.no_grad():
+        expected = model(x).numpy()
+    path = str(tmp_path / "ragged.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    built = alt_tvm.build(path)
+    assert _conv_layouts(built) == ["1x12x12x1x2x2x16"]
+    got = built(x.numpy())[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-5 * np.abs(expected[finite]).max())

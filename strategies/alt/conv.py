@@ -681,8 +681,10 @@ class AltConvStrategy(Strategy):
         output = conv_output_tiled(geometry.out_shape, spatial_tiles=[m, m], channel_tile=LANES)
         vectors = geometry.out_shape[1] // LANES
         block = max(v for v in range(1, VECTOR_BLOCK + 1) if vectors % v == 0)
+        tiled = [(t, conv_output_tiled([int(e) for e in t.shape], spatial_tiles=[m, m], channel_tile=LANES))
+                 for t in stored]
         return context.finish(output=stages[-1] if stages else conv,
-                              layouts=TensorMap((t, output) for t in [*stored, conv, *stages]), strategy=self.name,
+                              layouts=TensorMap([*tiled, *((t, output) for t in [conv, *stages])]), strategy=self.name,
                               schedule=lambda f: schedule_winograd(f, stages=[conv, *stages], vector_block=block))
 
     def implement(self, anchor, context) -> Any:
