@@ -468,7 +468,8 @@ class _ConvThenPool(nn.Module):
 class _Fire(nn.Module):  # SqueezeNet's fire module: two expands of one squeeze, concatenated
     def __init__(self):
         super().__init__()
-        self.squeeze, self.expand1, self.expand3 = nn.Conv2d(32, 16, 1), nn.Conv2d(16, 32, 1), nn.Conv2d(16, 32, 3, padding=1)
+        self.squeeze, self.expand1 = nn.Conv2d(32, 16, 1), nn.Conv2d(16, 32, 1)
+        self.expand3 = nn.Conv2d(16, 32, 3, padding=1)
 
     def forward(self, x):
         y = torch.relu(self.squeeze(x))

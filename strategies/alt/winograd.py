@@ -45,8 +45,8 @@ from alt_tvm.ops.ieee import is_not_finite
 
 from .prefetch import find_realize, loads_of, substitute
 
-__all__ = ["MAX_RAGGED_WORK", "MIN_TILES", "schedule_winograd", "stored_in_output_layout", "transform_weight", "winograd_conv",
-           "winograd_matrices", "winograd_tile"]
+__all__ = ["MAX_RAGGED_WORK", "MIN_TILES", "schedule_winograd", "stored_in_output_layout", "transform_weight",
+           "winograd_conv", "winograd_matrices", "winograd_tile"]
 
 #: Fewest output tiles for which the batched GEMM beats the direct template (7x7 maps,
 #: 16 tiles of 2x2, do not; 14x14, 49 tiles, do).
