@@ -287,3 +287,22 @@ def test_strided_conv_pads_only_what_its_windows_read(size, stride, kernel, pad)
     padded = [int(d) for d in re.search(r"pad = T.sblock_alloc_buffer\(\(([\d, ]+)\)", script).group(1).split(",")]
     out_tiles = [int(d) for d in kernel_info.layout.split("x")[1:3]]
     assert padded[1:3] == out_tiles, (padded, kernel_info.layout)
+
+
+@pytest.mark.parametrize("channels, converted", [(3, False), (16, True)])
+def test_an_unpadded_conv_reads_an_image_as_stored(tmp_path, channels, converted):
+    """SqueezeNet's stem (3x3 stride 2, no padding) reads the user's row-major image in place:
+    no conversion kernel before it; a 16-channel input is still converted to the unfolded
+    layout, whose vectors of channels the conv loads."""
+    import alt_tvm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(channels, 32, 3, stride=2), torch.nn.ReLU()).eval()
+    x = torch.randn(1, channels, 23, 23)
+    path = str(tmp_path / "stem.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    built = alt_tvm.build(path)
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    kinds = [k.kind for k in built.report.kernels]
+    assert kinds[0] == ("conversion" if converted else "partition")
