@@ -214,7 +214,7 @@ def load_local(path: str | os.PathLike, *, device: Any = None, check_cpu: bool =
     threads = use_runtime_threads(int(metadata["target"]["num_cores"]))
     with tvm_output_to_log():
         executable = tvm.runtime.load_module(str(root / LIBRARY))
-    on_cpu = device is None or device.device_type == 1
+    on_cpu = device is None or device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
     model = LoadedModel(executable, metadata, root, device=device, threads=threads if on_cpu else None)
     if on_cpu and threads > 1:
         model._use_launcher(install(root / LIBRARY, threads=threads))
