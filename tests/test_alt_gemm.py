@@ -220,3 +220,14 @@ def test_a_record_of_an_unchunked_order_written_before_the_prefetch_knob_still_b
     lowered = task.lower(old)
     assert "T.prefetch(" not in lowered.func.script()
     np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_k_chunk_fills_half_of_l1_or_three_quarters_with_many_rows():
+    from alt_tvm.strategies.alt.gemm import WIDE_CHUNK_ROWS, k_chunk
+
+    # 96-column panels of a 768-deep weight in a 32 KiB L1: 32-deep chunks (12 KiB) for
+    # GPT-2's 64 rows, 64-deep ones (24 KiB) for BERT-base's 128.
+    assert k_chunk(k=768, nt=96, l1_bytes=32768, rows=WIDE_CHUNK_ROWS - 1) == 32
+    assert k_chunk(k=768, nt=96, l1_bytes=32768, rows=WIDE_CHUNK_ROWS) == 64
+    assert k_chunk(k=3072, nt=96, l1_bytes=32768, rows=197) == 64
+    assert k_chunk(k=64, nt=96, l1_bytes=32768, rows=512) == 0  # the whole panel fits
