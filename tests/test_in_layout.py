@@ -492,3 +492,31 @@ def test_an_onnx_output_computed_from_tiled_operands_is_written_row_major(tmp_pa
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     last = built.report.kernels[-1]
     assert last.kind == "operator" and last.layout == ""  # the last kernel, writing the output
+
+
+class _AttentionResidual(nn.Module):  # ViT's block: the attention's output added back to its input
+    def __init__(self, width: int = 64, heads: int = 4):
+        super().__init__()
+        self.norm, self.attn = nn.LayerNorm(width), nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + self.attn(y, y, y, need_weights=False)[0]
+
+
+def test_a_fused_reshape_reads_by_its_blocks_indices_not_flat_positions(tmp_path):
+    """TVM's fused reshape before the residual add reads ``out[(j // 64 + i) % 10, j % 64]``;
+    simplified within the block's domain it reads ``out[i, j]``, so the vector loop along
+    ``j`` loads contiguous vectors (ViT-B/16's: 1.69 ms of gathers in the model)."""
+    torch.manual_seed(0)
+    model = _AttentionResidual().eval()
+    x = torch.randn(1, 10, 64)
+    path = tmp_path / "residual.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    built = build(str(path))
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+    fused = [g for g in built.mod.get_global_vars() if "reshape" in g.name_hint and "add" in g.name_hint]
+    assert fused, [g.name_hint for g in built.mod.get_global_vars()]
+    stores = [line for line in built.mod[fused[0]].script().splitlines() if "] = " in line]
+    assert stores and not any("%" in line or "//" in line for line in stores), stores
