@@ -56,13 +56,15 @@ def test_export_load_round_trip_is_bit_exact_and_keeps_the_report(small, artifac
         loaded(np.zeros((1, 3), "float32"))
 
 
-def test_loading_onto_a_named_cpu_device_runs_on_the_launcher(small, artifact):
+def test_loading_onto_a_named_cpu_device_is_the_default_load(small, artifact):
     """``alt_tvm.load(path, device=tvm.cpu())`` is the default spelled out (it raised an
     AttributeError reading the device's type)."""
     built, arrays = small
     loaded = alt_tvm.load(artifact, device=tvm.cpu())
     np.testing.assert_array_equal(loaded(*arrays)[0], built(*arrays)[0])
-    assert (loaded.launcher is not None) == (int(loaded.metadata["target"]["num_cores"]) > 1)
+    default = alt_tvm.load(artifact)  # the same thread set-up as without a device
+    assert (loaded.launcher is None) == (default.launcher is None)
+    assert (loaded.thread_governor is None) == (default.thread_governor is None)
 
 
 def load_in_fresh_process(artifact, array: np.ndarray, workdir) -> tuple[np.ndarray, float]:

@@ -126,6 +126,22 @@ def test_tuning_chooses_between_winograd_and_the_direct_template():
         task.lower({**task.space.params(layout, loop), "winograd": 2})
 
 
+def _specials_where_pytorch_puts_them(model: nn.Module, x: torch.Tensor, tmp_path, *, layout: str):
+    """``model`` (one conv) built by default from its export, its conv stored in ``layout``, and
+    its NaN and infinities where PyTorch's are; returns (alt-tvm's output, PyTorch's)."""
+    with torch.no_grad():
+        expected = model(x).numpy()
+    path = str(tmp_path / "special.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    built = alt_tvm.build(path)
+    assert _conv_layouts(built) == [layout]
+    got = built(x.numpy())[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    np.testing.assert_array_equal(got[np.isinf(got)], expected[np.isinf(expected)])
+    return got, expected
+
+
 @pytest.mark.parametrize("special", [1e38, np.inf, -np.inf, np.nan])
 def test_tiles_with_a_special_value_are_computed_directly(tmp_path, special):
     """A NaN or an infinity reaches every output of its tiles through the transforms (and 1e38
@@ -137,16 +153,7 @@ def test_tiles_with_a_special_value_are_computed_directly(tmp_path, special):
     x = torch.randn(1, 16, 24, 24)
     x[0, 3, 5, 5] = special
     x[0, 9, 20, 0] = special
-    with torch.no_grad():
-        expected = model(x).numpy()
-    path = str(tmp_path / "special.onnx")
-    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
-    built = alt_tvm.build(path)
-    assert _conv_layouts(built) == ["1x6x6x2x4x4x16"]
-    got = built(x.numpy())[0]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
-    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
-    np.testing.assert_array_equal(got[np.isinf(got)], expected[np.isinf(expected)])
+    got, expected = _specials_where_pytorch_puts_them(model, x, tmp_path, layout="1x6x6x2x4x4x16")
     assert np.isfinite(expected).all() == np.isfinite(special)
     # Outputs whose windows miss the special inputs, most of them in the special inputs'
     # tiles: to the precision of ordinary values after a NaN or an infinity (their tiles are
@@ -218,14 +225,6 @@ def test_a_special_value_at_a_ragged_edge_lands_where_the_direct_conv_puts_it(tm
     model = nn.Conv2d(16, 16, 3, padding=1).eval()
     x = torch.randn(1, 16, 23, 23)
     x[0, 2, 22, 22] = special
-    with torch.no_grad():
-        expected = model(x).numpy()
-    path = str(tmp_path / "ragged.onnx")
-    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
-    built = alt_tvm.build(path)
-    assert _conv_layouts(built) == ["1x12x12x1x2x2x16"]
-    got = built(x.numpy())[0]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
-    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    got, expected = _specials_where_pytorch_puts_them(model, x, tmp_path, layout="1x12x12x1x2x2x16")
     finite = np.isfinite(expected)
     np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-5 * np.abs(expected[finite]).max())
