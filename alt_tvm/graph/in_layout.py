@@ -189,11 +189,11 @@ def parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
 def _within_block_domains(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with each block's load indices simplified within its iteration domain.
 
-    TVM's fused reshapes index by flat positions: ViT's last residual add read
+    TVM's fused reshapes index by flat positions: ViT's residual adds after attention read
     ``x[(j // 768 + i) % 197, j % 768]`` for ``x[i, j]``. Vectorised along ``j``, LLVM
-    cannot see that the modulo never wraps and gathers lane by lane (1.69 ms for a
-    197 x 768 add in the model). Simplified against ``i < 197, j < 768`` the load is
-    contiguous.
+    cannot see that the modulo never wraps and gathers lane by lane. Simplified against
+    ``i < 197, j < 768`` the load is contiguous: 0.143 -> 0.030 ms alone with hot caches
+    (in ViT-B/16, where the add waits on memory, 1.69 -> 1.65 ms for its 12 calls).
     """
     def simplify(realize: tvm.s_tir.SBlockRealize) -> tvm.s_tir.SBlockRealize:
         analyzer = Analyzer()
