@@ -140,6 +140,57 @@ def test_a_reshape_that_is_not_a_batch_flatten_stays():
     np.testing.assert_allclose(out, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
+class SequenceFirstAttention(torch.nn.Module):
+    """torchvision's encoder block: ``nn.MultiheadAttention`` works sequence first inside, so
+    its output projection is ``(L, 1, E)``, transposed back before the residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(32, 2, batch_first=True)
+        with torch.no_grad():  # a zero bias is dropped by the dynamo exporter
+            self.attn.out_proj.bias.uniform_(-1, 1)
+
+    def forward(self, x):
+        y, _ = self.attn(x, x, x, need_weights=False)
+        return y + x
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_the_residual_after_a_sequence_first_projection_joins_its_matmul(dynamo, tmp_path):
+    torch.manual_seed(0)
+    model, x = SequenceFirstAttention().eval(), torch.randn(1, 10, 32)
+    path = tmp_path / "attention.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            torch.onnx.export(model, (x,), str(path), dynamo=True)
+        else:
+            torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    built = build_quietly(str(path))
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
+    (projection,) = [k.ops for k in built.report.kernels if k.ops[-1] == "relax.add" and len(k.ops) == 3]
+    assert projection == ("relax.matmul", "relax.add", "relax.add")  # bias, then the residual
+
+
+class TransposedSquare(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, r):  # (4, 4) -> (1, 4, 4) transposed: a view that changes the memory order
+        return self.fc(x).reshape(1, 4, 4).transpose(1, 2) + r
+
+
+def test_a_view_that_moves_a_non_unit_axis_stays():
+    torch.manual_seed(0)
+    model, x, r = TransposedSquare().eval(), torch.randn(4, 4), torch.randn(1, 4, 4)
+    assert "relax.permute_dims" in canonical_ops(model, (x, r))
+    (out,) = build_quietly(model, example_inputs=(x, r))(x.numpy(), r.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model(x, r).numpy(), rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- routes into alt-tvm
 
 

@@ -17,6 +17,11 @@ difference to a single form, chosen to be the one that fuses best:
   the same way. ONNX keeps the original rank. The reshapes are dropped (the matmul on the
   original rank computes the same values in the same order), which also lets an
   activation after the reshape join the matmul's epilogue.
+* ``unit_axis_views``: torch's multi-head attention returns its output projection as
+  ``(L, 1, E)`` and the caller transposes it to ``(1, L, E)``. A view (``reshape``, then
+  possibly a ``permute_dims``) that only puts unit axes before a 2-D matmul's ``(M, N)``
+  moves to the matmul's left operand instead, so the residual add after the view joins the
+  matmul's epilogue (ViT-B/16's twelve residual adds were kernels of their own).
 * ``merge_gelu``: GELU exported to ONNX opsets without ``Gelu`` is
   ``x * 0.5 * (1 + erf(x / sqrt(2)))``: it becomes ``nn.gelu`` (the erf form) again, and
   GPT-2's ``x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`` ``nn.gelu_tanh``.
@@ -46,7 +51,7 @@ from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 from .partition import consumers
 
 __all__ = ["FOLDABLE_CONVS", "canonicalize", "fold_affine_epilogues", "global_pools", "merge_clamps", "merge_gelu",
-           "unflatten_matmuls", "unit_dim_adds"]
+           "unflatten_matmuls", "unit_axis_views", "unit_dim_adds"]
 
 #: Convolutions whose weights fold a per-output-channel scale (channel axis 1, kernel axis 0).
 FOLDABLE_CONVS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW"),
@@ -84,7 +89,8 @@ class _Graph:
 
 def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Apply every rule of this module to ``main`` (see the module docstring)."""
-    for rule in (fold_affine_epilogues, merge_clamps, unflatten_matmuls, merge_gelu, global_pools, unit_dim_adds):
+    for rule in (fold_affine_epilogues, merge_clamps, unflatten_matmuls, unit_axis_views, merge_gelu, global_pools,
+                 unit_dim_adds):
         mod = rule(mod)
     return mod
 
@@ -330,6 +336,71 @@ def _flattened_matmuls(graph: _Graph) -> Iterator[_Match]:
             return out
 
         yield _Match(nxt, make, dropped)
+
+
+def unit_axis_views(mod: tvm.IRModule) -> tvm.IRModule:
+    """``view(f(matmul(a, b)))`` becomes ``f(matmul(reshape(a, (1, ..., M, K)), b))``.
+
+    ``a`` is ``(M, K)``, ``b`` is 2-D, ``f`` a chain of element-wise ops as in
+    :func:`unflatten_matmuls`, and ``view`` a ``reshape`` (possibly followed by a
+    ``permute_dims`` that keeps the order of the non-unit axes) whose result is
+    ``(1, ..., M, N)``: the same values in the same memory order, so the matmul can produce
+    that shape itself and an element-wise op reading the view joins its epilogue.
+    """
+    return _apply(mod, _unit_axis_views)
+
+
+def _unit_axis_views(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        if op_name(value) != "relax.matmul":
+            continue
+        a, b = value.args
+        a_shape, b_shape, out = static_shape(a), static_shape(b), static_shape(var)
+        if a_shape is None or b_shape is None or len(a_shape) != 2 or len(b_shape) != 2:
+            continue
+        chain, current = [], var
+        while (nxt := graph.only_user(current)) is not None and op_name(graph.values[nxt]) != "relax.reshape":
+            if not _elementwise_step(graph.values[nxt], current, out):
+                nxt = None
+                break
+            chain.append(nxt)
+            current = nxt
+        if nxt is None:
+            continue
+        views = [nxt]
+        transpose = graph.only_user(nxt)
+        if transpose is not None and _keeps_memory_order(graph.values[transpose]):
+            views.append(transpose)
+        view_shape = static_shape(views[-1])
+        if view_shape is None or len(view_shape) <= 2 or view_shape[-2:] != out \
+                or any(d != 1 for d in view_shape[:-2]):
+            continue
+        source = graph.producer(a, "relax.reshape")
+        flat = source.args[0] if source is not None and graph.only_user(a) is not None else a
+        shape = (*view_shape[:-2], *a_shape)
+
+        def make(visit, value=value, flat=flat, shape=shape, chain=tuple(chain), current=var):
+            lhs = relax.op.reshape(visit(flat), shape)
+            out = relax.op.matmul(lhs, visit(value.args[1]), out_dtype=value.attrs.out_dtype)
+            for step in chain:
+                call = graph.values[step]
+                args = [out if arg.same_as(current) else visit(arg) for arg in call.args]
+                out, current = relax.Call(call.op, args, call.attrs), step
+            return out
+
+        dropped = (var, *chain, *views[:-1]) + ((a,) if flat is not a else ())
+        yield _Match(views[-1], make, dropped)
+
+
+def _keeps_memory_order(call: relax.Call) -> bool:
+    """Is ``call`` a ``permute_dims`` that moves unit axes only (a reshape in disguise)?"""
+    if op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
+        return False
+    shape = static_shape(call.args[0])
+    if shape is None:
+        return False
+    moved = [int(axis) for axis in call.attrs.axes if shape[int(axis)] != 1]
+    return moved == sorted(moved)
 
 
 def _unflattened(graph: _Graph, arg: relax.Expr) -> relax.Expr | None:
