@@ -267,3 +267,52 @@ def test_a_window_mask_added_through_a_unit_dim_view_stays_in_the_fused_attentio
     with torch.no_grad():
         want = _WindowAttention().eval()(*inputs).numpy()
     np.testing.assert_allclose(built(*[t.numpy() for t in inputs])[0], want, rtol=1e-4, atol=1e-5)
+
+
+class _TinyVit(nn.Module):
+    """torchvision's ViT in small: patches by a strided conv, a class token concatenated in
+    front, a learned position embedding added, one pre-norm encoder block (its attention
+    sequence first inside ``nn.MultiheadAttention``) and the head on the class token."""
+
+    def __init__(self, dim: int = 32, heads: int = 2, patch: int = 4, image: int = 12) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, patch, stride=patch)
+        self.class_token = nn.Parameter(torch.randn(1, 1, dim))
+        self.position = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attention = nn.MultiheadAttention(dim, heads, batch_first=True)
+        with torch.no_grad():  # a zero bias is dropped by the dynamo exporter
+            self.attention.out_proj.bias.uniform_(-1, 1)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1) + self.position
+        y = self.norm1(x)
+        x = x + self.attention(y, y, y, need_weights=False)[0]
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x[:, 0])
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_class_token_and_position_embedding_leave_every_product_and_residual_to_alt_kernels(dynamo, tmp_path):
+    torch.manual_seed(0)
+    model, x = _TinyVit().eval(), torch.randn(1, 3, 12, 12)
+    path = str(tmp_path / "vit.onnx")
+    if dynamo:
+        torch.onnx.export(model, (x,), path, dynamo=True)
+    else:
+        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    built = alt_tvm.build(path, strict=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
+    parts = [ops for _, _, ops in built.report.partitions]
+    assert sum("relax.nn.softmax" in ops for ops in parts) == 1
+    # both residual adds end a projection's kernel (after its bias)
+    assert sum(ops[0] == "relax.matmul" and ops[-2:] == ["relax.add", "relax.add"] for ops in parts) == 2
+    left = [gv.name_hint for gv, f in built.mod.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and not f.attrs.get("alt_tvm.kernel")]
+    assert not [name for name in left if "matmul" in name or "softmax" in name or "layer_norm" in name], left
+    # only the embedding (concatenation and position add) is left to TVM's kernels among the adds
+    assert len([name for name in left if "add" in name]) <= 1, left
