@@ -77,6 +77,19 @@ def build_messages() -> Iterator[list[str]]:
     messages.extend(str(w.message) for w in caught)
 
 
+def torch_to_onnx(model, inputs: tuple, path, *, dynamo: bool) -> None:
+    """``model`` exported to ONNX at ``path`` by one of PyTorch's two exporters (TorchScript at
+    opset 17, or dynamo), their warnings silenced."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            torch.onnx.export(model, inputs, str(path), dynamo=True)
+        else:
+            torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=17)
+
+
 def unpinned() -> None:
     """``preexec_fn`` for a child process: the CPU mask this process started with.
 

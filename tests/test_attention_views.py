@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from conftest import torch_to_onnx
 from torch import nn
 from tvm import relax, te
 
@@ -162,10 +163,7 @@ def test_attention_reads_its_projections_in_place_and_matches_torch(model, shape
     model = model.eval()
     x = torch.randn(*shape)
     path = str(tmp_path / "attention.onnx")
-    if dynamo:
-        torch.onnx.export(model, (x,), path, dynamo=True)
-    else:
-        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
     built = alt_tvm.build(path, strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)

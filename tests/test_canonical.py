@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import build_messages
+from conftest import build_messages, torch_to_onnx
 
 import alt_tvm
 from alt_tvm.graph.frontend import load_model
@@ -160,12 +160,7 @@ def test_the_residual_after_a_sequence_first_projection_joins_its_matmul(dynamo,
     torch.manual_seed(0)
     model, x = SequenceFirstAttention().eval(), torch.randn(1, 10, 32)
     path = tmp_path / "attention.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            torch.onnx.export(model, (x,), str(path), dynamo=True)
-        else:
-            torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
     built = build_quietly(str(path))
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import torch_to_onnx
 from torch import nn
 
 import alt_tvm
@@ -52,17 +53,10 @@ class _PostNorm(nn.Module):
         return self.norm2(self.down(torch.nn.functional.gelu(self.up(h))) + h)
 
 
-def _export(model: nn.Module, x: torch.Tensor, path: str, dynamo: bool) -> None:
-    if dynamo:
-        torch.onnx.export(model, (x,), path, dynamo=True)
-    else:
-        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
-
-
 def _built_and_checked(model: nn.Module, x: torch.Tensor, tmp_path, dynamo: bool):
     """(ONNX path, model built from it), its output checked against PyTorch's."""
     path = str(tmp_path / "model.onnx")
-    _export(model, x, path, dynamo)
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
     built = alt_tvm.build(path, strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
@@ -99,7 +93,7 @@ def test_a_large_weight_keeps_its_own_norm_kernel_unless_told(tmp_path):
     model = _randomise(_PostNorm(dim=768, hidden=64))
     x = torch.randn(1, 8, 768)
     path = str(tmp_path / "wide.onnx")
-    _export(model, x, path, dynamo=False)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     default = alt_tvm.build(path, strict=True)
     fused_ops = [k.ops for k in default.report.kernels if "relax.nn.layer_norm" in k.ops]
     # The 768 x 768 weight (2.4 MB) is not fused; the 64 x 768 one (196 kB) is.
@@ -128,7 +122,7 @@ def test_rows_with_a_large_mean_keep_their_precision(tmp_path):
     model = _Shifted().eval()
     x = torch.randn(1, 16, 48)
     path = str(tmp_path / "shifted.onnx")
-    _export(model, x, path, dynamo=False)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     built = alt_tvm.build(path, strict=True)
     assert any("relax.nn.layer_norm" in k.ops and k.ops[0] == "relax.matmul" for k in built.report.kernels)
     with torch.no_grad():
@@ -178,7 +172,7 @@ def test_a_norm_that_two_gemms_read_keeps_its_own_kernel(tmp_path):
     model = _randomise(_SharedNorm())
     x = torch.randn(1, 12, 32)
     path = str(tmp_path / "shared.onnx")
-    _export(model, x, path, dynamo=False)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     built = alt_tvm.build(path, strict=True)
     assert [k.ops for k in built.report.kernels if "relax.nn.layer_norm" in k.ops] == [("relax.nn.layer_norm",)]
     with torch.no_grad():
@@ -190,7 +184,7 @@ def test_a_fused_kernel_that_fails_falls_back_to_the_gemm_and_norm_kernels(model
     model = _randomise(model())
     x = torch.randn(1, 10, 32)
     path = str(tmp_path / "norm.onnx")
-    _export(model, x, path, dynamo=False)
+    torch_to_onnx(model, (x,), path, dynamo=False)
 
     def broken(*args, **kwargs):
         raise RuntimeError("no schedule today")
@@ -210,6 +204,6 @@ def test_a_bad_fuse_norms_option_names_the_values_allowed(tmp_path):
     model = _randomise(_PostNorm())
     x = torch.randn(1, 6, 32)
     path = str(tmp_path / "post_norm.onnx")
-    _export(model, x, path, dynamo=False)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     with pytest.raises(ValueError, match=r"fuse_norms.*True, False or 'always'.*'sometimes'"):
         alt_tvm.build(path, strategy_options={"alt": {"fuse_norms": "sometimes"}})

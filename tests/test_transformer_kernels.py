@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from conftest import torch_to_onnx
 from torch import nn
 from tvm import te
 
@@ -300,10 +301,7 @@ def test_class_token_and_position_embedding_leave_every_product_and_residual_to_
     torch.manual_seed(0)
     model, x = _TinyVit().eval(), torch.randn(1, 3, 12, 12)
     path = str(tmp_path / "vit.onnx")
-    if dynamo:
-        torch.onnx.export(model, (x,), path, dynamo=True)
-    else:
-        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
     built = alt_tvm.build(path, strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)

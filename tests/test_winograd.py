@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import torch_to_onnx
 from torch import nn
 
 import alt_tvm
@@ -63,10 +64,7 @@ class _BasicBlock(nn.Module):
 def _build(model: nn.Module, x: torch.Tensor, tmp_path, *, dynamo: bool = False, winograd=True):
     """The model built from its ONNX export, its output checked against PyTorch's."""
     path = str(tmp_path / "model.onnx")
-    if dynamo:
-        torch.onnx.export(model, (x,), path, dynamo=True)
-    else:
-        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
     built = alt_tvm.build(path, strict=True, strategy_options={"alt": {"winograd": winograd}})
     with torch.no_grad():
         expected = model(x).numpy()
