@@ -39,7 +39,7 @@ Every rule rewrites only values with a single consumer, so nothing is computed t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -312,28 +312,16 @@ def _flattened_matmuls(graph: _Graph) -> Iterator[_Match]:
         if len(b_shape) > 2 and a_shape[:-2] != b_shape[:-2]:
             continue  # batched operands must pair batch for batch without broadcasting
         target = (*a_shape[:-1], b_shape[-1])
-        chain, current = [], var
-        while (nxt := graph.only_user(current)) is not None:
-            call = graph.values[nxt]
-            if op_name(call) == "relax.reshape":
-                break
-            if not _elementwise_step(call, current, static_shape(var)):
-                chain = None
-                break
-            chain.append(nxt)
-            current = nxt
-        if chain is None or nxt is None or static_shape(nxt) != target:
+        found = _chain_to_reshape(graph, var)
+        if found is None or static_shape(found[1]) != target:
             continue
+        chain, nxt = found
         inner = [arg for arg in value.args if graph.producer(arg, "relax.reshape") is not None]
         dropped = (*inner, var, *chain)
 
-        def make(visit, value=value, lhs=lhs, rhs=rhs, chain=tuple(chain), current=var):
+        def make(visit, value=value, lhs=lhs, rhs=rhs, chain=tuple(chain), start=var):
             out = relax.op.matmul(visit(lhs), visit(rhs), out_dtype=value.attrs.out_dtype)
-            for step in chain:
-                call = graph.values[step]
-                args = [out if arg.same_as(current) else visit(arg) for arg in call.args]
-                out, current = relax.Call(call.op, args, call.attrs), step
-            return out
+            return _replay(graph, chain, start, out, visit)
 
         yield _Match(nxt, make, dropped)
 
@@ -358,15 +346,10 @@ def _unit_axis_views(graph: _Graph) -> Iterator[_Match]:
         a_shape, b_shape, out = static_shape(a), static_shape(b), static_shape(var)
         if a_shape is None or b_shape is None or len(a_shape) != 2 or len(b_shape) != 2:
             continue
-        chain, current = [], var
-        while (nxt := graph.only_user(current)) is not None and op_name(graph.values[nxt]) != "relax.reshape":
-            if not _elementwise_step(graph.values[nxt], current, out):
-                nxt = None
-                break
-            chain.append(nxt)
-            current = nxt
-        if nxt is None:
+        found = _chain_to_reshape(graph, var)
+        if found is None:
             continue
+        chain, nxt = found
         views = [nxt]
         transpose = graph.only_user(nxt)
         if transpose is not None and _keeps_memory_order(graph.values[transpose]):
@@ -379,17 +362,38 @@ def _unit_axis_views(graph: _Graph) -> Iterator[_Match]:
         flat = source.args[0] if source is not None and graph.only_user(a) is not None else a
         shape = (*view_shape[:-2], *a_shape)
 
-        def make(visit, value=value, flat=flat, shape=shape, chain=tuple(chain), current=var):
+        def make(visit, value=value, flat=flat, shape=shape, chain=tuple(chain), start=var):
             lhs = relax.op.reshape(visit(flat), shape)
             out = relax.op.matmul(lhs, visit(value.args[1]), out_dtype=value.attrs.out_dtype)
-            for step in chain:
-                call = graph.values[step]
-                args = [out if arg.same_as(current) else visit(arg) for arg in call.args]
-                out, current = relax.Call(call.op, args, call.attrs), step
-            return out
+            return _replay(graph, chain, start, out, visit)
 
         dropped = (var, *chain, *views[:-1]) + ((a,) if flat is not a else ())
         yield _Match(views[-1], make, dropped)
+
+
+def _chain_to_reshape(graph: _Graph, var: relax.Var) -> tuple[list[relax.Var], relax.Var] | None:
+    """The element-wise ops after ``var`` (:func:`_elementwise_step`, each the only user of
+    the value before it) and the reshape that ends them; None if anything else comes first."""
+    chain, current, shape = [], var, static_shape(var)
+    while (nxt := graph.only_user(current)) is not None:
+        if op_name(graph.values[nxt]) == "relax.reshape":
+            return chain, nxt
+        if not _elementwise_step(graph.values[nxt], current, shape):
+            return None
+        chain.append(nxt)
+        current = nxt
+    return None
+
+
+def _replay(graph: _Graph, chain: Sequence[relax.Var], start: relax.Var, out: relax.Expr,
+            visit: Callable[[relax.Expr], relax.Expr]) -> relax.Expr:
+    """The element-wise ops of ``chain`` applied again, to ``out`` where they read ``start``."""
+    current = start
+    for step in chain:
+        call = graph.values[step]
+        args = [out if arg.same_as(current) else visit(arg) for arg in call.args]
+        out, current = relax.Call(call.op, args, call.attrs), step
+    return out
 
 
 def _keeps_memory_order(call: relax.Call) -> bool:
