@@ -93,6 +93,7 @@ static struct {
   /* Counters since the last alt_tvm_parallel_stats call. */
   _Atomic int caller_cpu; /* the CPU the caller was on when it started the current launch */
   _Atomic long long stat_launches, stat_tasks, stat_worker_tasks, stat_stolen, stat_sleeps, stat_moves;
+  _Atomic long long stat_losses, stat_max_lost; /* workers' stretches that lost over ALT_STAY_NS; the longest loss */
   Range ranges[ALT_MAX_THREADS];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .threads = 1, .tasks_per_thread = 8,
         .spin_polls = 2000, .avoid_caller_cpu = 1};
@@ -118,6 +119,12 @@ typedef struct {
 
 static void note_loss(Contention* c, long long now, long long lost) {
   int contended = now < c->contended_until;
+  if (lost > ALT_STAY_NS) {
+    atomic_fetch_add_explicit(&pool.stat_losses, 1, memory_order_relaxed);
+    long long longest = atomic_load_explicit(&pool.stat_max_lost, memory_order_relaxed);
+    while (lost > longest && !atomic_compare_exchange_weak(&pool.stat_max_lost, &longest, lost)) {
+    }
+  }
   if (lost > ALT_LOST_NS) {
     if (contended || now - c->last_loss < ALT_CONFIRM_NS) c->contended_until = now + ALT_CONTENDED_NS;
     c->last_loss = now;
@@ -284,7 +291,9 @@ int alt_tvm_parallel_threads(void) { return pool.threads; }
 int alt_tvm_parallel_tasks_per_thread(void) { return pool.tasks_per_thread; }
 
 /* out: launches, tasks run, tasks run by workers, tasks taken from another thread's range,
-   times a worker went to sleep, times a worker moved off the caller's CPU; all since the last call. */
+   times a worker went to sleep, times a worker moved off the caller's CPU, workers' stretches
+   that lost more than ALT_STAY_NS to other threads, the longest such loss in ns; all since the
+   last call. */
 void alt_tvm_parallel_stats(long long* out) {
   out[0] = atomic_exchange(&pool.stat_launches, 0);
   out[1] = atomic_exchange(&pool.stat_tasks, 0);
@@ -292,6 +301,8 @@ void alt_tvm_parallel_stats(long long* out) {
   out[3] = atomic_exchange(&pool.stat_stolen, 0);
   out[4] = atomic_exchange(&pool.stat_sleeps, 0);
   out[5] = atomic_exchange(&pool.stat_moves, 0);
+  out[6] = atomic_exchange(&pool.stat_losses, 0);
+  out[7] = atomic_exchange(&pool.stat_max_lost, 0);
 }
 
 int alt_tvm_parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task) {

@@ -98,6 +98,12 @@ class LaunchStats:
     moves
         Times a worker found itself on the calling thread's CPU at the start of a launch and
         took that CPU out of its affinity mask (see ``parallel.c``).
+    losses
+        Times a worker lost more than 30 us of one stretch (polling for a launch and running
+        its tasks) to other threads: wall time less its CPU time, or time on a run queue after
+        a wake-up. Its contention detection counts the losses over 1 ms (``parallel.c``).
+    max_loss_us
+        The longest such loss, in microseconds.
     """
 
     launches: int
@@ -106,6 +112,8 @@ class LaunchStats:
     stolen: int
     sleeps: int
     moves: int
+    losses: int = 0
+    max_loss_us: float = 0.0
 
 
 @functools.cache
@@ -169,9 +177,9 @@ class ParallelLauncher:
 
     def stats(self) -> LaunchStats:
         """Counters since the previous call (and resets them)."""
-        out = (ctypes.c_longlong * 6)()  # a library linked before ``moves`` existed leaves it 0
+        out = (ctypes.c_longlong * 8)()  # a library linked before a counter existed leaves it 0
         self._lib.alt_tvm_parallel_stats(out)
-        return LaunchStats(*(int(v) for v in out))
+        return LaunchStats(*(int(v) for v in out[:7]), max_loss_us=out[7] / 1e3)
 
 
 def install(library: str | os.PathLike, *, threads: int,
