@@ -130,7 +130,7 @@ def _specials_where_pytorch_puts_them(model: nn.Module, x: torch.Tensor, tmp_pat
     with torch.no_grad():
         expected = model(x).numpy()
     path = str(tmp_path / "special.onnx")
-    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     built = alt_tvm.build(path)
     assert _conv_layouts(built) == [layout]
     got = built(x.numpy())[0]

@@ -197,11 +197,12 @@ def _within_domain(block: tvm.s_tir.SBlock) -> Analyzer:
 def _within_block_domains(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with each block's load indices simplified within its iteration domain.
 
-    TVM's fused reshapes index by flat positions: ViT's residual adds after attention read
-    ``x[(j // 768 + i) % 197, j % 768]`` for ``x[i, j]``. Vectorised along ``j``, LLVM
-    cannot see that the modulo never wraps and gathers lane by lane. Simplified against
-    ``i < 197, j < 768`` the load is contiguous: 0.143 -> 0.030 ms alone with hot caches
-    (in ViT-B/16, where the add waits on memory, 1.69 -> 1.65 ms for its 12 calls).
+    TVM's fused reshapes index by flat positions: a residual add after a reshape and transpose
+    of a ``(197, 768)`` product reads ``x[(j // 768 + i) % 197, j % 768]`` for ``x[i, j]``.
+    Vectorised along ``j``, LLVM cannot see that the modulo never wraps and gathers lane by
+    lane. Simplified against ``i < 197, j < 768`` the load is contiguous: 0.143 -> 0.030 ms
+    alone with hot caches (in ViT-B/16, where the add waits on memory, 1.69 -> 1.65 ms for its
+    12 calls; those adds now join the projection's epilogue, ``canonical.unit_axis_views``).
     """
     def simplify(realize: tvm.s_tir.SBlockRealize) -> tvm.s_tir.SBlockRealize:
         analyzer = _within_domain(realize.block)
