@@ -374,11 +374,11 @@ def _unit_axis_views(graph: _Graph) -> Iterator[_Match]:
 def _chain_to_reshape(graph: _Graph, var: relax.Var) -> tuple[list[relax.Var], relax.Var] | None:
     """The element-wise ops after ``var`` (:func:`_elementwise_step`, each the only user of
     the value before it) and the reshape that ends them; None if anything else comes first."""
-    chain, current, shape = [], var, static_shape(var)
+    chain, current = [], var
     while (nxt := graph.only_user(current)) is not None:
         if op_name(graph.values[nxt]) == "relax.reshape":
             return chain, nxt
-        if not _elementwise_step(graph.values[nxt], current, shape):
+        if not _elementwise_step(graph.values[nxt], current):
             return None
         chain.append(nxt)
         current = nxt
@@ -426,7 +426,7 @@ def _unflattened(graph: _Graph, arg: relax.Expr) -> relax.Expr | None:
     return source
 
 
-def _elementwise_step(call: relax.Call, current: relax.Var, shape: tuple[int, ...]) -> bool:
+def _elementwise_step(call: relax.Call, current: relax.Var) -> bool:
     """Is ``call`` an element-wise op of ``current`` whose other operands are constants of rank <= 2?"""
     from alt_tvm.strategies.epilogue import joinable
 
