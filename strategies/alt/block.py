@@ -39,9 +39,10 @@ from alt_tvm.layout.templates import conv_output_tiled, conv_weight_tiled
 from alt_tvm.strategies.base import attrs_dict, split_block_tail, static_shape
 from alt_tvm.target import HardwareTarget
 
-from .tiling import channel_tile, register_block
+from .tiling import DefaultConvTiling, channel_tile, register_block
 
-__all__ = ["MAX_WORK_RATIO", "BlockGeometry", "band_rows", "implement_block", "work_ratio"]
+__all__ = ["MAX_WORK_RATIO", "BlockGeometry", "BlockTiling", "band_rows", "default_block_tiling", "implement_block",
+           "work_ratio"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class BlockGeometry:
         return self.expand_kernel == (1, 1) and self.expand_stride == (1, 1) and not any(self.expand_pads)
 
     @property
+    def padded_w(self) -> int:
+        """The width of the depthwise conv's padded input (the expand rows' width)."""
+        return self.w + self.pads[1] + self.pads[3]
+
+    @property
     def expand_taps(self) -> int:
         return self.expand_kernel[0] * self.expand_kernel[1]
 
@@ -114,7 +120,7 @@ class BlockGeometry:
     def band_bytes(self, rows: int) -> int:
         """The band's expanded (padded) and depthwise buffers, and a stem's copy of the input
         rows they read, in bytes."""
-        padded_w = self.w + self.pads[1] + self.pads[3]
+        padded_w = self.padded_w
         buffers = self.m * (self.expanded_rows(rows) * padded_w + rows * self.ow)
         if not self.pointwise_expand:
             (kh, kw), (sy, sx) = self.expand_kernel, self.expand_stride
@@ -162,23 +168,100 @@ def band_rows(geometry: BlockGeometry, *, row_tile: int, cores: int, l2_bytes: i
     return None if best is None else best[1]
 
 
-def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: Any, strategy: str) -> Any:
-    """Lower the partition ``context.partition`` (a 1x1 conv with a block tail) to one kernel.
+@dataclass(frozen=True)
+class BlockTiling:
+    """The layout and loop parameters of the fused block kernel (analytic or tuned).
 
-    ``project_tiling`` is the project conv's analytic tiling (a ``DefaultConvTiling``): the
-    output is stored and register-blocked as the unfused conv would be.
+    Layout: the output's ``spatial`` tiles (rows, columns) and channel tile ``ot``, as the
+    unfused project conv stores them, and ``mt``, the channel vector of the expanded and
+    depthwise maps (and of the expand and depthwise weights). Loops: ``band_rows`` output
+    rows per parallel task, and the register blocks (positions per block along a row) of
+    the three stages.
     """
-    target: HardwareTarget = context.target
-    geometry = BlockGeometry.of(anchor, context.partition.tail)
-    depthwise, dw_epilogue, project, project_epilogue = split_block_tail(context.partition.tail)
+
+    spatial: tuple[int, int]
+    ot: int
+    mt: int
+    band_rows: int
+    expand_reg: int
+    dw_reg: int
+    project_reg: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spatial": list(self.spatial), "ot": self.ot, "mt": self.mt, "band_rows": self.band_rows,
+                "expand_reg": self.expand_reg, "dw_reg": self.dw_reg, "project_reg": self.project_reg}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> BlockTiling:
+        try:
+            return cls(spatial=tuple(int(s) for s in record["spatial"]), ot=int(record["ot"]), mt=int(record["mt"]),
+                       band_rows=int(record["band_rows"]), expand_reg=int(record["expand_reg"]),
+                       dw_reg=int(record["dw_reg"]), project_reg=int(record["project_reg"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a block tiling record: {record!r} ({err!r})") from None
+
+    def check(self, geometry: BlockGeometry) -> None:
+        """Raise ``ValueError`` naming the value if this tiling cannot lower ``geometry``."""
+        g = geometry
+        if len(self.spatial) != 2 or min(self.spatial) < 1 or g.oh % self.spatial[0] or g.ow % self.spatial[1]:
+            raise ValueError(f"block tiling: spatial tiles {list(self.spatial)} must divide the {g.oh}x{g.ow} output")
+        if self.band_rows < 1 or g.oh % self.band_rows or self.band_rows % self.spatial[0]:
+            raise ValueError(f"block tiling: band_rows={self.band_rows} must divide the {g.oh} output rows and be "
+                             f"a multiple of the row tile {self.spatial[0]}")
+        for name, value, extent in (("ot", self.ot, None), ("mt", self.mt, None), ("expand_reg", self.expand_reg,
+                                    g.padded_w), ("dw_reg", self.dw_reg, g.ow), ("project_reg", self.project_reg,
+                                    self.spatial[1])):
+            if value < 1 or (extent is not None and value > extent):
+                raise ValueError(f"block tiling: {name}={value} must be at least 1"
+                                 + (f" and at most {extent}" if extent is not None else ""))
+
+
+def block_register_budget(registers: int) -> int:
+    """Vector registers a fused block's register blocks use by default: 3/4 of them, not the
+    unfused conv's all-but-four, since the three stages keep more values live (28 of 32 made
+    MobileNet-V2 2.5% and MNASNet 4.6% slower)."""
+    return max(1, registers * 3 // 4)
+
+
+def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTiling, *,
+                         target: HardwareTarget) -> BlockTiling:
+    """The untuned build's tiling: the output stored as the unfused project conv's analytic
+    ``project_tiling`` stores it, :func:`band_rows` bands, register blocks of 3/4 of the registers.
+
+    Raises
+    ------
+    ValueError
+        If no band of rows fits half the L2 cache (:meth:`AltConvStrategy.fuses_block` then
+        does not fuse).
+    """
+    g = geometry
     lanes = target.vector_lanes("float32")
-    # 3/4 of the registers, not the unfused conv's all-but-four: the three stages of a block
-    # keep more values live (28 made MobileNet-V2 2.5% and MNASNet 4.6% slower).
-    budget = max(1, (target.vector_registers or 16) * 3 // 4)
-    rows = band_rows(geometry, row_tile=project_tiling.spatial[0], cores=target.num_cores,
-                     l2_bytes=target.l2_bytes)
+    budget = block_register_budget(target.vector_registers or 16)
+    rows = band_rows(g, row_tile=project_tiling.spatial[0], cores=target.num_cores, l2_bytes=target.l2_bytes)
     if rows is None:
-        raise ValueError(f"no band of output rows of {geometry} fits half the L2 cache ({target.l2_bytes} B)")
+        raise ValueError(f"no band of output rows of {g} fits half the L2 cache ({target.l2_bytes} B)")
+    # Padded only where the divisor fills at most a quarter of a vector (ShuffleNet's 58
+    # channels: 2 lanes): padding guards every epilogue (MobileNet-V3's 200 channels: 1.4x
+    # slower padded to 208 than in tiles of 8).
+    mt = channel_tile(g.m, lanes, max_waste=0)
+    mt_vectors = -(-mt // lanes)
+    return BlockTiling(spatial=tuple(project_tiling.spatial), ot=project_tiling.ot, mt=mt, band_rows=rows,
+                       expand_reg=register_block(g.padded_w, budget // mt_vectors),
+                       dw_reg=register_block(g.ow, budget // mt_vectors), project_reg=project_tiling.reg)
+
+
+def implement_block(anchor: relax.VarBinding, context: Any, *, tiling: BlockTiling, strategy: str) -> Any:
+    """Lower the partition ``context.partition`` (a 1x1 conv with a block tail) to one kernel
+    with ``tiling`` (:func:`default_block_tiling` untuned).
+
+    Raises
+    ------
+    ValueError
+        If ``tiling`` does not fit the block (:meth:`BlockTiling.check`).
+    """
+    geometry = BlockGeometry.of(anchor, context.partition.tail)
+    tiling.check(geometry)
+    depthwise, dw_epilogue, project, project_epilogue = split_block_tail(context.partition.tail)
     g = geometry
     top, left, bottom, right = g.pads
     hp, wp = g.h + top + bottom, g.w + left + right
@@ -201,28 +284,20 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, project_tiling: A
     pw = ops.conv(dw_stages[-1] if dw_stages else dw, project_w, strides=1, dilation=1, name="project")
     pw_stages = context.epilogue_te(pw, anchor=project, epilogue=project_epilogue, first=first + len(dw_epilogue))
 
-    # Padded only where the divisor fills at most a quarter of a vector (ShuffleNet's 58
-    # channels: 2 lanes): padding guards every epilogue (MobileNet-V3's 200 channels: 1.4x
-    # slower padded to 208 than in tiles of 8).
-    mt = channel_tile(g.m, lanes, max_waste=0)
+    mt = tiling.mt
     layouts = TensorMap()
     for conv, stages in ((expand, [*expand_stages, padded]), (dw, dw_stages)):
         shape = [int(s) for s in conv.shape]
         rows_of_vectors = conv_output_tiled(shape, spatial_tiles=[1, shape[3]], channel_tile=mt)
         layouts.update((t, rows_of_vectors) for t in [conv, *stages])
     out_shape = [int(s) for s in pw.shape]
-    output = conv_output_tiled(out_shape, spatial_tiles=list(project_tiling.spatial), channel_tile=project_tiling.ot)
+    output = conv_output_tiled(out_shape, spatial_tiles=list(tiling.spatial), channel_tile=tiling.ot)
     layouts.update((t, output) for t in [pw, *pw_stages])
     layouts[expand_w] = conv_weight_tiled([g.m, g.c, *g.expand_kernel], out_tile=mt, in_tile=1)
     layouts[dw_w] = conv_weight_tiled([g.m, 1, *g.kernel], out_tile=mt, in_tile=1)
-    layouts[project_w] = conv_weight_tiled([g.o, g.m, 1, 1], out_tile=project_tiling.ot, in_tile=1)
-    mt_vectors = -(-mt // lanes)
-    params = dict(
-        band=rows // project_tiling.spatial[0],
-        expand_reg=register_block(wp, budget // mt_vectors),
-        channel_vector=mt,
-        dw_reg=register_block(g.ow, budget // mt_vectors),
-        project_reg=project_tiling.reg)
+    layouts[project_w] = conv_weight_tiled([g.o, g.m, 1, 1], out_tile=tiling.ot, in_tile=1)
+    params = dict(band=tiling.band_rows // tiling.spatial[0], expand_reg=tiling.expand_reg, channel_vector=mt,
+                  dw_reg=tiling.dw_reg, project_reg=tiling.project_reg)
 
     def schedule(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
         return schedule_block(func, expand_input=expand_input, pointwise=g.pointwise_expand,

@@ -42,7 +42,15 @@ from alt_tvm.strategies.constants import const_value
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
-from .block import MAX_WORK_RATIO, BlockGeometry, band_rows, implement_block, work_ratio
+from .block import (
+    MAX_WORK_RATIO,
+    BlockGeometry,
+    BlockTiling,
+    band_rows,
+    default_block_tiling,
+    implement_block,
+    work_ratio,
+)
 from .prefetch import prefetch_next_block
 from .tiling import DefaultConvTiling, default_conv_tiling, reduction_block
 from .winograd import (
@@ -555,22 +563,29 @@ class AltConvStrategy(Strategy):
         return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= MAX_WORK_RATIO
 
     def space(self, anchor, context) -> Any:
-        """The tuning space of this partition (the defaults are the untuned build's choice).
-        A fused block (a partition with a tail) has none yet: it is lowered with its analytic
-        bands and register blocks."""
-        from .space import ConvSpace
+        """The tuning space of this partition (the defaults are the untuned build's choice):
+        a :class:`.space.ConvSpace`, or a :class:`.space.BlockSpace` for a fused block."""
+        from .space import BlockSpace, ConvSpace
 
+        machine = context.target
         if context.partition.tail:
-            return None
+            geometry = BlockGeometry.of(anchor, context.partition.tail)
+            return BlockSpace(geometry=geometry, default=self._default_block_tiling(geometry, context),
+                              registers=machine.vector_registers or 16, lanes=machine.vector_lanes("float32"),
+                              cores=machine.num_cores, l2_bytes=machine.l2_bytes)
 
         geometry = ConvGeometry.of(anchor)
-        machine = context.target
         levels = int((context.options or {}).get("layout_levels", 1))
         return ConvSpace(out_shape=geometry.out_shape, in_channels_per_group=geometry.in_per_group,
                          out_channels_per_group=geometry.out_per_group,
                          default=self.default_tiling(geometry, machine).to_json(),
                          registers=machine.vector_registers or 16, lanes=machine.vector_lanes("float32"),
                          levels=levels, winograd=self.winograd_tile(geometry, context))
+
+    def _default_block_tiling(self, geometry: BlockGeometry, context: Any) -> BlockTiling:
+        project = split_block_tail(context.partition.tail)[2]
+        return default_block_tiling(geometry, self.default_tiling(ConvGeometry.of(project), context.target),
+                                    target=context.target)
 
     def layout_params(self, geometry: ConvGeometry, context: Any) -> tuple[DefaultConvTiling, str]:
         """The tiling the layouts come from, and the variant they follow (``"alt"`` or ``"alt-ol"``)."""
@@ -581,8 +596,10 @@ class AltConvStrategy(Strategy):
     def layouts(self, geometry: ConvGeometry, context: Any, *, tiling: DefaultConvTiling | None = None) -> ConvLayouts:
         """The layouts of the partition's tensors (the paper's §5.1 templates), from
         ``tiling`` (default: :meth:`layout_params`')."""
-        default, variant = self.layout_params(geometry, context)
-        tiling = tiling or default
+        if tiling is None:
+            tiling, variant = self.layout_params(geometry, context)
+        else:
+            variant = context.variant
         out_shape = geometry.out_shape
         source_shape = list(geometry.data_shape)
         if not geometry.transposed:
@@ -618,6 +635,8 @@ class AltConvStrategy(Strategy):
         geometry = ConvGeometry.of(anchor, context.partition.prologue)
         if geometry.transposed or geometry.transposed_input or any(geometry.pads):
             return None  # a pad stage (or the absorbed transpose) writes the input layout for free
+        if context.partition.tail:  # a fused block reads its input as the unfused expand conv would
+            return self.layouts(geometry, context, tiling=self.default_tiling(geometry, context.target)).source
         return self.layouts(geometry, context).source
 
     def schedule(self, *, conv: te.Tensor, stages: list, pad_stage: te.Tensor | None, geometry: ConvGeometry,
@@ -693,9 +712,11 @@ class AltConvStrategy(Strategy):
 
     def implement(self, anchor, context) -> Any:
         if context.partition.tail:
-            project = split_block_tail(context.partition.tail)[2]
-            return implement_block(anchor, context, strategy=self.name,
-                                   project_tiling=self.default_tiling(ConvGeometry.of(project), context.target))
+            if context.params is not None:
+                tiling = BlockTiling.from_json(context.params)
+            else:
+                tiling = self._default_block_tiling(BlockGeometry.of(anchor, context.partition.tail), context)
+            return implement_block(anchor, context, strategy=self.name, tiling=tiling)
         call = anchor.value
         geometry = ConvGeometry.of(anchor, context.partition.prologue)
         m = self.winograd_tile(geometry, context)

@@ -1,4 +1,4 @@
-"""The tuning spaces of the ALT CPU templates (ALT paper §5.1): conv and GEMM.
+"""The tuning spaces of the ALT CPU templates (ALT paper §5.1): conv, fused block and GEMM.
 
 Every knob offers the values that divide its extent, so a decoded layout needs no
 padding and propagates (paper §4.2), and the analytic default (whose channel tiles may be
@@ -16,7 +16,14 @@ import numpy as np
 
 from alt_tvm.strategies.space import Knob, Space, divisors
 
+from .block import BlockGeometry, BlockTiling
 from .tiling import RESERVED_REGISTERS, DefaultConvTiling, reduction_block
+
+
+def register_blocks(extent: int, cap: int) -> tuple[int, ...]:
+    """Register blocks along a loop of ``extent`` with at most ``cap`` accumulators: the even
+    splits into 1, 2, ... blocks (the last one may be partial)."""
+    return tuple(sorted({-(-extent // count) for count in range(1, extent + 1)} & set(range(1, max(1, cap) + 1))))
 
 
 class ConvSpace(Space):
@@ -83,8 +90,7 @@ class ConvSpace(Space):
         vectors = -(-layout["ot"] // self.lanes)
         budget = max(1, self.registers - RESERVED_REGISTERS) // max(1, outer * vectors)
         # Even blocks with a partial last one (register_block) as well as the divisors.
-        blocks = sorted({-(-last // count) for count in range(1, last + 1)} & set(range(1, max(1, budget) + 1)))
-        return (Knob("reg", tuple(blocks)),
+        return (Knob("reg", register_blocks(last, budget)),
                 Knob("rc_split", divisors(self._i_extent, cap=4 * self.lanes)),
                 Knob("parallel_channels", (False, True)),
                 Knob("unroll_window", (False, True)),
@@ -153,6 +159,67 @@ class ConvSpace(Space):
             prefetch=bool(loop.get("prefetch", False)),
             outer_spatial=tuple(layout[f"s{d}_outer"] for d in range(self.rank)) if two_level else (),
             outer_ot=layout["ot_outer"] if two_level else 0).to_json()
+
+
+class BlockSpace(Space):
+    """The fused inverted-residual block (:mod:`.block`): the output's tiles ``s0, s1, ot``
+    and the expanded maps' channel vector ``mt``; loops: rows per parallel band and the
+    three stages' register blocks.
+
+    Parameters
+    ----------
+    geometry
+        The block's shapes.
+    default
+        The untuned build's :class:`BlockTiling`.
+    registers, lanes
+        Vector registers and lanes: register blocks above all but ``RESERVED_REGISTERS``
+        registers are not offered.
+    cores, l2_bytes
+        Bands leave at least one per core, and their buffers fit the L2 cache (the untuned
+        rule keeps them in half of it: the tuner may try more).
+    """
+
+    def __init__(self, *, geometry: BlockGeometry, default: BlockTiling, registers: int, lanes: int, cores: int,
+                 l2_bytes: int) -> None:
+        g = self.geometry = geometry
+        self._default = default
+        self.registers, self.lanes, self.cores, self.l2_bytes = registers, lanes, cores, l2_bytes
+        quarter = {d for d in divisors(g.m, cap=4 * lanes) if 4 * d > lanes}  # more than a quarter vector
+        self._layout = (Knob("s0", tuple(sorted({*divisors(g.oh, cap=4), default.spatial[0]})), g.oh),
+                        Knob("s1", tuple(sorted({*divisors(g.ow, cap=64), default.spatial[1]})), g.ow),
+                        Knob("ot", tuple(sorted({*divisors(g.o, cap=4 * lanes), default.ot})), g.o),
+                        Knob("mt", tuple(sorted({*quarter, default.mt})), g.m))
+
+    @property
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        return self._layout
+
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        g = self.geometry
+        budget = max(1, self.registers - RESERVED_REGISTERS)
+        rows = [r for r in range(layout["s0"], g.oh + 1, layout["s0"])
+                if not g.oh % r and g.n * g.oh // r >= self.cores and g.band_bytes(r) <= self.l2_bytes]
+        maps = budget // -(-layout["mt"] // self.lanes)
+        return (Knob("band_rows", tuple(rows) or (layout["s0"],)),
+                Knob("expand_reg", register_blocks(g.padded_w, maps)),
+                Knob("dw_reg", register_blocks(g.ow, maps)),
+                Knob("project_reg", register_blocks(layout["s1"], budget // (layout["s0"] * -(-layout["ot"] //
+                                                                                               self.lanes)))))
+
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        d = self._default
+        layout = {"s0": d.spatial[0], "s1": d.spatial[1], "ot": d.ot, "mt": d.mt}
+        loop = {"band_rows": d.band_rows, "expand_reg": d.expand_reg, "dw_reg": d.dw_reg,
+                "project_reg": d.project_reg}
+        for knob in self.loop_knobs(layout):  # the analytic choice is in the space unless a cap cut it
+            loop[knob.name] = knob.nearest(loop[knob.name])
+        return layout, loop
+
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        return BlockTiling(spatial=(layout["s0"], layout["s1"]), ot=layout["ot"], mt=layout["mt"],
+                           band_rows=loop["band_rows"], expand_reg=loop["expand_reg"], dw_reg=loop["dw_reg"],
+                           project_reg=loop["project_reg"]).to_json()
 
 
 class GemmSpace(Space):

@@ -1,0 +1,135 @@
+"""The fused inverted-residual block's tuning space: its default is the untuned kernel,
+every point lowers to a kernel that computes the same block, a tuned record is applied by
+the build, and a record that does not fit the block is a clear error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from test_block_fusion import ALWAYS, _fused, _InvertedResidual
+from test_tuning_space import _one_record
+
+import alt_tvm
+from alt_tvm.integration import extract_tasks
+from alt_tvm.strategies.alt.block import BlockTiling
+from alt_tvm.strategies.alt.space import BlockSpace
+
+SHAPE = (1, 3, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def block():
+    torch.manual_seed(0)
+    model = _InvertedResidual(c=16, o=24, stride=2).eval()
+    x = torch.randn(*SHAPE)
+    (task,) = [t for t in extract_tasks(model, example_inputs=[x], strategy_options=ALWAYS)
+               if isinstance(t.space, BlockSpace)]
+    return model, x, task
+
+
+def _activations(task, rng):
+    """Random canonical activations for the task's kernel (its input map)."""
+    lowered = task.lower(None)
+    shapes = [lowered.conversions[i].orig_shape if i in lowered.conversions else shape
+              for i, (shape, _) in enumerate(lowered.arg_specs[:-1]) if i not in lowered.constants]
+    return [rng.standard_normal(shape).astype("float32") for shape in shapes]
+
+
+def test_the_default_point_is_the_untuned_kernel(block):
+    _, _, task = block
+    space = task.space
+    untuned = task.strategy._default_block_tiling(space.geometry, _context(task))
+    assert space.params(*space.default()) == untuned.to_json()
+    assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
+
+
+def _context(task):
+    from alt_tvm.strategies.base import PartitionContext
+
+    return PartitionContext(task.partition, task.target, task.variant, {}, options=task.options)
+
+
+def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(block):
+    _, _, task = block
+    space = task.space
+    rng = np.random.default_rng(0)
+    acts = _activations(task, rng)
+    import tvm
+
+    def run(params):
+        lowered = task.lower(params)
+        kernel = tvm.compile(lowered.func, task.target.to_tvm())["main"]
+        return lowered.run(kernel, acts, tvm.cpu()), str(lowered.func)
+
+    ref, default_ir = run(None)
+    layout, loop = space.default()
+    # Each knob with a second choice gives another kernel.
+    for knob in space.layout_knobs:
+        other = next((c for c in knob.choices if c != layout[knob.name]), None)
+        if other is not None:
+            moved = {**layout, knob.name: other}
+            knobs = {k.name: k for k in space.loop_knobs(moved)}
+            point = space.params(moved, {k: knobs[k].nearest(v) for k, v in loop.items()})
+            assert str(task.lower(point).func) != default_ir, knob.name
+    for _ in range(6):
+        layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
+        loop = space.random_loop(layout, rng)
+        out, _ = run(space.params(layout, loop))
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
+
+
+def test_bands_fit_the_l2_and_leave_a_band_per_core(block):
+    _, _, task = block
+    space = task.space
+    g = space.geometry
+    for s0 in space.layout_knobs[0].choices:
+        rows = {k.name: k for k in space.loop_knobs({**space.default()[0], "s0": s0})}["band_rows"].choices
+        for r in rows:
+            assert r % s0 == 0 and g.oh % r == 0
+            assert g.oh // r >= space.cores and g.band_bytes(r) <= space.l2_bytes
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(band_rows=3), "band_rows=3 must divide the 8 output rows"),
+    (dict(spatial=(3, 8)), "spatial tiles [3, 8] must divide the 8x8 output"),
+    (dict(project_reg=0), "project_reg=0 must be at least 1"),
+    (dict(dw_reg=9), "dw_reg=9 must be at least 1 and at most 8"),
+])
+def test_a_tiling_that_does_not_fit_the_block_names_the_value(block, edit, message):
+    _, _, task = block
+    default = BlockTiling.from_json(task.space.params(*task.space.default()))
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        task.lower(dataclasses.replace(default, **edit).to_json())
+
+
+def test_a_record_that_is_not_a_block_tiling_is_a_clear_error():
+    with pytest.raises(ValueError, match="not a block tiling record: .*'mt'"):
+        BlockTiling.from_json({"spatial": [2, 8], "ot": 8, "band_rows": 2, "expand_reg": 1, "dw_reg": 1,
+                               "project_reg": 1})
+
+
+def test_a_tuned_block_is_built_from_the_log_and_matches_pytorch(block, tmp_path):
+    model, x, task = block
+    space = task.space
+    layout, loop = space.default()
+    knobs = {k.name: k for k in space.loop_knobs(layout)}
+    tuned = space.params(layout, {**loop, "dw_reg": next(c for c in knobs["dw_reg"].choices if c != loop["dw_reg"])})
+    built = alt_tvm.build(model, example_inputs=[x], strategy_options=ALWAYS, strict=True,
+                          records=_one_record(tmp_path / "block.jsonl", task, tuned))
+    assert len(_fused(built)) == 1 and built.report.tuned == 1
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_a_block_record_that_does_not_fit_is_refused_and_the_block_built_untuned(block, tmp_path):
+    model, x, task = block
+    bad = {**task.space.params(*task.space.default()), "band_rows": 3}
+    built = alt_tvm.build(model, example_inputs=[x], strategy_options=ALWAYS,
+                          records=_one_record(tmp_path / "bad.jsonl", task, bad))
+    assert built.report.tuned == 0 and len(_fused(built)) == 1
+    assert "band_rows=3 must divide the 8 output rows" in built.report.summary()
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
