@@ -165,17 +165,24 @@ class InModelResult:
     tuned_samples: tuple[float, ...] = field(default=(), repr=False)
 
     @property
+    def paired_ratio(self) -> float:
+        """Tuned over untuned whole-model time: the median of the per-round ratios, which the
+        check decides on (on a noisy host it can differ from the ratio of the medians)."""
+        if self.tuned_samples and self.untuned_samples:
+            return _paired_ratio(self.tuned_samples, self.untuned_samples)
+        return self.tuned_ms / self.untuned_ms if self.untuned_ms > 0 else math.nan
+
+    @property
     def speedup(self) -> float:
         """Untuned over tuned whole-model time (as built from the log from now on)."""
-        final = self.tuned_ms if self.kept else self.untuned_ms
-        return self.untuned_ms / final if final > 0 else math.nan
+        return 1.0 / self.paired_ratio if self.kept else 1.0
 
     def summary(self) -> str:
         """Lines for people: the whole-model times and each workload's decision."""
         changed = [d for d in self.decisions if d.choice.label != "default"]
         verdict = "kept" if self.kept else "reverted to the defaults (not faster)"
         lines = [f"in-model verification: untuned {self.untuned_ms:.3f} ms, tuned {self.tuned_ms:.3f} ms "
-                 f"({self.untuned_ms / self.tuned_ms:.2f}x) -> {verdict}; "
+                 f"(medians; tuned / untuned per round {self.paired_ratio:.3f}) -> {verdict}; "
                  f"{len(changed)} of {len(self.decisions)} workloads changed ({self.builds} builds, "
                  f"{self.seconds:.0f} s)"]
         for d in self.decisions:

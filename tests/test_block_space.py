@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from test_block_fusion import ALWAYS, _fused, _InvertedResidual
+from test_block_fusion import ALWAYS, _fused, _InvertedResidual, _Stem
 from test_tuning_space import _one_record
 
 import alt_tvm
@@ -20,14 +20,24 @@ from alt_tvm.strategies.alt.space import BlockSpace
 SHAPE = (1, 3, 16, 16)
 
 
+def _block_task(model, shape):
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    (task,) = [t for t in extract_tasks(model.eval(), example_inputs=[x], strategy_options=ALWAYS)
+               if isinstance(t.space, BlockSpace)]
+    return model, x, task
+
+
 @pytest.fixture(scope="module")
 def block():
     torch.manual_seed(0)
-    model = _InvertedResidual(c=16, o=24, stride=2).eval()
-    x = torch.randn(*SHAPE)
-    (task,) = [t for t in extract_tasks(model, example_inputs=[x], strategy_options=ALWAYS)
-               if isinstance(t.space, BlockSpace)]
-    return model, x, task
+    return _block_task(_InvertedResidual(c=16, o=24, stride=2), SHAPE)
+
+
+@pytest.fixture(scope="module")
+def stem():  # a network's first conv (3x3, stride 2, on the image) as the expand stage
+    torch.manual_seed(0)
+    return _block_task(_Stem(m=32, o=16), (1, 3, 32, 32))
 
 
 def _activations(task, rng):
@@ -52,8 +62,9 @@ def _context(task):
     return PartitionContext(task.partition, task.target, task.variant, {}, options=task.options)
 
 
-def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(block):
-    _, _, task = block
+@pytest.mark.parametrize("which", ["block", "stem"])
+def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(which, request):
+    _, _, task = request.getfixturevalue(which)
     space = task.space
     rng = np.random.default_rng(0)
     acts = _activations(task, rng)
@@ -74,11 +85,24 @@ def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(
             knobs = {k.name: k for k in space.loop_knobs(moved)}
             point = space.params(moved, {k: knobs[k].nearest(v) for k, v in loop.items()})
             assert str(task.lower(point).func) != default_ir, knob.name
-    for _ in range(6):
+    checked = 0
+    for _ in range(50):
         layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
         loop = space.random_loop(layout, rng)
-        out, _ = run(space.params(layout, loop))
-        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
+        if space.check(layout, loop) is None:
+            out, _ = run(space.params(layout, loop))
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
+            checked += 1
+        if checked == 6:
+            break
+    assert checked == 6
+
+
+def test_the_space_refuses_a_scalar_register_block_before_lowering(request):
+    _, _, task = request.getfixturevalue("stem")
+    layout, loop = task.space.default()
+    why = task.space.check({**layout, "s0": 1, "s1": 1, "ot": 1}, {**loop, "project_reg": 1})
+    assert why is not None and "no loop to vectorize" in why
 
 
 def test_bands_fit_the_l2_and_leave_a_band_per_core(block):
@@ -95,8 +119,10 @@ def test_bands_fit_the_l2_and_leave_a_band_per_core(block):
 @pytest.mark.parametrize("edit, message", [
     (dict(band_rows=3), "band_rows=3 must divide the 8 output rows"),
     (dict(spatial=(3, 8)), "spatial tiles [3, 8] must divide the 8x8 output"),
-    (dict(project_reg=0), "project_reg=0 must be at least 1"),
-    (dict(dw_reg=9), "dw_reg=9 must be at least 1 and at most 8"),
+    (dict(project_reg=0), "project_reg=0 must be in [1, 8]"),
+    (dict(dw_reg=9), "dw_reg=9 must be in [1, 8]"),
+    (dict(mt=0), "channel tiles ot=12 and mt=0 must be at least 1"),
+    (dict(spatial=(1, 8), ot=1, project_reg=1), "a register block of one output value"),
 ])
 def test_a_tiling_that_does_not_fit_the_block_names_the_value(block, edit, message):
     _, _, task = block

@@ -15,7 +15,7 @@ import torch
 
 import alt_tvm
 from alt_tvm.deploy.profile import KernelProfile
-from alt_tvm.in_model import InModelConfig, decide_in_model
+from alt_tvm.in_model import InModelConfig, InModelResult, decide_in_model
 from alt_tvm.integration import extract_tasks, tune
 from alt_tvm.records import (
     RecordWriter,
@@ -214,3 +214,15 @@ def test_bad_in_model_options_are_clear_errors():
         InModelConfig(margin=1.5)
     with pytest.raises(TypeError, match="verify"):
         tune(MODEL, example_inputs=INPUTS, trials=8, log="x.jsonl", verify="yes")
+
+
+def test_the_model_check_reports_the_per_round_ratio_it_decided_on():
+    """On a drifting host the medians can disagree with the per-round ratios: the summary
+    and the speed-up give the per-round one, which decided."""
+    result = InModelResult([], untuned_ms=2.0, tuned_ms=2.7, kept=True, untuned_samples=(1.0, 2.0, 3.0),
+                           tuned_samples=(0.9, 3.3, 2.7))
+    assert result.paired_ratio == pytest.approx(0.9)
+    assert result.speedup == pytest.approx(1 / 0.9)
+    assert "(medians; tuned / untuned per round 0.900) -> kept" in result.summary()
+    reverted = InModelResult([], untuned_ms=2.0, tuned_ms=2.0, kept=False)
+    assert reverted.speedup == 1.0 and reverted.paired_ratio == pytest.approx(1.0)

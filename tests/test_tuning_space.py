@@ -139,3 +139,14 @@ def test_tiling_records_with_inconsistent_levels_are_refused():
     with pytest.raises(ValueError, match="tiles must be positive"):
         DefaultConvTiling.from_json({**base, "reg": 0})
     assert DefaultConvTiling.from_json({**base, "outer_spatial": [2, 1], "outer_ot": 2}).two_level
+
+
+def test_a_depthwise_space_offers_no_reduction_outer_order():
+    """One input channel per group has no channel blocks to run outside the rows: the space
+    does not offer the order (each such point used to spend a trial on a build error)."""
+    depthwise = ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=1, out_channels_per_group=1,
+                          default={"spatial": [2, 8], "ot": 16, "it": 16, "reg": 4}, registers=32, lanes=16)
+    layout, loop = depthwise.default()
+    knobs = {k.name: k.choices for k in depthwise.loop_knobs(layout)}
+    assert knobs["reduction_outer"] == (False,) and knobs["prefetch"] == (False,)
+    assert "reduction_outer=True not in [False]" in depthwise.check(layout, dict(loop, reduction_outer=True))

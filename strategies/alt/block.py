@@ -208,12 +208,14 @@ class BlockTiling:
         if self.band_rows < 1 or g.oh % self.band_rows or self.band_rows % self.spatial[0]:
             raise ValueError(f"block tiling: band_rows={self.band_rows} must divide the {g.oh} output rows and be "
                              f"a multiple of the row tile {self.spatial[0]}")
-        for name, value, extent in (("ot", self.ot, None), ("mt", self.mt, None), ("expand_reg", self.expand_reg,
-                                    g.padded_w), ("dw_reg", self.dw_reg, g.ow), ("project_reg", self.project_reg,
-                                    self.spatial[1])):
-            if value < 1 or (extent is not None and value > extent):
-                raise ValueError(f"block tiling: {name}={value} must be at least 1"
-                                 + (f" and at most {extent}" if extent is not None else ""))
+        if min(self.ot, self.mt) < 1:
+            raise ValueError(f"block tiling: channel tiles ot={self.ot} and mt={self.mt} must be at least 1")
+        for name, extent in (("expand_reg", g.padded_w), ("dw_reg", g.ow), ("project_reg", self.spatial[1])):
+            if not 1 <= getattr(self, name) <= extent:
+                raise ValueError(f"block tiling: {name}={getattr(self, name)} must be in [1, {extent}]")
+        if self.spatial[0] == self.project_reg == self.ot == 1:
+            raise ValueError("block tiling: a register block of one output value (row tile 1, project_reg=1, "
+                             "ot=1) has no loop to vectorize")
 
 
 def block_register_budget(registers: int) -> int:

@@ -79,6 +79,8 @@ class ConvSpace(Space):
         self._layout = tuple(knobs)
         self._o_extent = o_extent
         self._i_extent = i_extent
+        # One input channel per group: no channel blocks for the reduction-outer order to run.
+        self._reduction_orders = (False, True) if levels == 1 and in_channels_per_group > 1 else (False,)
 
     @property
     def layout_knobs(self) -> tuple[Knob, ...]:
@@ -97,8 +99,8 @@ class ConvSpace(Space):
                 Knob("window_outer", (False, True)),
                 Knob("epilogue_in_block", (False, True)),
                 # The reduction-outer loop order exists for the one-level template only.
-                Knob("reduction_outer", (False, True) if self.levels == 1 else (False,)),
-                Knob("prefetch", (False, True) if self.levels == 1 else (False,)),
+                Knob("reduction_outer", self._reduction_orders),
+                Knob("prefetch", self._reduction_orders),
                 Knob("winograd", (0, self.winograd) if self.winograd else (0,)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
@@ -206,6 +208,15 @@ class BlockSpace(Space):
                 Knob("dw_reg", register_blocks(g.ow, maps)),
                 Knob("project_reg", register_blocks(layout["s1"], budget // (layout["s0"] * -(-layout["ot"] //
                                                                                                self.lanes)))))
+
+    def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
+        why = super().check(layout, loop)
+        if why is None:
+            try:
+                BlockTiling.from_json(self.decode(layout, loop)).check(self.geometry)
+            except ValueError as err:
+                return str(err)
+        return why
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
