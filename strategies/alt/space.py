@@ -202,18 +202,18 @@ class BlockSpace(Space):
         budget = max(1, self.registers - RESERVED_REGISTERS)
         rows = [r for r in range(layout["s0"], g.oh + 1, layout["s0"])
                 if not g.oh % r and g.n * g.oh // r >= self.cores and g.band_bytes(r) <= self.l2_bytes]
-        maps = budget // -(-layout["mt"] // self.lanes)
+        maps = budget // -(-layout["mt"] // self.lanes)  # accumulators per position: mt's vectors
+        output = budget // (layout["s0"] * -(-layout["ot"] // self.lanes))  # per column: rows x ot's vectors
         return (Knob("band_rows", tuple(rows) or (layout["s0"],)),
                 Knob("expand_reg", register_blocks(g.padded_w, maps)),
                 Knob("dw_reg", register_blocks(g.ow, maps)),
-                Knob("project_reg", register_blocks(layout["s1"], budget // (layout["s0"] * -(-layout["ot"] //
-                                                                                               self.lanes)))))
+                Knob("project_reg", register_blocks(layout["s1"], output)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
         why = super().check(layout, loop)
         if why is None:
             try:
-                BlockTiling.from_json(self.decode(layout, loop)).check(self.geometry)
+                self._tiling(layout, loop).check(self.geometry)
             except ValueError as err:
                 return str(err)
         return why
@@ -228,9 +228,13 @@ class BlockSpace(Space):
         return layout, loop
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        return self._tiling(layout, loop).to_json()
+
+    @staticmethod
+    def _tiling(layout: dict[str, Any], loop: dict[str, Any]) -> BlockTiling:
         return BlockTiling(spatial=(layout["s0"], layout["s1"]), ot=layout["ot"], mt=layout["mt"],
                            band_rows=loop["band_rows"], expand_reg=loop["expand_reg"], dw_reg=loop["dw_reg"],
-                           project_reg=loop["project_reg"]).to_json()
+                           project_reg=loop["project_reg"])
 
 
 class GemmSpace(Space):
