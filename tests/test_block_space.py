@@ -5,6 +5,7 @@ the build, and a record that does not fit the block is a clear error."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -151,5 +152,23 @@ def test_a_block_record_that_does_not_fit_is_refused_and_the_block_built_untuned
                           records=_one_record(tmp_path / "bad.jsonl", task, bad))
     assert built.report.tuned == 0 and len(_fused(built)) == 1
     assert "band_rows=3 must divide the 8 output rows" in built.report.summary()
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_a_real_search_measures_block_candidates_and_the_build_applies_the_best(block, tmp_path):
+    """The tuner's own measure (built and timed here, not faked) on the block's task."""
+    from alt_tvm.records import load_records
+    from alt_tvm.tuning.driver import tune_tasks
+
+    model, x, task = block
+    log = tmp_path / "real.jsonl"
+    (summary,) = tune_tasks([task], trials=6, log=log, cost_model=None, features="knobs", progress=False,
+                            revalidate=0, top_k=3)
+    records = load_records(log, workload_key=task.key)
+    assert summary.ok and len(records) == 6 and all(r.error_code is None for r in records)
+    assert len({json.dumps(r.candidate["params"], sort_keys=True) for r in records}) > 1
+    built = alt_tvm.build(model, example_inputs=[x], strategy_options=ALWAYS, records=str(log), strict=True)
+    assert built.report.tuned == 1
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
