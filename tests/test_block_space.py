@@ -93,10 +93,16 @@ def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(
     assert checked == 6
 
 
-def test_the_space_refuses_a_scalar_register_block_before_lowering(stem):
+def test_channel_tiles_are_wider_than_a_quarter_vector_and_a_scalar_block_is_refused(stem):
     _, _, task = stem
-    layout, loop = task.space.default()
-    why = task.space.check({**layout, "s0": 1, "s1": 1, "ot": 1}, {**loop, "project_reg": 1})
+    space = task.space
+    knobs = {k.name: k.choices for k in space.layout_knobs}
+    assert min(knobs["ot"]) * 4 > space.lanes and min(knobs["mt"]) * 4 > space.lanes
+    # Without vectors (one lane) every tile is offered; a register block of one value is refused.
+    scalar = BlockSpace(geometry=space.geometry, default=BlockTiling.from_json(space.params(*space.default())),
+                        registers=32, lanes=1, cores=space.cores, l2_bytes=space.l2_bytes)
+    layout, loop = scalar.default()
+    why = scalar.check({**layout, "s0": 1, "s1": 1, "ot": 1}, {**loop, "project_reg": 1})
     assert why is not None and "no loop to vectorize" in why
 
 
