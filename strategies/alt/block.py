@@ -233,10 +233,13 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
     Raises
     ------
     ValueError
-        If no band of rows fits half the L2 cache (:meth:`AltConvStrategy.fuses_block` then
-        does not fuse).
+        If ``project_tiling`` is two-level (the block stores one level) or no band of rows
+        fits half the L2 cache: :meth:`AltConvStrategy.fuses_block` then does not fuse.
     """
     g = geometry
+    if project_tiling.two_level:
+        raise ValueError(f"a fused block stores its output in one level of tiles; the project conv's "
+                         f"analytic tiling has two ({project_tiling})")
     lanes = target.vector_lanes("float32")
     budget = block_register_budget(target.vector_registers or 16)
     rows = band_rows(g, row_tile=project_tiling.spatial[0], cores=target.num_cores, l2_bytes=target.l2_bytes)

@@ -46,7 +46,6 @@ from .block import (
     MAX_WORK_RATIO,
     BlockGeometry,
     BlockTiling,
-    band_rows,
     default_block_tiling,
     implement_block,
     work_ratio,
@@ -554,11 +553,8 @@ class AltConvStrategy(Strategy):
             return False
         try:
             geometry = BlockGeometry.of(anchor, tail)
-        except ValueError:
-            return False
-        tiling = self.default_tiling(ConvGeometry.of(split_block_tail(tail)[2]), target)
-        rows = band_rows(geometry, row_tile=tiling.spatial[0], cores=target.num_cores, l2_bytes=target.l2_bytes)
-        if rows is None or tiling.two_level:
+            rows = self._default_block_tiling(geometry, tail, target).band_rows
+        except ValueError:  # not a block the kernel computes, or no band fits
             return False
         return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= MAX_WORK_RATIO
 
@@ -570,7 +566,8 @@ class AltConvStrategy(Strategy):
         machine = context.target
         if context.partition.tail:
             geometry = BlockGeometry.of(anchor, context.partition.tail)
-            return BlockSpace(geometry=geometry, default=self._default_block_tiling(geometry, context),
+            return BlockSpace(geometry=geometry,
+                              default=self._default_block_tiling(geometry, context.partition.tail, machine),
                               registers=machine.vector_registers or 16, lanes=machine.vector_lanes("float32"),
                               cores=machine.num_cores, l2_bytes=machine.l2_bytes)
 
@@ -582,10 +579,9 @@ class AltConvStrategy(Strategy):
                          registers=machine.vector_registers or 16, lanes=machine.vector_lanes("float32"),
                          levels=levels, winograd=self.winograd_tile(geometry, context))
 
-    def _default_block_tiling(self, geometry: BlockGeometry, context: Any) -> BlockTiling:
-        project = split_block_tail(context.partition.tail)[2]
-        return default_block_tiling(geometry, self.default_tiling(ConvGeometry.of(project), context.target),
-                                    target=context.target)
+    def _default_block_tiling(self, geometry: BlockGeometry, tail: Any, target: HardwareTarget) -> BlockTiling:
+        project = split_block_tail(tail)[2]
+        return default_block_tiling(geometry, self.default_tiling(ConvGeometry.of(project), target), target=target)
 
     def layout_params(self, geometry: ConvGeometry, context: Any) -> tuple[DefaultConvTiling, str]:
         """The tiling the layouts come from, and the variant they follow (``"alt"`` or ``"alt-ol"``)."""
@@ -715,7 +711,8 @@ class AltConvStrategy(Strategy):
             if context.params is not None:
                 tiling = BlockTiling.from_json(context.params)
             else:
-                tiling = self._default_block_tiling(BlockGeometry.of(anchor, context.partition.tail), context)
+                tail = context.partition.tail
+                tiling = self._default_block_tiling(BlockGeometry.of(anchor, tail), tail, context.target)
             return implement_block(anchor, context, strategy=self.name, tiling=tiling)
         call = anchor.value
         geometry = ConvGeometry.of(anchor, context.partition.prologue)
