@@ -307,9 +307,41 @@ def test_a_pool_keeps_its_producers_channel_tile_when_it_is_whole_vectors():
     pooled = (1, 64, 4, 4)
     assert channel_vector(pooled, 16, tiled(64, 32)) == channel_blocked(pooled, 32)
     assert channel_vector((1, 48, 4, 4), 16, tiled(48, 24)) == channel_blocked((1, 48, 4, 4), 16)  # 24: not whole
+    # no whole vector divides 24 channels: the producer's 12-channel tile, not row-major rows
+    assert channel_vector((1, 24, 4, 4), 16, tiled(24, 12)) == channel_blocked((1, 24, 4, 4), 12)
     assert channel_vector(pooled, 16, None) == channel_blocked(pooled, 16)
     width_inner = Layout((1, 64, 8, 8)).split(3, [2, 4])  # innermost: a tile of W, not of C
     assert channel_vector(pooled, 16, width_inner) == channel_blocked(pooled, 16)
+
+
+class _StemPool(nn.Module):
+    """ShuffleNet-V2's stem: a stride-2 conv to 24 channels, ReLU, a 3x3 stride-2 max pool,
+    read by two branches (a depthwise conv and a 1x1 conv) that want different layouts."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 24, 3, stride=2, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.branch1 = nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24)
+        self.branch2 = nn.Conv2d(24, 40, 1)
+
+    def forward(self, x):
+        pooled = self.pool(torch.relu(self.conv(x)))
+        return self.branch1(pooled).sum() + self.branch2(pooled).sum()
+
+
+def test_a_pool_of_channels_no_vector_divides_writes_its_producers_tiles():
+    """24 channels: the pool keeps the conv's channel tile instead of writing row-major rows,
+    where each output vector would gather across the conv's tiles."""
+    torch.manual_seed(0)
+    module, x = _StemPool().eval(), torch.randn(1, 3, 64, 64)
+    built = build(module, example_inputs=[x])
+    np.testing.assert_allclose(built(x.numpy())[0], module(x).detach().numpy(), rtol=1e-4)
+    conv = next(k.layout for k in built.report.kernels if "relax.nn.relu" in k.ops)
+    pool = next(k.layout for k in built.report.kernels if "relax.nn.max_pool2d" in k.ops)
+    tile = int(conv.split("x")[-1])
+    assert 24 % tile == 0 and tile % 16 != 0, conv  # the conv's channel tile: no whole vector
+    assert pool == f"1x{24 // tile}x16x16x{tile}", pool
 
 
 def _built_kernels(module, shape):

@@ -90,6 +90,41 @@ def test_the_caller_takes_the_tasks_of_a_stalled_thread(launcher_lib):
         assert losses >= 1 and longest > 4e5
 
 
+@pytest.mark.parametrize("solo", [True, False], ids=["solo", "always-parallel"])
+def test_the_caller_runs_alone_while_its_worker_costs_it_time(launcher_lib, solo):
+    """A worker whose tasks take 30 ms (as if the OS had preempted it in each) makes the caller
+    wait far longer than running them itself would: after a 20 ms window of that, the caller
+    runs the next launches whole, alone (``solo_when_stalled``); with it off, it never does."""
+    caller = threading.get_ident()
+    ran: list[tuple[int, int, bool]] = []  # (task, num_task, on the caller)
+
+    def run(task, env, _):
+        on_caller = threading.get_ident() == caller
+        ran.append((task, env.contents.num_task, on_caller))
+        time.sleep(0.001 if on_caller else 0.03)
+        return 0
+
+    launcher = ParallelLauncher(launcher_lib, threads=2,
+                                config=LauncherConfig(tasks_per_thread=4, solo_when_stalled=solo))
+    callback = LAMBDA(run)
+    launches = []
+    for _ in range(8):
+        ran.clear()
+        assert launcher_lib.alt_tvm_parallel_launch(callback, None, 0) == 0
+        launches.append(list(ran))
+    stats = launcher.stats()
+    whole = [r for r in launches if [(t, n) for t, n, _ in r] == [(0, 1)]]
+    if solo:
+        assert stats.solo == len(whole) >= 1
+        assert all(r[0][2] for r in whole)  # on the caller
+        first = launches.index(whole[0])
+        assert any(not on_caller for r in launches[:first] for _, _, on_caller in r)  # the worker ran before
+    else:
+        assert stats.solo == 0 and not whole
+    for r in launches:  # every launch ran all of its tasks once
+        assert sorted(t for t, _, _ in r) == list(range(r[0][1]))
+
+
 def test_one_thread_runs_the_whole_loop_inline(launcher_lib):
     result, ran, _ = _launch(launcher_lib, lambda task: 0, threads=1)
     assert result == 0 and list(ran) == [0] and ran[0] == [threading.get_ident()]

@@ -29,6 +29,14 @@
  * the process allowed it stay in): the kernel moves it at once, to share a core with the busy
  * process instead.
  *
+ * A worker the OS preempts in the middle of a task costs the caller the rest of the busy
+ * thread's time slice (milliseconds) at the end of the launch. So the caller keeps an account
+ * (`solo_when_stalled`): per launch, the time it would have taken alone (its own time per task
+ * times all the tasks) less the time it took, waits for the workers included. Over a window of
+ * ALT_WINDOW_NS where the workers cost more than they gave, the caller runs the launches of the
+ * next ALT_SOLO_NS alone, whole, and the workers sleep; then it tries them again. On a quiet
+ * machine the account is the parallel speed-up and never goes negative.
+ *
  * alt_tvm/deploy/parallel.py links this file into every model library and, once TVM has
  * loaded the library, points the library's __TVMBackendParallelLaunch at
  * alt_tvm_parallel_launch.
@@ -77,6 +85,10 @@ static struct {
   int tasks_per_thread; /* tasks of a launch per thread */
   _Atomic int spin_polls; /* polls for the next launch an idle worker makes before it sleeps */
   _Atomic int avoid_caller_cpu; /* a worker on the caller's CPU moves off it (see above) */
+  int solo_when_stalled; /* the caller runs launches alone while the workers cost it time (see above) */
+  /* The caller's account (touched only by the thread holding `busy`): ns the workers saved it
+     in the window that began at window_start; launches until solo_until run on the caller alone. */
+  long long window_start, window_gain, solo_until;
   int workers;          /* workers started (this process) */
   pid_t owner;          /* the process that started them (a forked child starts its own) */
   _Atomic int sleepers; /* workers asleep on `wake` */
@@ -94,9 +106,10 @@ static struct {
   _Atomic int caller_cpu; /* the CPU the caller was on when it started the current launch */
   _Atomic long long stat_launches, stat_tasks, stat_worker_tasks, stat_stolen, stat_sleeps, stat_moves;
   _Atomic long long stat_losses, stat_max_lost; /* workers' stretches that lost over ALT_STAY_NS; the longest loss */
+  _Atomic long long stat_solo; /* launches the caller ran alone because the workers had cost it time */
   Range ranges[ALT_MAX_THREADS];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .threads = 1, .tasks_per_thread = 8,
-        .spin_polls = 2000, .avoid_caller_cpu = 1};
+        .spin_polls = 2000, .avoid_caller_cpu = 1, .solo_when_stalled = 1};
 
 static __thread int worker_index; /* 0: not a worker of this pool */
 
@@ -112,6 +125,11 @@ static __thread int worker_index; /* 0: not a worker of this pool */
    ALT_STAY_NS keeps it so: a worker that sleeps when idle loses little, but not nothing. */
 #define ALT_CONFIRM_NS 100000000LL
 #define ALT_STAY_NS 30000LL
+/* The caller's account of its workers is kept over windows of ALT_WINDOW_NS; after a window
+   where they cost more than they gave, the launches of the next ALT_SOLO_NS run on the caller
+   alone. A busy thread's time slice is 0.75-3 ms: a window sees a few of them. */
+#define ALT_WINDOW_NS 20000000LL
+#define ALT_SOLO_NS 200000000LL
 
 typedef struct {
   long long last_loss, contended_until;
@@ -160,16 +178,17 @@ static int take_task(uint32_t launch, int own, int participants, int* stolen) {
   return -1;
 }
 
-/* Run tasks of launch `launch` as thread `own` until none is left to take. */
-static void run_tasks(uint32_t launch, int own, int participants, FTVMParallelLambda lambda, void* cdata) {
-  int stolen = 0;
-  for (int task; (task = take_task(launch, own, participants, &stolen)) >= 0;) {
+/* Run tasks of launch `launch` as thread `own` until none is left to take; returns how many it ran. */
+static int run_tasks(uint32_t launch, int own, int participants, FTVMParallelLambda lambda, void* cdata) {
+  int stolen = 0, ran = 0;
+  for (int task; (task = take_task(launch, own, participants, &stolen)) >= 0; ++ran) {
     if (lambda(task, &pool.env, cdata) != 0) atomic_store_explicit(&pool.failed, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&pool.stat_tasks, 1, memory_order_relaxed);
     if (own != 0) atomic_fetch_add_explicit(&pool.stat_worker_tasks, 1, memory_order_relaxed);
     if (stolen) atomic_fetch_add_explicit(&pool.stat_stolen, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&pool.unfinished, 1, memory_order_acq_rel);
   }
+  return ran;
 }
 
 /* ns this thread has waited on a run queue (Linux schedstat), or -1 when not readable. */
@@ -267,7 +286,8 @@ static void start_workers(int threads) {
    before an idle worker sleeps, whether a worker moves off the caller's CPU. Waits for a
    launch in flight. Returns the threads per launch (fewer than asked when the system refused
    a thread). */
-int alt_tvm_parallel_configure(int threads, int tasks_per_thread, int spin_polls, int avoid_caller_cpu) {
+int alt_tvm_parallel_configure(int threads, int tasks_per_thread, int spin_polls, int avoid_caller_cpu,
+                               int solo_when_stalled) {
   int expected = 0;
   while (!atomic_compare_exchange_weak(&pool.busy, &expected, 1)) {
     expected = 0;
@@ -280,6 +300,9 @@ int alt_tvm_parallel_configure(int threads, int tasks_per_thread, int spin_polls
   pool.tasks_per_thread = tasks_per_thread;
   pool.spin_polls = spin_polls < 0 ? 0 : spin_polls;
   pool.avoid_caller_cpu = avoid_caller_cpu != 0;
+  pool.solo_when_stalled = solo_when_stalled != 0;
+  pool.window_start = clock_ns(CLOCK_MONOTONIC);
+  pool.window_gain = pool.solo_until = 0;
   start_workers(threads);
   int started = pool.threads;
   atomic_store(&pool.busy, 0);
@@ -292,8 +315,8 @@ int alt_tvm_parallel_tasks_per_thread(void) { return pool.tasks_per_thread; }
 
 /* out: launches, tasks run, tasks run by workers, tasks taken from another thread's range,
    times a worker went to sleep, times a worker moved off the caller's CPU, workers' stretches
-   that lost more than ALT_STAY_NS to other threads, the longest such loss in ns; all since the
-   last call. */
+   that lost more than ALT_STAY_NS to other threads, the longest such loss in ns, launches the
+   caller ran alone because its workers had cost it time; all since the last call. */
 void alt_tvm_parallel_stats(long long* out) {
   out[0] = atomic_exchange(&pool.stat_launches, 0);
   out[1] = atomic_exchange(&pool.stat_tasks, 0);
@@ -303,6 +326,7 @@ void alt_tvm_parallel_stats(long long* out) {
   out[5] = atomic_exchange(&pool.stat_moves, 0);
   out[6] = atomic_exchange(&pool.stat_losses, 0);
   out[7] = atomic_exchange(&pool.stat_max_lost, 0);
+  out[8] = atomic_exchange(&pool.stat_solo, 0);
 }
 
 int alt_tvm_parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task) {
@@ -313,6 +337,14 @@ int alt_tvm_parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task
     /* Nested, one thread, a forked child, or another launch in flight: run it here, whole. */
     TVMParallelGroupEnv env = {0, 1};
     return lambda(0, &env, cdata) != 0 ? -1 : 0;
+  }
+  long long start = clock_ns(CLOCK_MONOTONIC);
+  if (start < pool.solo_until) {
+    atomic_fetch_add_explicit(&pool.stat_solo, 1, memory_order_relaxed);
+    TVMParallelGroupEnv env = {0, 1};
+    int result = lambda(0, &env, cdata) != 0 ? -1 : 0;
+    atomic_store(&pool.busy, 0);
+    return result;
   }
   int participants = pool.threads, per = pool.tasks_per_thread, total = participants * per;
   uint32_t launch = atomic_load_explicit(&pool.launch, memory_order_relaxed) + 1;
@@ -334,9 +366,21 @@ int alt_tvm_parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task
     pthread_mutex_unlock(&pool.lock);
   }
   atomic_fetch_add_explicit(&pool.stat_launches, 1, memory_order_relaxed);
-  run_tasks(launch, 0, participants, lambda, cdata);
+  long long own_start = clock_ns(CLOCK_MONOTONIC);
+  int own = run_tasks(launch, 0, participants, lambda, cdata);
+  long long own_end = clock_ns(CLOCK_MONOTONIC);
   /* What is left runs on other threads: wait for it without leaving this core idle. */
   while (atomic_load_explicit(&pool.unfinished, memory_order_acquire) > 0) cpu_relax();
+  if (pool.solo_when_stalled) {
+    long long end = clock_ns(CLOCK_MONOTONIC);
+    /* Alone, every task at the caller's own pace; with the workers, what it took. */
+    if (own > 0) pool.window_gain += (own_end - own_start) * total / own - (end - own_start);
+    if (end - pool.window_start > ALT_WINDOW_NS) {
+      if (pool.window_gain < 0) pool.solo_until = end + ALT_SOLO_NS;
+      pool.window_start = pool.window_gain < 0 ? pool.solo_until : end; /* the next window: with the workers */
+      pool.window_gain = 0;
+    }
+  }
   int failed = atomic_load_explicit(&pool.failed, memory_order_relaxed);
   atomic_store(&pool.busy, 0);
   return failed ? -1 : 0;

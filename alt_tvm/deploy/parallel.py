@@ -64,19 +64,28 @@ class LauncherConfig:
         that CPU out of its affinity mask, so the two never take turns on one core (with a
         busy process on the other core they did, and ResNet-18 ran at its one-thread speed).
         False leaves placement to the OS alone (e.g. for a caller that pins its threads).
+    solo_when_stalled
+        The calling thread keeps an account of what the workers save it: per launch, its own
+        time per task times all the tasks, less the time the launch took. Where a worker the
+        OS preempted in the middle of a task made the caller wait longer than the workers
+        saved it over 20 ms, the launches of the next 200 ms run on the caller alone (the
+        workers sleep), then the workers are tried again (see ``parallel.c``). On a quiet
+        machine the account is the parallel speed-up, and this never fires.
     """
 
     tasks_per_thread: int = 8
     spin_polls: int = 3000
     avoid_caller_cpu: bool = True
+    solo_when_stalled: bool = True
 
     def __post_init__(self) -> None:
         for name, low, high in (("tasks_per_thread", 1, _MAX_TASKS_PER_THREAD), ("spin_polls", 0, 10**8)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
-        if not isinstance(self.avoid_caller_cpu, bool):
-            raise ValueError(f"avoid_caller_cpu must be a bool, got {self.avoid_caller_cpu!r}")
+        for name in ("avoid_caller_cpu", "solo_when_stalled"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,9 @@ class LaunchStats:
         a wake-up. Its contention detection counts the losses over 1 ms (``parallel.c``).
     max_loss_us
         The longest such loss, in microseconds.
+    solo
+        Launches the calling thread ran alone, whole, because its workers had cost it more
+        time than they saved (:attr:`LauncherConfig.solo_when_stalled`).
     """
 
     launches: int
@@ -114,6 +126,7 @@ class LaunchStats:
     moves: int
     losses: int = 0
     max_loss_us: float = 0.0
+    solo: int = 0
 
 
 @functools.cache
@@ -171,15 +184,16 @@ class ParallelLauncher:
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= _MAX_THREADS:
             raise ValueError(f"threads must be an int in [1, {_MAX_THREADS}], got {threads!r}")
         got = self._lib.alt_tvm_parallel_configure(threads, self.config.tasks_per_thread, self.config.spin_polls,
-                                                   int(self.config.avoid_caller_cpu))
+                                                   int(self.config.avoid_caller_cpu),
+                                                   int(self.config.solo_when_stalled))
         if got != threads:
             raise LauncherError(f"the parallel launcher could start only {got} of {threads} threads")
 
     def stats(self) -> LaunchStats:
         """Counters since the previous call (and resets them)."""
-        out = (ctypes.c_longlong * 8)()  # a library linked before a counter existed leaves it 0
+        out = (ctypes.c_longlong * 9)()  # a library linked before a counter existed leaves it 0
         self._lib.alt_tvm_parallel_stats(out)
-        return LaunchStats(*(int(v) for v in out[:7]), max_loss_us=out[7] / 1e3)
+        return LaunchStats(*(int(v) for v in out[:7]), max_loss_us=out[7] / 1e3, solo=int(out[8]))
 
 
 def install(library: str | os.PathLike, *, threads: int,
