@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from alt_tvm.deploy.model import aligned
 from alt_tvm.deploy.profile import KernelProfile
 from alt_tvm.graph.baselines import round_order
 from alt_tvm.graph.build import CompiledModel, build
@@ -194,11 +195,12 @@ class InModelResult:
 def model_inputs(model: CompiledModel, *, seed: int = 0,
                  example_inputs: Sequence[Any] | None = None) -> list[np.ndarray]:
     """Inputs to time ``model`` on: ``example_inputs`` as arrays, else seeded random data
-    (floats normal, integers zero: a valid index into any embedding table)."""
+    (floats normal, integers zero: a valid index into any embedding table); :func:`aligned`,
+    so every build reads them in place."""
     if example_inputs is not None:
-        return [np.asarray(x.detach().numpy() if hasattr(x, "detach") else x) for x in example_inputs]
+        return [aligned(x.detach().numpy() if hasattr(x, "detach") else x) for x in example_inputs]
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+    return [aligned(rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype))
             for shape, dtype in zip(model.input_shapes, model.input_dtypes)]
 
 

@@ -78,6 +78,7 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     seeded random inputs of its declared shapes."""
     import numpy as np
 
+    from alt_tvm.deploy.model import aligned
     from alt_tvm.graph.baselines import onnxruntime_session
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.models import export_onnx, get_model
@@ -85,12 +86,12 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     if name.endswith(".onnx"):
         imported = load_model(name)
         rng = np.random.default_rng(0)
-        arrays = [rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+        arrays = [aligned(rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype))
                   for shape, dtype in zip(imported.input_shapes, imported.input_dtypes)]
         session = onnxruntime_session(name, threads=threads)
         return None, None, arrays, name, session, session(*arrays)
     module, inputs = get_model(name)
-    arrays = [x.numpy() for x in inputs]
+    arrays = [aligned(x.numpy()) for x in inputs]
     path = export_onnx(name, os.path.join(workdir, f"{name}.onnx"))
     session = onnxruntime_session(str(path), threads=threads)
     return module, inputs, arrays, path, session, session(*arrays)

@@ -24,7 +24,29 @@ from .parallel import ParallelLauncher
 from .profile import KernelInfo, KernelProfile, profile_vm
 from .threads import ThreadGovernor, set_tvm_pool_threads, tvm_pool_threads
 
-__all__ = ["RunnableModel", "flatten_outputs", "use_runtime_threads"]
+__all__ = ["ALIGNMENT", "RunnableModel", "aligned", "flatten_outputs", "use_runtime_threads"]
+
+_CPU = 1  # DLPack's kDLCPU: this machine's CPU (a remote session's devices carry an RPC mask)
+
+#: Byte alignment TVM's kernels assume of every tensor: an input array aligned so is read in
+#: place by a model call; any other is copied first (:meth:`RunnableModel._to_device`).
+ALIGNMENT = 64
+
+
+def aligned(array: np.ndarray) -> np.ndarray:
+    """``array`` as a C-ordered copy whose data starts on an :data:`ALIGNMENT`-byte boundary
+    (``array`` itself when it already does): a model call reads such an input in place.
+
+    NumPy aligns its allocations to 16 bytes, so about one array in four is aligned by chance.
+    """
+    array = np.asarray(array)
+    if array.flags.c_contiguous and array.ctypes.data % ALIGNMENT == 0:
+        return array
+    buffer = np.empty(array.nbytes + ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % ALIGNMENT
+    out = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
 
 
 def flatten_outputs(value: Any) -> list[np.ndarray]:
@@ -33,9 +55,13 @@ def flatten_outputs(value: Any) -> list[np.ndarray]:
 
 
 def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
-    """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy."""
+    """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy
+    (copies: a VM output may be a view of an input or a constant of the model)."""
     if isinstance(value, tvm.runtime.Tensor):
-        out.append(value.numpy())
+        # DLPack, not Tensor.numpy(): right after a model call the caches hold the model's data,
+        # and numpy()'s Python steps (ctypes, dtype parsing) took 0.1 ms there for 4 KB (MNASNet).
+        local = value.device.dlpack_device_type() == _CPU
+        out.append(np.from_dlpack(value).copy() if local else value.numpy())
     elif isinstance(value, np.ndarray):
         out.append(value)
     elif hasattr(value, "detach") and hasattr(value, "numpy"):  # torch.Tensor
@@ -187,10 +213,31 @@ class RunnableModel(abc.ABC):
         return out
 
     def _to_device(self, arrays: Sequence[np.ndarray]) -> list:
-        return [tvm.runtime.tensor(array, self.device) for array in arrays]
+        """The inputs as tensors on the model's device.
+
+        On this machine's CPU, an array aligned as TVM's kernels assume (:func:`aligned`) is
+        read in place (DLPack); any other is copied into a new tensor. Measured right after a
+        call, when the caches hold the model's data: the copy of a 224x224 image took
+        0.17-0.22 ms, and the whole call read in place was 1.4-1.5% faster (MNASNet,
+        MobileNet-V2) and 5% faster (ShuffleNet-V2). A copy into a tensor kept from call to
+        call gained nothing measurable. The VM's outputs never alias an input after the
+        call: :func:`flatten_outputs` copies them.
+        """
+        local = self.device is not None and self.device.dlpack_device_type() == _CPU
+        out = []
+        for array in arrays:
+            if local and array.ctypes.data % ALIGNMENT == 0 and array.flags.writeable and array.size:
+                try:
+                    out.append(tvm.runtime.from_dlpack(array))
+                    continue
+                except (BufferError, TypeError, ValueError, RuntimeError):
+                    pass  # not exportable in place: copied
+            out.append(tvm.runtime.tensor(array, self.device))
+        return out
 
     def random_inputs(self, *, seed: int = 0) -> list[np.ndarray]:
-        """Inputs of the model's shapes and dtypes (standard normal floats, small non-negative ints)."""
+        """Inputs of the model's shapes and dtypes (standard normal floats, small non-negative
+        ints), :func:`aligned` so a call reads them in place."""
         rng = np.random.default_rng(seed)
         out = []
         for shape, dtype in zip(self.input_shapes, self.input_dtypes):
@@ -200,7 +247,7 @@ class RunnableModel(abc.ABC):
                 out.append(rng.integers(0, 2, shape).astype(bool))
             else:
                 out.append(rng.integers(0, 2, shape).astype(dtype))  # token ids, masks, indices: 0 and 1 are valid
-        return out
+        return [aligned(array) for array in out]
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         checked = self._checked(arrays)
