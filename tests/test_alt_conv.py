@@ -129,14 +129,18 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
 def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
     from alt_tvm.strategies.alt.tiling import channel_tile, reduction_block
 
-    tiles = {c: channel_tile(c, 16) for c in (3, 12, 24, 40, 48, 58, 72, 104, 116, 232, 440, 512, 1000)}
+    tiles = {c: channel_tile(c, 16) for c in (3, 12, 20, 24, 40, 48, 56, 58, 72, 88, 104, 116, 120, 232, 440, 512,
+                                             1000)}
     # Divisors where they use the lanes as well, or padding would waste more than 1/12.
-    assert tiles[3] == 3 and tiles[12] == 12 and tiles[24] == 12 and tiles[40] == 10 and tiles[72] == 12
+    assert tiles[3] == 3 and tiles[12] == 12 and tiles[24] == 12 and tiles[72] == 12 and tiles[20] == 10
+    # A divisor LLVM would split into a piece under a quarter vector (10 = 8 + 2, 14 = 8 + 4 + 2,
+    # 11, 15) gives way to a half vector: 40, 56 and 88 in 8-lane tiles; 120 then pads to 128.
+    assert tiles[40] == 8 and tiles[56] == 8 and tiles[88] == 8 and tiles[120] == 32
     assert tiles[48] == 16 and tiles[512] == 32
     # Padded: 58 -> 64 and 116 -> 128 (two vectors: one would pad as much), 104 -> 112 and
     # 232 -> 240 (one vector), 440 -> 448 and 1000 -> 1024 (two vectors waste under 1/16).
     assert (tiles[58], tiles[116], tiles[104], tiles[232], tiles[440], tiles[1000]) == (32, 32, 16, 16, 32, 32)
-    assert channel_tile(200, 16, max_waste=0) == 10 and channel_tile(58, 16, max_waste=0) == 32
+    assert channel_tile(200, 16, max_waste=0) == 8 and channel_tile(58, 16, max_waste=0) == 32
     # A reduction over 104 channels stored in padded tiles of 16 runs in blocks of 8.
     assert reduction_block(104, 16) == 8 and reduction_block(512, 32) == 32
 
