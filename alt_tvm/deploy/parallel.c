@@ -283,7 +283,8 @@ static void start_workers(int threads) {
 }
 
 /* Threads per launch (the caller included; the workers start now), tasks per thread, polls
-   before an idle worker sleeps, whether a worker moves off the caller's CPU. Waits for a
+   before an idle worker sleeps, whether a worker moves off the caller's CPU, whether the caller
+   runs launches alone while its workers cost it time (its account starts afresh). Waits for a
    launch in flight. Returns the threads per launch (fewer than asked when the system refused
    a thread). */
 int alt_tvm_parallel_configure(int threads, int tasks_per_thread, int spin_polls, int avoid_caller_cpu,
