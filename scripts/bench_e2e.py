@@ -76,18 +76,15 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     """Model ``name`` (a reference model, or the path of an ONNX file): (torch module or None,
     its inputs, as arrays, ONNX path, ORT session, ORT's outputs). An ONNX file is run on
     seeded random inputs of its declared shapes."""
-    import numpy as np
-
     from alt_tvm.deploy.model import aligned
     from alt_tvm.graph.baselines import onnxruntime_session
     from alt_tvm.graph.frontend import load_model
+    from alt_tvm.in_model import model_inputs
     from alt_tvm.models import export_onnx, get_model
 
     if name.endswith(".onnx"):
         imported = load_model(name)
-        rng = np.random.default_rng(0)
-        arrays = [aligned(rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype))
-                  for shape, dtype in zip(imported.input_shapes, imported.input_dtypes)]
+        arrays = model_inputs(imported, seed=0)
         session = onnxruntime_session(name, threads=threads)
         return None, None, arrays, name, session, session(*arrays)
     module, inputs = get_model(name)

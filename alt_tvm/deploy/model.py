@@ -40,13 +40,22 @@ def aligned(array: np.ndarray) -> np.ndarray:
     NumPy aligns its allocations to 16 bytes, so about one array in four is aligned by chance.
     """
     array = np.asarray(array)
-    if array.flags.c_contiguous and array.ctypes.data % ALIGNMENT == 0:
+    if array.flags.c_contiguous and _is_aligned(array):
         return array
     buffer = np.empty(array.nbytes + ALIGNMENT, np.uint8)
     start = -buffer.ctypes.data % ALIGNMENT
     out = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
     out[...] = array
     return out
+
+
+def _is_aligned(array: np.ndarray) -> bool:
+    return array.ctypes.data % ALIGNMENT == 0
+
+
+def _on_this_cpu(device: Any) -> bool:
+    """Whether ``device`` is this machine's CPU, whose tensors NumPy can share through DLPack."""
+    return device is not None and device.dlpack_device_type() == _CPU
 
 
 def flatten_outputs(value: Any) -> list[np.ndarray]:
@@ -60,8 +69,7 @@ def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
     if isinstance(value, tvm.runtime.Tensor):
         # DLPack, not Tensor.numpy(): right after a model call the caches hold the model's data,
         # and numpy()'s Python steps (ctypes, dtype parsing) took 0.1 ms there for 4 KB (MNASNet).
-        local = value.device.dlpack_device_type() == _CPU
-        out.append(np.from_dlpack(value).copy() if local else value.numpy())
+        out.append(np.from_dlpack(value).copy() if _on_this_cpu(value.device) else value.numpy())
     elif isinstance(value, np.ndarray):
         out.append(value)
     elif hasattr(value, "detach") and hasattr(value, "numpy"):  # torch.Tensor
@@ -223,10 +231,10 @@ class RunnableModel(abc.ABC):
         call gained nothing measurable. The VM's outputs never alias an input after the
         call: :func:`flatten_outputs` copies them.
         """
-        local = self.device is not None and self.device.dlpack_device_type() == _CPU
+        local = _on_this_cpu(self.device)
         out = []
         for array in arrays:
-            if local and array.ctypes.data % ALIGNMENT == 0 and array.flags.writeable and array.size:
+            if local and _is_aligned(array) and array.flags.writeable and array.size:
                 try:
                     out.append(tvm.runtime.from_dlpack(array))
                     continue
