@@ -140,6 +140,8 @@ def test_bad_settings_are_errors(launcher_lib):
         LauncherConfig(tasks_per_thread=0)
     with pytest.raises(ValueError, match="spin_polls must be an int"):
         LauncherConfig(spin_polls=-1)
+    with pytest.raises(ValueError, match="solo_when_stalled must be a bool, got 1"):
+        LauncherConfig(solo_when_stalled=1)
     launcher = ParallelLauncher(launcher_lib, threads=2, config=LauncherConfig())
     with pytest.raises(ValueError, match=r"threads must be an int in \[1, 64\], got 0"):
         launcher.set_threads(0)
