@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,6 +127,16 @@ def fp32_peak_tflops(repeat: int) -> float:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     return 2 * 8192**3 / (ms * 1e-3) / 1e12
+
+
+def nvidia_driver() -> str | None:
+    """The driver version nvidia-smi reports (TVM 0.27's ``Device.driver_version`` is None for CUDA)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
 
 
 def check(out: np.ndarray, ref: np.ndarray, what: str) -> None:
@@ -254,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = tvm.cuda(0)
     peak = fp32_peak_tflops(args.repeat)
     device = {"name": dev.device_name, "arch": target.tvm_target["arch"], "sms": target.num_cores,
-              "driver": dev.driver_version, "tvm": tvm.__version__, "torch": torch.__version__,
+              "driver": dev.driver_version or nvidia_driver(), "tvm": tvm.__version__, "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "fp32_tflops_measured": peak}
     print(f"{dev.device_name} {target.tvm_target['arch']}, {target.num_cores} SMs; "
           f"FP32 (cuBLAS, TF32 off) {peak:.1f} TFLOP/s")
