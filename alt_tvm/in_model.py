@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from alt_tvm.deploy.model import aligned
+from alt_tvm.deploy.model import aligned, seeded_inputs
 from alt_tvm.deploy.profile import KernelProfile
 from alt_tvm.graph.baselines import round_order
 from alt_tvm.graph.build import CompiledModel, build
@@ -194,14 +194,11 @@ class InModelResult:
 
 def model_inputs(model: CompiledModel, *, seed: int = 0,
                  example_inputs: Sequence[Any] | None = None) -> list[np.ndarray]:
-    """Inputs to time ``model`` on: ``example_inputs`` as arrays, else seeded random data
-    (floats normal, integers zero: a valid index into any embedding table); :func:`aligned`,
-    so every build reads them in place."""
+    """Inputs to time ``model`` on: ``example_inputs`` as arrays, else :func:`seeded_inputs` of
+    its shapes; :func:`aligned`, so every build reads them in place."""
     if example_inputs is not None:
         return [aligned(x.detach().numpy() if hasattr(x, "detach") else x) for x in example_inputs]
-    rng = np.random.default_rng(seed)
-    return [aligned(rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype))
-            for shape, dtype in zip(model.input_shapes, model.input_dtypes)]
+    return seeded_inputs(shapes=model.input_shapes, dtypes=model.input_dtypes, seed=seed)
 
 
 def _profile_once(model: CompiledModel, arrays: Sequence[np.ndarray]) -> KernelProfile:

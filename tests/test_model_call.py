@@ -79,3 +79,22 @@ def test_a_later_call_does_not_change_an_earlier_output(place):
     first_input[...] = 5.0
     built(prepare(np.full((1, 3, 8, 8), 7.0, np.float32)))
     np.testing.assert_array_equal(first, np.ones((1, 192), np.float32))
+
+
+def test_seeded_inputs_are_one_rule_for_model_calls_and_in_model_timing():
+    from alt_tvm.deploy.model import seeded_inputs
+    from alt_tvm.in_model import model_inputs
+
+    shapes, dtypes = [(2, 5), (64,), (3,)], ["float32", "int64", "bool"]
+    first = seeded_inputs(shapes=shapes, dtypes=dtypes, seed=3)
+    again = seeded_inputs(shapes=shapes, dtypes=dtypes, seed=3)
+    other = seeded_inputs(shapes=shapes, dtypes=dtypes, seed=4)
+    for a, b, shape, dtype in zip(first, again, shapes, dtypes):
+        np.testing.assert_array_equal(a, b)
+        assert a.shape == shape and a.dtype == np.dtype(dtype) and a.ctypes.data % ALIGNMENT == 0
+    assert not np.array_equal(first[0], other[0])
+    assert set(np.unique(first[1])) == {0, 1}  # valid token ids and indices for any table of two or more
+
+    built = build(_Scaled().eval(), example_inputs=[torch.randn(1, 3, 8, 8)])
+    for a, b in zip(built.random_inputs(seed=7), model_inputs(built, seed=7)):
+        np.testing.assert_array_equal(a, b)

@@ -85,6 +85,10 @@ def test_budget_split_and_bad_budget():
 
     assert split_budget([T(2), T(1), T(1)], 20) == [10, 5, 5]
     assert sum(split_budget([T(1)] * 3, 7)) == 7
+    # The least budget allowed, with one heavy task: every task still gets its 2 (the floor
+    # of 2 for the light ones once overspent the budget and left the first task -1).
+    tight = split_budget([T(1)] + [T(1)] * 14 + [T(30)], 32)
+    assert sum(tight) == 32 and min(tight) == 2
     with pytest.raises(ValueError, match="trials=3 is too small for 3 tasks"):
         split_budget([T(1)] * 3, 3)
     assert json.dumps(split_budget([T(5), T(1)], 12))

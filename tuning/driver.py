@@ -100,6 +100,10 @@ def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
     weights = [t.weight for t in tasks]
     total = sum(weights)
     shares = [max(2, int(trials * w / total)) for w in weights]
+    # The floor of 2 can overspend a tight budget: take the excess from the largest shares.
+    while sum(shares) > trials:
+        largest = max(range(len(shares)), key=lambda i: shares[i])
+        shares[largest] -= 1
     shares[0] += trials - sum(shares)  # rounding goes to the first task (usually the largest map)
     return shares
 

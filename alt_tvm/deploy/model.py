@@ -118,6 +118,22 @@ def use_runtime_threads(cores: int) -> int:
     return pool
 
 
+def seeded_inputs(*, shapes: Sequence[Sequence[int]], dtypes: Sequence[str], seed: int = 0) -> list[np.ndarray]:
+    """Seeded inputs of these shapes and dtypes, :func:`aligned` so a call reads them in place.
+
+    Floats are standard normal; integers and booleans are 0 or 1, valid as token ids, masks
+    and indices into any dimension of two or more.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, dtype in zip(shapes, dtypes):
+        if np.issubdtype(np.dtype(dtype), np.floating):
+            out.append(rng.standard_normal(shape).astype(dtype))
+        else:
+            out.append(rng.integers(0, 2, shape).astype(dtype))
+    return [aligned(array) for array in out]
+
+
 class RunnableModel(abc.ABC):
     """A compiled model: call it on NumPy arrays, ``time`` it, ``profile`` its kernels.
 
@@ -244,18 +260,8 @@ class RunnableModel(abc.ABC):
         return out
 
     def random_inputs(self, *, seed: int = 0) -> list[np.ndarray]:
-        """Inputs of the model's shapes and dtypes (standard normal floats, small non-negative
-        ints), :func:`aligned` so a call reads them in place."""
-        rng = np.random.default_rng(seed)
-        out = []
-        for shape, dtype in zip(self.input_shapes, self.input_dtypes):
-            if np.issubdtype(np.dtype(dtype), np.floating):
-                out.append(rng.standard_normal(shape).astype(dtype))
-            elif dtype == "bool":
-                out.append(rng.integers(0, 2, shape).astype(bool))
-            else:
-                out.append(rng.integers(0, 2, shape).astype(dtype))  # token ids, masks, indices: 0 and 1 are valid
-        return [aligned(array) for array in out]
+        """Inputs of the model's shapes and dtypes (:func:`seeded_inputs`)."""
+        return seeded_inputs(shapes=self.input_shapes, dtypes=self.input_dtypes, seed=seed)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         checked = self._checked(arrays)
