@@ -76,15 +76,14 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     """Model ``name`` (a reference model, or the path of an ONNX file): (torch module or None,
     its inputs, as arrays, ONNX path, ORT session, ORT's outputs). An ONNX file is run on
     seeded random inputs of its declared shapes."""
-    from alt_tvm.deploy.model import aligned
+    from alt_tvm.deploy.model import aligned, seeded_inputs
     from alt_tvm.graph.baselines import onnxruntime_session
     from alt_tvm.graph.frontend import load_model
-    from alt_tvm.in_model import model_inputs
     from alt_tvm.models import export_onnx, get_model
 
     if name.endswith(".onnx"):
         imported = load_model(name)
-        arrays = model_inputs(imported, seed=0)
+        arrays = seeded_inputs(shapes=imported.input_shapes, dtypes=imported.input_dtypes, seed=0)
         session = onnxruntime_session(name, threads=threads)
         return None, None, arrays, name, session, session(*arrays)
     module, inputs = get_model(name)
