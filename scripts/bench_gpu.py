@@ -4,7 +4,8 @@ Needs a CUDA GPU that TVM sees (``tvm.cuda(0).exist``) and ``nvcc``. For each la
 conv + bias (batch norm folded) + ReLU, FP32), all in this run, on the GPU found
 (``alt_tvm.target.detect_cuda``):
 
-* **alt-tvm untuned**: the CUDA conv strategy's default point;
+* **alt-tvm untuned**: the CUDA conv strategy's default point (with ``--split-k``, also that
+  point with each split of the reduction among blocks given);
 * **alt-tvm tuned**: ``tune_tasks`` with ``--trials`` measured candidates, measured on the GPU
   by ``isolated_measure`` (build in a worker process, time in another), the best record
   lowered and timed;
@@ -23,6 +24,7 @@ every runner is timed hot, as in a model whose layers run back to back.
 
     python scripts/bench_gpu.py [--layers layer1 layer2 ...] [--trials 64] [--ms-trials 64]
                                 [--repeat 7] [--seed 0] [--json docs/gpu.json] [--log-dir DIR]
+                                [--split-k 1 2 4 8 16]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -82,6 +84,9 @@ class Row:
     ms_tune_s: float = float("nan")
     alt_trials: int = 0
     ms_trials: int = 0
+    alt_default_params: dict = field(default_factory=dict)
+    alt_tuned_params: dict = field(default_factory=dict)
+    split_k_ms: dict = field(default_factory=dict)  # the default point at each split_k
     errors: str = ""
 
 
@@ -215,18 +220,29 @@ def bench_layer(name: str, target: HardwareTarget, args: argparse.Namespace, log
         torch.backends.cudnn.allow_tf32 = False
     model.cpu()
     (task,) = extract_tasks(model, target=target, example_inputs=(x_t,))
+    layout, loop = task.space.default()
+    row.alt_default_params = task.space.params(layout, loop)
     try:
         row.alt_default_ms = alt_kernel(task, None, x, ref, "alt-tvm default", args.repeat)
     except Exception as err:  # noqa: BLE001 - reported in the row; the other runners go on
         errors.append(f"alt-tvm default: {type(err).__name__}: {err}")
+    for split_k in args.split_k:
+        point = {**loop, "split_k": split_k}
+        if task.space.check(layout, point) is not None:
+            continue
+        try:
+            row.split_k_ms[str(split_k)] = alt_kernel(task, task.space.params(layout, point), x, ref,
+                                                      f"alt-tvm default, split_k={split_k}", args.repeat)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"alt-tvm split_k={split_k}: {type(err).__name__}: {err}")
     log = os.path.join(log_dir, f"{name}.jsonl")
     try:
         start = time.perf_counter()
         (summary,) = tune_tasks([task], trials=args.trials, log=log, seed=args.seed,
                                 measure=isolated_measure(target=target), progress=False)
         row.alt_tune_s, row.alt_trials = time.perf_counter() - start, summary.trials
-        row.alt_tuned_ms = alt_kernel(task, best_params(log, target=target)[task.key], x, ref, "alt-tvm tuned",
-                                      args.repeat)
+        row.alt_tuned_params = best_params(log, target=target)[task.key]
+        row.alt_tuned_ms = alt_kernel(task, row.alt_tuned_params, x, ref, "alt-tvm tuned", args.repeat)
     except Exception as err:  # noqa: BLE001
         errors.append(f"alt-tvm tuned: {type(err).__name__}: {err}")
     try:
@@ -250,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the rows and the device here")
     parser.add_argument("--log-dir", default=None, help="keep the tuning logs here (default: a temporary folder)")
+    parser.add_argument("--split-k", nargs="*", type=int, default=[],
+                        help="also time the untuned point with each of these split_k values (where valid)")
     args = parser.parse_args(argv)
     args.ms_trials = args.trials if args.ms_trials is None else args.ms_trials
     if args.trials < 2 or args.ms_trials < 1 or args.repeat < 1:

@@ -65,6 +65,7 @@ FAMILIES = {
     "dilated_d2": (lambda: ConvAct(conv(32, 32, 3, padding=2, dilation=2)), (1, 32, 20, 20)),
     "conv1d": (lambda: ConvAct(torch.nn.Conv1d(16, 32, 5, padding=2)), (1, 16, 64)),
     "conv3d": (lambda: ConvAct(torch.nn.Conv3d(8, 16, 3, padding=1)), (1, 8, 6, 10, 10)),
+    "split_k_3x3_7x7": (lambda: ConvAct(conv(256, 256, 3, padding=1), residual=True), (1, 256, 7, 7)),
     "dense": (lambda: DenseAct(256, 192), (32, 256)),
 }
 
@@ -162,3 +163,16 @@ def test_the_tuner_measures_on_the_gpu_and_its_best_point_is_correct(tmp_path):
     ref = reference(model, x)
     np.testing.assert_allclose(run_on_gpu(task, params, x), ref, rtol=0, atol=RTOL * np.abs(ref).max())
 
+
+
+def test_split_k_matches_pytorch_at_every_split_on_the_gpu():
+    """Split-K (partial sums in a first kernel, their sum and the residual epilogue in a second)."""
+    model, x, task = case("split_k_3x3_7x7")  # 7x7: a few dozen output blocks for 100+ SMs
+    ref = reference(model, x)
+    layout, loop = task.space.default()
+    assert loop["split_k"] > 1
+    for split_k in (1, 2, 4, 8):  # 256 channels in stages of 32
+        params = task.space.params(layout, {**loop, "split_k": split_k, "rc_split": 32})
+        out = run_on_gpu(task, params, x)
+        assert not np.isnan(out).any(), f"unwritten outputs with split_k={split_k}"
+        np.testing.assert_allclose(out, ref, rtol=0, atol=RTOL * np.abs(ref).max(), err_msg=f"split_k={split_k}")

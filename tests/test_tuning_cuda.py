@@ -70,6 +70,7 @@ CASES = {
     "depthwise": (lambda: ConvReLU(32, 32, 3, pad=1, groups=32), (1, 32, 10, 10)),
     "conv1d": (lambda: ConvNd(torch.nn.Conv1d(8, 16, 3, padding=1)), (1, 8, 32)),
     "conv3d": (lambda: ConvNd(torch.nn.Conv3d(4, 8, 3, padding=1)), (1, 4, 4, 6, 6)),
+    "small_map": (lambda: ConvReLU(64, 64, 3, pad=1), (1, 64, 4, 4)),  # 2 output tiles: split-K by default
     "dense": (lambda: Dense(), (16, 96)),
 }
 
@@ -194,7 +195,7 @@ def test_check_rejects_too_many_threads_and_too_much_shared_memory_before_buildi
     _, _, task = case("conv3x3_s1")  # 32 channels, 14x14, 16 -> 32
     space = task.space
     layout = {"s0": 7, "s1": 14, "ot": 32, "it": 16, "weight_ot": 32, "weight_it": 16}
-    threads = {"block_o": 1, "tile_o": 1, "tile_s": 1, "rc_split": 1, "shared": True, "unroll": 0}
+    threads = {"block_o": 1, "tile_o": 1, "tile_s": 1, "rc_split": 1, "shared": True, "unroll": 0, "split_k": 1}
     why = space.check(layout, threads)  # 7 * 14 * 32 = 3136 threads
     assert why is not None and "3136 threads per block exceed max_threads_per_block=1024" in why
     with pytest.raises(ValueError, match="3136 threads"):
@@ -203,13 +204,13 @@ def test_check_rejects_too_many_threads_and_too_much_shared_memory_before_buildi
                           in_channels=512, kernel=(3, 3), strides=(1, 1), dilation=(1, 1),
                           default=CudaConvTiling((2, 7), 32, 32, rc_split=8).to_json(), limits=LIMITS)
     layout = {"s0": 7, "s1": 14, "ot": 64, "it": 64, "weight_ot": 64, "weight_it": 64}
-    loop = {"block_o": 1, "tile_o": 8, "tile_s": 7, "rc_split": 64, "shared": True, "unroll": 0}
+    loop = {"block_o": 1, "tile_o": 8, "tile_s": 7, "rc_split": 64, "shared": True, "unroll": 0, "split_k": 1}
     why = small.check(layout, loop)  # 64 x 64 x 3 x 3 weights alone are 144 KiB
     assert why is not None and "shared memory per block exceed max_shared_memory_per_block=49152" in why
     assert small.check(layout, {**loop, "shared": False}) is None  # no staging, no shared memory
     assert "layout knob ot=64 not in" in space.check(layout, loop)  # 32 channels: no tile of 64
     layout = {"s0": 2, "s1": 7, "ot": 16, "it": 16, "weight_ot": 32, "weight_it": 16}
-    loop = {"block_o": 1, "tile_o": 1, "tile_s": 1, "rc_split": 16, "shared": True, "unroll": 0}
+    loop = {"block_o": 1, "tile_o": 1, "tile_s": 1, "rc_split": 16, "shared": True, "unroll": 0, "split_k": 1}
     assert "weight_ot=32 does not divide the block's 16 output channels" in space.check(layout, loop)
     assert space.check(layout, {**loop, "block_o": 2}) is None
     gemm = case("dense")[2].space
@@ -265,6 +266,30 @@ def test_gpu_schedule_arithmetic_matches_pytorch_on_the_cpu(name):
     for params in points:
         np.testing.assert_allclose(run_emulated(task, params, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
                                    err_msg=f"{name} {params}")
+
+
+def test_split_k_sums_partials_in_a_second_kernel_at_every_split():
+    model, x, task = case("small_map")  # 64 input channels: 2 stages of 32
+    with torch.no_grad():
+        ref = model(x).numpy()
+    layout, loop = task.space.default()
+    assert loop["split_k"] == 2  # 2 blocks of outputs are far too few for 80 SMs
+    source = cuda_source(task.lower(task.space.params(layout, loop)).func)
+    kernels = re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(([^)]*)\) \{", source)
+    assert [name for name, _ in kernels] == ["main_kernel", "main_kernel_1"]
+    assert "conv_rf" in kernels[0][1] and "conv_rf" in kernels[1][1] and "data" not in kernels[1][1]
+    # Staged stages are whole 32-channel input tiles; unstaged ones may be smaller.
+    for split_k, rc_split, shared in ((1, 32, True), (2, 32, True), (4, 16, False), (8, 8, False), (32, 1, False)):
+        params = task.space.params(layout, {**loop, "split_k": split_k, "rc_split": rc_split, "shared": shared})
+        np.testing.assert_allclose(run_emulated(task, params, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                   err_msg=f"split_k={split_k} rc_split={rc_split} shared={shared}")
+    why = task.space.check(layout, {**loop, "split_k": 4})  # 2 stages of 32 channels
+    assert why is not None and "split_k=4 does not divide the 2 reduction stages" in why
+    with pytest.raises(ValueError, match="split_k=4 does not divide the 2 reduction stages"):
+        task.lower({**task.space.params(layout, loop), "split_k": 4})
+    depthwise = case("depthwise")[2].space
+    layout, loop = depthwise.default()
+    assert loop["split_k"] == 1 and depthwise.check(layout, {**loop, "split_k": 2}) is not None  # nothing to split
 
 
 def test_the_tuner_only_spends_trials_on_points_the_board_can_run():

@@ -12,6 +12,9 @@ partitions does not depend on the target. The schedule is the classic GPU tiling
   the tile, which falls on distinct shared-memory banks for tiles up to 4);
 * reduction split into stages whose input and weight tiles are fetched cooperatively
   into ``"shared"`` memory by all the block's threads;
+* optionally (``split_k``) the stages shared among several blocks per output tile, with
+  a second kernel adding their partial sums, for layers whose few output tiles would
+  leave most multiprocessors idle (the "split-K" of GEMM libraries; TVM's ``rfactor``);
 * optional ``pragma_auto_unroll_max_step``; the element-wise epilogue is fused into the
   write-back of the accumulators.
 
@@ -87,6 +90,23 @@ def _epilogue(sch: tvm.s_tir.Schedule, stages: Sequence[te.Tensor]) -> None:
     sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
 
 
+#: Threads per block of a split-K conv's second kernel (one output per thread).
+_SUM_THREADS = 256
+
+
+def _schedule_split_k_sum(sch: tvm.s_tir.Schedule, block: Any, *, bind: bool) -> None:
+    """The second kernel of a split-K conv: one thread per output adds the ``split_k`` partials
+    (consecutive threads on consecutive elements of the tiled layout: coalesced)."""
+    *spatial, rk = sch.get_loops(block)
+    bx, tx = sch.split(sch.fuse(*spatial), [None, _SUM_THREADS])
+    if bind:
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    write = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write, tx, preserve_unit_loops=True)
+    sch.decompose_reduction(block, rk)
+
+
 def _check_fits(usage: BlockUsage, limits: GpuLimits | None, what: str) -> None:
     if limits is None:
         return
@@ -152,6 +172,22 @@ def schedule_cuda_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: Sequ
     if limits is not None and t.threads > limits.max_threads_per_block:
         raise ValueError(f"schedule_cuda_conv: {t.threads} threads per block exceed "
                          f"max_threads_per_block={limits.max_threads_per_block}")
+    if (extents["rc"] // t.rc_split) % t.split_k:
+        raise ValueError(f"schedule_cuda_conv: split_k={t.split_k} does not divide the "
+                         f"{extents['rc'] // t.rc_split} reduction stages (rc {extents['rc']} / rc_split {t.rc_split})")
+    rk = None
+    if t.split_k > 1:
+        # Split-K: split_k blocks per output tile each sum their share of the stages into
+        # a partial output (the rfactor block, scheduled below like an unsplit conv); a
+        # second kernel adds the partials and applies the epilogue.
+        final = block
+        rk, _ = sch.split(rc, [t.split_k, None])
+        block = sch.rfactor(rk, factor_axis=0)
+        _schedule_split_k_sum(sch, final, bind=bind)
+        loops = sch.get_loops(block)  # rfactor rebuilt the nest: n, S/s.., O/ot, s.., ot, rk, rc, k..
+        n, outer, oo = loops[0], list(loops[1:1 + rank]), loops[1 + rank]
+        inner, oi = list(loops[2 + rank:2 + 2 * rank]), loops[2 + 2 * rank]
+        rk, rc, kernel_loops = loops[3 + 2 * rank], loops[4 + 2 * rank], list(loops[5 + 2 * rank:])
     oo_b, oo_t = sch.split(oo, [None, t.block_o])
     # Each thread owns a contiguous register tile: its accumulators' write-back (placed
     # by reverse_compute_at) is then exactly its own elements. Strided tiles would need
@@ -159,8 +195,9 @@ def schedule_cuda_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: Sequ
     s_thr, s_reg = sch.split(inner[-1], [None, t.tile_s])
     o_thr, o_reg = sch.split(oi, [None, t.tile_o])
     rc_o, rc_i = sch.split(rc, [None, t.rc_split])
-    sch.reorder(n, *outer, oo_b, oo_t, *inner[:-1], s_thr, o_thr, rc_o, rc_i, *kernel_loops, s_reg, o_reg)
-    bx = sch.fuse(n, *outer, oo_b)
+    grid = [n, *outer, oo_b] if rk is None else [rk, n, *outer, oo_b]
+    sch.reorder(*grid, oo_t, *inner[:-1], s_thr, o_thr, rc_o, rc_i, *kernel_loops, s_reg, o_reg)
+    bx = sch.fuse(*grid)
     tx = sch.fuse(oo_t, *inner[:-1], s_thr, o_thr)
     if bind:
         sch.bind(bx, "blockIdx.x")

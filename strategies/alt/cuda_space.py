@@ -4,7 +4,8 @@ Layout knobs are the split factors of the same §5.1 templates as :class:`ConvSp
 :class:`GemmSpace` (so tuned layouts propagate the same way); the loop knobs are those
 of :mod:`alt_tvm.strategies.alt.cuda_tiling`: threads (channel tiles per block / threads
 along M and N), the per-thread register tile, the reduction stage size, shared-memory
-staging on/off and the unroll step. :meth:`check` computes a point's threads, shared
+staging on/off, the unroll step, and for convs the split of the reduction among blocks
+(split-K). :meth:`check` computes a point's threads, shared
 memory and accumulators per block and rejects it before anything is built when they
 exceed the device's limits.
 """
@@ -113,13 +114,15 @@ class CudaConvSpace(_GpuSpace):
                 Knob("tile_s", divisors(last, cap=8)),
                 Knob("rc_split", divisors(self.in_channels_per_group, cap=64)),
                 Knob("shared", _BOOL),
-                Knob("unroll", UNROLL_STEPS))
+                Knob("unroll", UNROLL_STEPS),
+                Knob("split_k", divisors(self.in_channels_per_group, cap=32)))
 
     def _tiling(self, layout: dict[str, Any], loop: dict[str, Any]) -> CudaConvTiling:
         return CudaConvTiling(spatial=tuple(layout[f"s{d}"] for d in range(self.rank)), ot=layout["ot"],
                               it=layout["it"], weight_ot=layout["weight_ot"], weight_it=layout["weight_it"],
                               block_o=loop["block_o"], tile_o=loop["tile_o"], tile_s=loop["tile_s"],
-                              rc_split=loop["rc_split"], shared=bool(loop["shared"]), unroll=loop["unroll"])
+                              rc_split=loop["rc_split"], shared=bool(loop["shared"]), unroll=loop["unroll"],
+                              split_k=loop["split_k"])
 
     def _problem(self, tiling: Any) -> str | None:
         return conv_tiling_problem(tiling, in_channels_per_group=self.in_channels_per_group,
@@ -132,8 +135,9 @@ class CudaConvSpace(_GpuSpace):
         layout.update(ot=d["ot"], it=d["it"], weight_ot=d.get("weight_ot") or d["ot"],
                       weight_it=d.get("weight_it") or d["it"])
         layout = _clamp(self.layout_knobs, layout)
-        loop = _clamp(self.loop_knobs(layout), {k: d[k] for k in ("block_o", "tile_o", "tile_s", "rc_split",
-                                                                  "shared", "unroll")})
+        loop = _clamp(self.loop_knobs(layout), {**{k: d[k] for k in ("block_o", "tile_o", "tile_s", "rc_split",
+                                                                     "shared", "unroll")},
+                                                "split_k": d.get("split_k", 1)})
         return layout, loop
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:

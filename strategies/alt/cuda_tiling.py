@@ -9,6 +9,7 @@ choice. The schedules that apply them are in :mod:`alt_tvm.strategies.alt.conv_c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -42,6 +43,9 @@ _ELEM = 4
 MAX_ACCUMULATORS = 64
 #: Values ``unroll`` may take (0: no unroll pragma).
 UNROLL_STEPS = (0, 16, 64, 512)
+#: The untuned tiling splits a conv's reduction among blocks (split-K) until there are this
+#: many blocks per SM.
+SPLIT_K_BLOCKS_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,10 @@ class CudaConvTiling:
     Loops: a block computes ``block_o`` consecutive layout tiles along channels; each
     thread computes ``tile_s`` positions of the last spatial tile times ``tile_o``
     channels; the reduction channels are staged ``rc_split`` at a time (in shared memory
-    when ``shared``); ``unroll`` is the auto-unroll step (0: off).
+    when ``shared``); ``unroll`` is the auto-unroll step (0: off). ``split_k`` > 1 splits
+    the stages among that many blocks per output tile (split-K): each sums its share into a
+    partial output and a second kernel adds the partials, for convs with too few output
+    tiles to fill the GPU's multiprocessors.
     """
 
     spatial: tuple[int, ...]
@@ -132,6 +139,7 @@ class CudaConvTiling:
     rc_split: int = 1
     shared: bool = True
     unroll: int = 64
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         if not self.spatial:
@@ -139,7 +147,7 @@ class CudaConvTiling:
         for d, s in enumerate(self.spatial):
             _check_positive("CudaConvTiling", **{f"spatial[{d}]": s})
         _check_positive("CudaConvTiling", ot=self.ot, it=self.it, block_o=self.block_o, tile_o=self.tile_o,
-                        tile_s=self.tile_s, rc_split=self.rc_split)
+                        tile_s=self.tile_s, rc_split=self.rc_split, split_k=self.split_k)
         for name in ("weight_ot", "weight_it"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -160,7 +168,7 @@ class CudaConvTiling:
     def to_json(self) -> dict[str, Any]:
         return {"spatial": list(self.spatial), "ot": self.ot, "it": self.it, "weight_ot": self.weight_ot,
                 "weight_it": self.weight_it, "block_o": self.block_o, "tile_o": self.tile_o, "tile_s": self.tile_s,
-                "rc_split": self.rc_split, "shared": self.shared, "unroll": self.unroll}
+                "rc_split": self.rc_split, "shared": self.shared, "unroll": self.unroll, "split_k": self.split_k}
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> CudaConvTiling:
@@ -170,7 +178,7 @@ class CudaConvTiling:
                        weight_ot=int(record.get("weight_ot", 0)), weight_it=int(record.get("weight_it", 0)),
                        block_o=int(record["block_o"]), tile_o=int(record["tile_o"]), tile_s=int(record["tile_s"]),
                        rc_split=int(record["rc_split"]), shared=bool(record.get("shared", True)),
-                       unroll=int(record.get("unroll", 0)))
+                       unroll=int(record.get("unroll", 0)), split_k=int(record.get("split_k", 1)))
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a CUDA conv tiling record: {record!r} ({err!r})") from None
 
@@ -322,6 +330,9 @@ def conv_tiling_problem(tiling: CudaConvTiling, *, in_channels_per_group: int, o
                              out_channels_per_group=out_channels_per_group, kernel=kernel, strides=strides,
                              dilation=dilation)
     why = usage.violation(limits)
+    if why is None and (in_channels_per_group // t.rc_split) % t.split_k:
+        return (f"split_k={t.split_k} does not divide the {in_channels_per_group // t.rc_split} reduction stages "
+                f"({in_channels_per_group} channels per group / rc_split={t.rc_split})")
     if why is None and t.shared:
         outputs = t.block_o * t.ot
         if outputs % (t.weight_ot or t.ot):
@@ -423,7 +434,10 @@ def default_cuda_conv_tiling(*, out_shape: Sequence[int], in_channels_per_group:
     Threads are added (more channel tiles per block) while the block stays within 256
     threads, there are still blocks for every SM, and the staged tiles fit the shared
     memory. The reduction stage takes as many channels (whole input tiles, up to 16 or
-    one tile) as fit; when none fits, inputs are read from global memory.
+    one tile) as fit; when none fits, inputs are read from global memory. When the output
+    tiles give fewer than :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM (small late-stage
+    maps), the stages are split among blocks (``split_k``, the smallest divisor of the
+    stage count that reaches it, or one stage per block).
     """
     out_shape = [int(s) for s in out_shape]
     o_extent = out_shape[1] if out_channels_per_group == 1 else out_channels_per_group
@@ -460,6 +474,12 @@ def default_cuda_conv_tiling(*, out_shape: Sequence[int], in_channels_per_group:
         enough_blocks = tiles * (channel_tiles // block_o) >= limits.num_sms
         if candidate.threads <= 256 and enough_blocks and fits(candidate):
             best = candidate
+    blocks = tiles * channel_tiles // best.block_o
+    stages = reduce // best.rc_split
+    for split_k in _divisors(stages, stages):
+        best = dataclasses.replace(best, split_k=split_k)
+        if blocks * split_k >= SPLIT_K_BLOCKS_PER_SM * limits.num_sms:
+            break
     return best
 
 
