@@ -110,7 +110,7 @@ def index_map(binding: relax.VarBinding, source_shape: Sequence[int], producers:
     if isinstance(value, relax.TupleGetItem):
         split = producers[value.tuple_value].value
         axis = int(split.attrs.axis) % rank
-        start = _split_starts(split, int(source_shape[axis]))[int(value.index)]
+        start = split_starts(split, int(source_shape[axis]))[int(value.index)]
         return lambda i: [*i[:axis], i[axis] + start, *i[axis + 1:]]
     op = op_name(value)
     if op == "relax.permute_dims":
@@ -258,7 +258,7 @@ def _slice_starts(call: relax.Call) -> list[int] | None:
     return starts
 
 
-def _split_starts(split: relax.Call, extent: int) -> list[int]:
+def split_starts(split: relax.Call, extent: int) -> list[int]:
     """Where each output of ``split`` starts along its axis."""
     sections = split.attrs.indices_or_sections
     if isinstance(sections, (list, tuple)) or hasattr(sections, "__len__"):

@@ -6,6 +6,7 @@ first convolution reads the user's row-major array).
 """
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch import nn
@@ -135,6 +136,23 @@ class _PaddedChannels(nn.Module):  # ShuffleNet's 58/116 and SqueezeNet's 1000 c
         return torch.flatten(nn.functional.adaptive_avg_pool2d(torch.relu(self.head(y)), 1), 1)
 
 
+class _ShuffleUnit(nn.Module):  # ShuffleNet-V2's stride-1 unit: chunk, one half's branch, concat, shuffle
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 116, 3, padding=1)
+        self.branch = nn.Sequential(nn.Conv2d(58, 58, 1), nn.ReLU(), nn.Conv2d(58, 58, 3, padding=1, groups=58),
+                                    nn.Conv2d(58, 58, 1), nn.ReLU())
+        self.head = nn.Conv2d(116, 32, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        kept, changed = y.chunk(2, dim=1)
+        y = torch.cat((kept, self.branch(changed)), dim=1)
+        n, c, h, w = y.shape
+        y = y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+        return self.head(y)
+
+
 CASES = {
     "max_pool_read_by_two_1x1_convs": (_MaxPoolThenTwo1x1, (1, 3, 32, 32)),
     "strided_1x1_conv": (_StridedShortcut, (1, 8, 28, 28)),
@@ -145,6 +163,7 @@ CASES = {
     "layer_norm_between_permutes": (_ConvNeXtBlock, (1, 16, 14, 14)),
     "global_pool_flatten_classifier": (_Classifier, (1, 8, 14, 14)),
     "padded_channel_tiles": (_PaddedChannels, (1, 3, 16, 16)),
+    "channel_split_and_shuffle": (_ShuffleUnit, (1, 3, 12, 12)),
 }
 
 
@@ -525,6 +544,25 @@ def test_an_onnx_output_computed_from_tiled_operands_is_written_row_major(tmp_pa
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     last = built.report.kernels[-1]
     assert last.kind == "operator" and last.layout == ""  # the last kernel, writing the output
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_a_channel_split_from_either_onnx_exporter_runs_in_the_producers_tiles(tmp_path, dynamo):
+    """ShuffleNet-V2's ``chunk``: Slice ops from the TorchScript exporter, a Split from the
+    dynamo one. Both become one slice per part, read in the producer's tiles: no conversion."""
+    torch.manual_seed(0)
+    model = _ShuffleUnit().eval()
+    x = torch.randn(1, 3, 12, 12)
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=dynamo, opset_version=18 if dynamo else 17)
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert ("Split" in ops) == dynamo
+    built = build(str(path))
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    inner = [k.detail[:120] for k in built.report.kernels if k.kind == "conversion" and not k.boundary]
+    assert inner == []  # (the output, written by a conv in its tiles, is converted at the boundary)
+    assert any("relax.strided_slice" in k.ops for k in built.report.kernels if k.kind == "operator")
 
 
 class _AttentionResidual(nn.Module):  # ViT's block: the attention's output added back to its input

@@ -3,7 +3,8 @@
 They expose weights and epilogues to the partitioner: importer-emitted TE calls become Relax
 ops again, training-mode batch norms get their batch statistics, and an inference batch norm
 with constant statistics becomes one per-channel multiply and add whose factors are computed
-here in float64, rather than Relax's four-op decomposition folded op by op.
+here in float64, rather than Relax's four-op decomposition folded op by op; a split of a
+feature map along its channels becomes one slice per part.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tvm import relax
 
 from alt_tvm.strategies.base import dtype_of, op_name, static_shape
 from alt_tvm.strategies.constants import const_value
+from alt_tvm.strategies.views import split_starts
 
 from .canonical import canonicalize
 
@@ -126,6 +128,29 @@ class _SingleConcats(relax.PyExprMutator):
         return call
 
 
+@relax.expr_functor.mutator
+class _ChannelSplits(relax.PyExprMutator):
+    """Each part of a feature map's split along channels becomes a strided slice of the map.
+
+    (``torch.chunk`` in ShuffleNet-V2 exports as ONNX Split from the dynamo exporter, as
+    Slice ops from TorchScript.) A slice is one op per part, computed in the tiles its
+    producer wrote; a split's tuple has no layout, so it was converted to row-major first.
+    """
+
+    def visit_tuple_getitem_(self, op: relax.TupleGetItem) -> relax.Expr:
+        op = super().visit_tuple_getitem_(op)
+        split = self.lookup_binding(op.tuple_value) if isinstance(op.tuple_value, relax.Var) else None
+        if split is None or op_name(split) != "relax.split":
+            return op
+        shape = static_shape(split.args[0])
+        if shape is None or len(shape) < 3 or int(split.attrs.axis) % len(shape) != 1:
+            return op
+        starts = split_starts(split, shape[1])
+        part = int(op.index)
+        end = starts[part + 1] if part + 1 < len(starts) else shape[1]
+        return relax.op.strided_slice(split.args[0], axes=[1], begin=[starts[part]], end=[end])
+
+
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference simplifications that expose weights and epilogues to the partitioner."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
@@ -133,6 +158,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     mod["main"] = _TrainingBatchNorms(mod).visit_expr(mod["main"])  # before the inference decomposition
     mod["main"] = _ConstantBatchNorms(mod).visit_expr(mod["main"])
     mod["main"] = _SingleConcats(mod).visit_expr(mod["main"])
+    mod["main"] = _ChannelSplits(mod).visit_expr(mod["main"])
     seq = tvm.ir.transform.Sequential([
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
