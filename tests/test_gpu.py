@@ -67,6 +67,7 @@ FAMILIES = {
     "conv3d": (lambda: ConvAct(torch.nn.Conv3d(8, 16, 3, padding=1)), (1, 8, 6, 10, 10)),
     "split_k_3x3_7x7": (lambda: ConvAct(conv(256, 256, 3, padding=1), residual=True), (1, 256, 7, 7)),
     "dense": (lambda: DenseAct(256, 192), (32, 256)),
+    "dense_row": (lambda: DenseAct(1024, 96), (1, 1024)),  # batch 1: split-K points in its space
 }
 
 
@@ -165,14 +166,16 @@ def test_the_tuner_measures_on_the_gpu_and_its_best_point_is_correct(tmp_path):
 
 
 
-def test_split_k_matches_pytorch_at_every_split_on_the_gpu():
-    """Split-K (partial sums in a first kernel, their sum and the residual epilogue in a second)."""
-    model, x, task = case("split_k_3x3_7x7")  # 7x7: a few dozen output blocks for 100+ SMs
+@pytest.mark.parametrize("name", ["split_k_3x3_7x7", "dense_row"])
+def test_split_k_matches_pytorch_at_every_split_on_the_gpu(name):
+    """Split-K (partial sums in a first kernel, their sum and the epilogue in a second)."""
+    model, x, task = case(name)  # 7x7 / one row: a few dozen output blocks for 100+ SMs
     ref = reference(model, x)
     layout, loop = task.space.default()
-    assert loop["split_k"] > 1
-    for split_k in (1, 2, 4, 8):  # 256 channels in stages of 32
-        params = task.space.params(layout, {**loop, "split_k": split_k, "rc_split": 32})
+    stage = {"rc_split": 32} if name.startswith("split_k") else {"k_split": 16}  # 8 / 64 stages
+    assert loop["split_k"] > 1 or name == "dense_row"  # (the GEMM's untuned point does not split)
+    for split_k in (1, 2, 4, 8):
+        params = task.space.params(layout, {**loop, **stage, "split_k": split_k})
         out = run_on_gpu(task, params, x)
         assert not np.isnan(out).any(), f"unwritten outputs with split_k={split_k}"
         np.testing.assert_allclose(out, ref, rtol=0, atol=RTOL * np.abs(ref).max(), err_msg=f"split_k={split_k}")

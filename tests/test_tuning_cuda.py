@@ -62,6 +62,15 @@ class Dense(torch.nn.Module):
         return self.fc(x)
 
 
+class DenseRow(torch.nn.Module):  # batch 1: M = 1, a long reduction
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(512, 96)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
 # name -> (model, input shape); one partition each.
 CASES = {
     "conv3x3_s1": (lambda: ConvReLU(16, 32, 3, pad=1), (1, 16, 14, 14)),
@@ -72,6 +81,7 @@ CASES = {
     "conv3d": (lambda: ConvNd(torch.nn.Conv3d(4, 8, 3, padding=1)), (1, 4, 4, 6, 6)),
     "small_map": (lambda: ConvReLU(64, 64, 3, pad=1), (1, 64, 4, 4)),  # 2 output tiles: split-K by default
     "dense": (lambda: Dense(), (16, 96)),
+    "dense_row": (lambda: DenseRow(), (1, 512)),
 }
 
 
@@ -112,7 +122,7 @@ def point(space, **loop):
 def test_tasks_on_the_v100_get_cuda_spaces_and_defaults_fit_the_board():
     for name in CASES:
         _, _, task = case(name)
-        expected = CudaGemmSpace if name == "dense" else CudaConvSpace
+        expected = CudaGemmSpace if name.startswith("dense") else CudaConvSpace
         assert isinstance(task.space, expected), name
         layout, loop = task.space.default()
         assert task.space.check(layout, loop) is None, name
@@ -290,6 +300,23 @@ def test_split_k_sums_partials_in_a_second_kernel_at_every_split():
     depthwise = case("depthwise")[2].space
     layout, loop = depthwise.default()
     assert loop["split_k"] == 1 and depthwise.check(layout, {**loop, "split_k": 2}) is not None  # nothing to split
+
+
+def test_gemm_split_k_sums_partials_in_a_second_kernel():
+    model, x, task = case("dense_row")
+    with torch.no_grad():
+        ref = model(x).numpy()
+    layout, loop = task.space.default()
+    assert loop["split_k"] == 1  # not the untuned choice: unmeasured on a GPU for GEMMs
+    steps = 512 // loop["k_split"]
+    for split_k in (2, steps):
+        params = task.space.params(layout, {**loop, "split_k": split_k})
+        source = cuda_source(task.lower(params).func)
+        assert source.count("__global__") == 4 and "conv_rf" not in source  # two kernels, declared and defined
+        np.testing.assert_allclose(run_emulated(task, params, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                   err_msg=f"split_k={split_k}")
+    why = task.space.check(layout, {**loop, "k_split": 64, "split_k": 16})
+    assert why is not None and "split_k=16 does not divide the 8 stages (K=512 / k_split=64)" in why
 
 
 def test_the_tuner_only_spends_trials_on_points_the_board_can_run():

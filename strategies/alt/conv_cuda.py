@@ -249,7 +249,8 @@ def schedule_cuda_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: Sequ
     Raises
     ------
     ValueError
-        If the block tile does not divide M or N, ``k_split`` does not divide K, or the
+        If the block tile does not divide M or N, ``k_split`` does not divide K, ``split_k`` the
+        stages, or the
         block exceeds ``limits``.
     """
     t = tiling
@@ -263,11 +264,24 @@ def schedule_cuda_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: Sequ
         extent = int(sch.get(loop).extent)
         if extent % value:
             raise ValueError(f"schedule_cuda_gemm: {knob}={value} does not divide the loop extent {extent}")
+    steps = int(sch.get(k).extent) // t.k_split
+    if steps % t.split_k:
+        raise ValueError(f"schedule_cuda_gemm: split_k={t.split_k} does not divide the {steps} reduction stages")
+    grid = []
+    if t.split_k > 1:  # split-K, as in schedule_cuda_conv
+        final = block
+        rk, _ = sch.split(k, [t.split_k, None])
+        block = sch.rfactor(rk, factor_axis=0)
+        _schedule_split_k_sum(sch, final, bind=bind)
+        loops = sch.get_loops(block)  # rfactor rebuilt the nest: batch.., m, n, rk, k
+        lead, m, n, k = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 3]
+        grid.append(loops[batch + 2])
     m_b, m_t, m_r = sch.split(m, [None, t.thread_m, t.tile_m])  # contiguous per-thread tiles (see the conv)
     n_b, n_t, n_r = sch.split(n, [None, t.thread_n, t.tile_n])
     k_o, k_i = sch.split(k, [None, t.k_split])
-    sch.reorder(*lead, m_b, n_b, m_t, n_t, k_o, k_i, m_r, n_r)
-    bx = sch.fuse(*lead, m_b, n_b)
+    grid += [*lead, m_b, n_b]
+    sch.reorder(*grid, m_t, n_t, k_o, k_i, m_r, n_r)
+    bx = sch.fuse(*grid)
     tx = sch.fuse(m_t, n_t)
     if bind:
         sch.bind(bx, "blockIdx.x")

@@ -174,12 +174,13 @@ class CudaGemmSpace(_GpuSpace):
     def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
         return (Knob("thread_m", divisors(self.m, cap=32)), Knob("tile_m", divisors(self.m, cap=8)),
                 Knob("thread_n", divisors(self.n, cap=256)), Knob("tile_n", divisors(self.n, cap=8)),
-                Knob("k_split", divisors(self.k, cap=64)), Knob("shared", _BOOL), Knob("unroll", UNROLL_STEPS))
+                Knob("k_split", divisors(self.k, cap=64)), Knob("shared", _BOOL), Knob("unroll", UNROLL_STEPS),
+                Knob("split_k", divisors(self.k, cap=32)))
 
     def _tiling(self, layout: dict[str, Any], loop: dict[str, Any]) -> CudaGemmTiling:
         return CudaGemmTiling(nt=layout["nt"], thread_m=loop["thread_m"], tile_m=loop["tile_m"],
                               thread_n=loop["thread_n"], tile_n=loop["tile_n"], k_split=loop["k_split"],
-                              shared=bool(loop["shared"]), unroll=loop["unroll"])
+                              shared=bool(loop["shared"]), unroll=loop["unroll"], split_k=loop["split_k"])
 
     def _problem(self, tiling: Any) -> str | None:
         return gemm_tiling_problem(tiling, m=self.m, n=self.n, k=self.k, limits=self.limits)
@@ -187,8 +188,9 @@ class CudaGemmSpace(_GpuSpace):
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
         layout = _clamp(self.layout_knobs, {"nt": d["nt"]})
-        loop = _clamp(self.loop_knobs(layout), {k: d[k] for k in ("thread_m", "tile_m", "thread_n", "tile_n",
-                                                                  "k_split", "shared", "unroll")})
+        loop = _clamp(self.loop_knobs(layout), {**{k: d[k] for k in ("thread_m", "tile_m", "thread_n", "tile_n",
+                                                                     "k_split", "shared", "unroll")},
+                                                "split_k": d.get("split_k", 1)})
         return layout, loop
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:

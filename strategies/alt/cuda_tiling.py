@@ -195,7 +195,9 @@ class CudaGemmTiling:
 
     A block computes ``(thread_m * tile_m) x (thread_n * tile_n)`` outputs with
     ``thread_m * thread_n`` threads, each holding ``tile_m x tile_n`` accumulators;
-    ``k_split`` reduction steps are staged at a time (in shared memory when ``shared``).
+    ``k_split`` reduction steps are staged at a time (in shared memory when ``shared``);
+    ``split_k`` > 1 shares the stages among that many blocks per output tile, with a second
+    kernel adding their partial sums (split-K, as for the conv).
     """
 
     nt: int
@@ -206,10 +208,11 @@ class CudaGemmTiling:
     k_split: int = 1
     shared: bool = True
     unroll: int = 64
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         _check_positive("CudaGemmTiling", nt=self.nt, thread_m=self.thread_m, tile_m=self.tile_m,
-                        thread_n=self.thread_n, tile_n=self.tile_n, k_split=self.k_split)
+                        thread_n=self.thread_n, tile_n=self.tile_n, k_split=self.k_split, split_k=self.split_k)
         _check_unroll("CudaGemmTiling", self.unroll)
 
     @property
@@ -223,7 +226,8 @@ class CudaGemmTiling:
 
     def to_json(self) -> dict[str, Any]:
         return {"nt": self.nt, "thread_m": self.thread_m, "tile_m": self.tile_m, "thread_n": self.thread_n,
-                "tile_n": self.tile_n, "k_split": self.k_split, "shared": self.shared, "unroll": self.unroll}
+                "tile_n": self.tile_n, "k_split": self.k_split, "shared": self.shared, "unroll": self.unroll,
+                "split_k": self.split_k}
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> CudaGemmTiling:
@@ -232,6 +236,7 @@ class CudaGemmTiling:
             return cls(nt=int(record["nt"]), thread_m=int(record["thread_m"]), tile_m=int(record["tile_m"]),
                        thread_n=int(record["thread_n"]), tile_n=int(record["tile_n"]),
                        k_split=int(record["k_split"]), shared=bool(record.get("shared", True)),
+                       split_k=int(record.get("split_k", 1)),
                        unroll=int(record.get("unroll", 0)))
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a CUDA GEMM tiling record: {record!r} ({err!r})") from None
@@ -360,6 +365,8 @@ def gemm_tiling_problem(tiling: CudaGemmTiling, *, m: int, n: int, k: int, limit
         return f"block columns thread_n*tile_n={bn} do not divide N={n}"
     if k % t.k_split:
         return f"k_split={t.k_split} does not divide K={k}"
+    if (k // t.k_split) % t.split_k:
+        return f"split_k={t.split_k} does not divide the {k // t.k_split} stages (K={k} / k_split={t.k_split})"
     why = gemm_block_usage(t).violation(limits)
     if why is None and t.shared and bn % t.nt:
         return f"nt={t.nt} does not divide the block's {bn} columns"
