@@ -90,13 +90,13 @@ def _epilogue(sch: tvm.s_tir.Schedule, stages: Sequence[te.Tensor]) -> None:
     sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
 
 
-#: Threads per block of a split-K conv's second kernel (one output per thread).
+#: Threads per block of the kernel that adds split-K partials (one output per thread).
 _SUM_THREADS = 256
 
 
 def _schedule_split_k_sum(sch: tvm.s_tir.Schedule, block: Any, *, bind: bool) -> None:
-    """The second kernel of a split-K conv: one thread per output adds the ``split_k`` partials
-    (consecutive threads on consecutive elements of the tiled layout: coalesced)."""
+    """The second kernel of a split-K conv or GEMM: one thread per output adds the ``split_k``
+    partials (consecutive threads on consecutive elements of the stored layout: coalesced)."""
     *spatial, rk = sch.get_loops(block)
     bx, tx = sch.split(sch.fuse(*spatial), [None, _SUM_THREADS])
     if bind:
@@ -249,9 +249,8 @@ def schedule_cuda_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: Sequ
     Raises
     ------
     ValueError
-        If the block tile does not divide M or N, ``k_split`` does not divide K, ``split_k`` the
-        stages, or the
-        block exceeds ``limits``.
+        If the block tile does not divide M or N, ``k_split`` does not divide K, ``split_k``
+        does not divide the stages, or the block exceeds ``limits``.
     """
     t = tiling
     _check_fits(gemm_block_usage(t), limits, "schedule_cuda_gemm")

@@ -4,10 +4,9 @@ Layout knobs are the split factors of the same §5.1 templates as :class:`ConvSp
 :class:`GemmSpace` (so tuned layouts propagate the same way); the loop knobs are those
 of :mod:`alt_tvm.strategies.alt.cuda_tiling`: threads (channel tiles per block / threads
 along M and N), the per-thread register tile, the reduction stage size, shared-memory
-staging on/off, the unroll step, and for convs the split of the reduction among blocks
-(split-K). :meth:`check` computes a point's threads, shared
-memory and accumulators per block and rejects it before anything is built when they
-exceed the device's limits.
+staging on/off, the unroll step, and the split of the reduction among blocks (split-K).
+:meth:`check` computes a point's threads, shared memory and accumulators per block and
+rejects it before anything is built when they exceed the device's limits.
 """
 
 from __future__ import annotations
