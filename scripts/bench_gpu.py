@@ -1,19 +1,20 @@
-"""ResNet-18's convolutions on a CUDA GPU: alt-tvm's CUDA template tuned vs MetaSchedule vs cuDNN.
+"""ResNet-18's convolutions and classifier on a CUDA GPU: alt-tvm's CUDA templates tuned vs
+MetaSchedule vs cuDNN/cuBLAS.
 
 Needs a CUDA GPU that TVM sees (``tvm.cuda(0).exist``) and ``nvcc``. For each layer (batch 1,
-conv + bias (batch norm folded) + ReLU, FP32), all in this run, on the GPU found
-(``alt_tvm.target.detect_cuda``):
+conv + bias (batch norm folded) + ReLU, or for ``fc`` dense + bias + ReLU; FP32), all in this
+run, on the GPU found (``alt_tvm.target.detect_cuda``):
 
-* **alt-tvm untuned**: the CUDA conv strategy's default point (with ``--split-k``, also that
+* **alt-tvm untuned**: the CUDA strategy's default point (with ``--split-k``, also that
   point with each split of the reduction among blocks given);
 * **alt-tvm tuned**: ``tune_tasks`` with ``--trials`` measured candidates, measured on the GPU
   by ``isolated_measure`` (build in a worker process, time in another), the best record
   lowered and timed;
-* **MetaSchedule**: TVM's own tuner on the same conv + bias + ReLU written with TOPI (NCHW),
+* **MetaSchedule**: TVM's own tuner on the same layer + bias + ReLU written with TOPI (NCHW),
   ``--ms-trials`` measured candidates (default: ``--trials``);
-* **cuDNN** through PyTorch, FP32 with TF32 off (the arithmetic the TVM kernels do), and with
-  TF32 on (PyTorch's default for convolutions: tensor cores, fewer mantissa bits), for
-  reference.
+* **cuDNN** (cuBLAS for ``fc``) through PyTorch, FP32 with TF32 off (the arithmetic the TVM
+  kernels do), and with TF32 on (PyTorch's default for convolutions: tensor cores, fewer
+  mantissa bits), for reference.
 
 Every kernel's output is checked against PyTorch's FP32 result before it is timed. TVM
 kernels are timed with ``time_evaluator`` (CUDA events, at least 50 ms per repeat), cuDNN with
@@ -59,6 +60,8 @@ LAYERS = {
     "layer3": (256, 256, 3, 1, 14),
     "layer4": (512, 512, 3, 1, 7),
 }
+# ResNet-18's classifier at batch 1: (in features, out features), a GEMM with M = 1.
+DENSE_LAYERS = {"fc": (512, 1000)}
 RTOL = 1e-4  # relative to max|ref|
 
 
@@ -69,6 +72,24 @@ class ConvReLU(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.conv(x))
+
+
+class DenseReLU(torch.nn.Module):
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def layer(name: str) -> tuple[torch.nn.Module, tuple[int, ...], int]:
+    """(model, input shape, FLOPs) of the benchmark layer ``name``."""
+    if name in DENSE_LAYERS:
+        k, n = DENSE_LAYERS[name]
+        return DenseReLU(k, n), (1, k), 2 * k * n
+    c, o, k, s, size = LAYERS[name]
+    return ConvReLU(c, o, k, s), (1, c, size, size), conv_flops(c, o, k, s, size)
 
 
 @dataclass
@@ -171,22 +192,24 @@ def _time_executable(executable: Any, args: list, repeat: int) -> float:
     return float(np.median(timer(*args).results)) * 1e3
 
 
-def metaschedule(model: ConvReLU, x: np.ndarray, ref: np.ndarray, target: HardwareTarget, *, trials: int,
+def metaschedule(model: torch.nn.Module, x: np.ndarray, ref: np.ndarray, target: HardwareTarget, *, trials: int,
                  seed: int, repeat: int, work_dir: str) -> tuple[float, float]:
-    """Tune conv + bias + ReLU (TOPI, NCHW) with MetaSchedule; (ms, tuning s)."""
+    """Tune conv (TOPI, NCHW) or dense, + bias + ReLU, with MetaSchedule; (ms, tuning s)."""
     from tvm import te, topi
 
     from alt_tvm.graph.metaschedule import tune_kernel
 
-    conv = model.conv
-    w = conv.weight.detach().numpy()
-    b = conv.bias.detach().numpy()
+    op = model.fc if isinstance(model, DenseReLU) else model.conv
+    w = op.weight.detach().numpy()
+    b = op.bias.detach().numpy()
     data = te.placeholder(x.shape, name="data")
     weight = te.placeholder(w.shape, name="weight")
     bias = te.placeholder((w.shape[0],), name="bias")
-    pad = conv.padding[0]
-    out = topi.nn.conv2d_nchw(data, weight, conv.stride[0], pad, 1)
-    out = topi.nn.relu(topi.add(out, topi.reshape(bias, (1, w.shape[0], 1, 1))))
+    if isinstance(model, DenseReLU):
+        out = topi.nn.relu(topi.add(topi.nn.dense(data, weight), bias))
+    else:
+        out = topi.nn.conv2d_nchw(data, weight, op.stride[0], op.padding[0], 1)
+        out = topi.nn.relu(topi.add(out, topi.reshape(bias, (1, w.shape[0], 1, 1))))
     func = te.create_prim_func([data, weight, bias, out])
     result = tune_kernel(func, target=target.to_tvm(), trials=trials, seed=seed, work_dir=work_dir,
                          build_workers=os.cpu_count() or 1)
@@ -202,22 +225,27 @@ def metaschedule(model: ConvReLU, x: np.ndarray, ref: np.ndarray, target: Hardwa
     return _time_executable(executable, args, repeat), result.tune_s
 
 
+def _allow_tf32(allow: bool) -> None:
+    """TF32 in PyTorch's convolutions (cuDNN) and matrix products (cuBLAS)."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allow
+
+
 def bench_layer(name: str, target: HardwareTarget, args: argparse.Namespace, log_dir: str) -> Row:
-    c, o, k, s, size = LAYERS[name]
-    row = Row(name, conv_flops(c, o, k, s, size) / 1e9)
     torch.manual_seed(args.seed)
-    model = ConvReLU(c, o, k, s).eval()
-    x_t = torch.randn(1, c, size, size)
+    model, shape, flops = layer(name)
+    model.eval()
+    row = Row(name, flops / 1e9)
+    x_t = torch.randn(*shape)
     x = x_t.numpy()
     errors = []
-    torch.backends.cudnn.allow_tf32 = False
+    _allow_tf32(False)
     with torch.no_grad():
         gpu_model, gpu_x = model.cuda(), x_t.cuda()
         ref = gpu_model(gpu_x).cpu().numpy()
         row.cudnn_fp32_ms = cuda_events_ms(lambda: gpu_model(gpu_x), repeat=args.repeat)
-        torch.backends.cudnn.allow_tf32 = True
+        _allow_tf32(True)
         row.cudnn_tf32_ms = cuda_events_ms(lambda: gpu_model(gpu_x), repeat=args.repeat)
-        torch.backends.cudnn.allow_tf32 = False
+        _allow_tf32(False)
     model.cpu()
     (task,) = extract_tasks(model, target=target, example_inputs=(x_t,))
     layout, loop = task.space.default()
@@ -259,7 +287,7 @@ def bench_layer(name: str, target: HardwareTarget, args: argparse.Namespace, log
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", nargs="+", default=["layer1", "layer2", "layer3", "layer4"],
-                        choices=sorted(LAYERS))
+                        choices=sorted({**LAYERS, **DENSE_LAYERS}))
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--ms-trials", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=7)
