@@ -378,3 +378,37 @@ def test_metaschedule_build_workers_must_be_positive():
 
     with pytest.raises(ValueError, match="build_workers must be a positive int, got 0"):
         _builder_runner(number=1, repeat=1, timeout_s=1.0, build_workers=0)
+
+
+# ------------------------------------------------------------------------- the GPU benchmark's layers
+
+
+def test_gpu_benchmark_layers_give_tasks_whose_split_points_compute_the_layer():
+    """scripts/bench_gpu.py runs on a GPU only; its layers, tasks and ``--split-k`` points are
+    checked here (the points' loop nests emulated on the CPU, as the benchmark checks them there)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # (its dataclasses look their module up)
+    spec.loader.exec_module(bench)
+    h100 = board("h100")
+    for name, space_type, flops in (("fc", CudaGemmSpace, 2 * 512 * 1000), ("layer4", CudaConvSpace, None)):
+        torch.manual_seed(0)
+        model, shape, layer_flops = bench.layer(name)
+        model.eval()
+        assert flops is None or layer_flops == flops
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        (task,) = extract_tasks(model, target=h100, example_inputs=(x,))
+        assert isinstance(task.space, space_type)
+        layout, loop = task.space.default()
+        for split_k in (1, 8):
+            params = task.space.params(layout, {**loop, "split_k": split_k})
+            bench.check(run_emulated(task, params, x), ref, f"{name} split_k={split_k}")
+    with pytest.raises(AssertionError, match="max error"):
+        bench.check(ref + 1.0, ref, "shifted")
