@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -88,6 +92,16 @@ def torch_to_onnx(model, inputs: tuple, path, *, dynamo: bool) -> None:
             torch.onnx.export(model, inputs, str(path), dynamo=True)
         else:
             torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=17)
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` imported as module ``name`` (registered in ``sys.modules``: a
+    script's dataclasses resolve their string annotations through it)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def unpinned() -> None:

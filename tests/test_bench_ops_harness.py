@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from alt_tvm.graph.metaschedule import first_candidate_error
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_ops", ROOT / "scripts" / "bench_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_ops"] = mod  # its dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _bench()
+bench = load_script("bench_ops")
 GMM = bench.OpConfig("GMM", 1, 32, 16, (8,))
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import torch_to_onnx
 from torch import nn
 
 from alt_tvm.graph import canonical
@@ -538,7 +539,7 @@ def test_an_onnx_output_computed_from_tiled_operands_is_written_row_major(tmp_pa
     model = make().eval()
     x = torch.randn(*shape)
     path = tmp_path / "model.onnx"
-    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     built = build(str(path))
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
@@ -554,7 +555,7 @@ def test_a_channel_split_from_either_onnx_exporter_runs_in_the_producers_tiles(t
     model = _ShuffleUnit().eval()
     x = torch.randn(1, 3, 12, 12)
     path = tmp_path / "model.onnx"
-    torch.onnx.export(model, (x,), str(path), dynamo=dynamo, opset_version=18 if dynamo else 17)
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
     ops = {node.op_type for node in onnx.load(str(path)).graph.node}
     assert ("Split" in ops) == dynamo
     built = build(str(path))
@@ -586,7 +587,7 @@ def test_a_fused_reshape_reads_by_its_blocks_indices_not_flat_positions(tmp_path
     model = _AttentionResidual().eval()
     x = torch.randn(1, 10, 64)
     path = tmp_path / "residual.onnx"
-    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    torch_to_onnx(model, (x,), path, dynamo=False)
     built = build(str(path))
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())

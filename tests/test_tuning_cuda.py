@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from conftest import host_target
+from conftest import host_target, load_script
 from tvm import te
 
 from alt_tvm.integration import extract_tasks
@@ -386,15 +386,7 @@ def test_metaschedule_build_workers_must_be_positive():
 def test_gpu_benchmark_layers_give_tasks_whose_split_points_compute_the_layer():
     """scripts/bench_gpu.py runs on a GPU only; its layers, tasks and ``--split-k`` points are
     checked here (the points' loop nests emulated on the CPU, as the benchmark checks them there)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_gpu", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # (its dataclasses look their module up)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_gpu")
     h100 = board("h100")
     for name, space_type, flops in (("fc", CudaGemmSpace, 2 * 512 * 1000), ("layer4", CudaConvSpace, None)):
         torch.manual_seed(0)

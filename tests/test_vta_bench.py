@@ -1,11 +1,11 @@
 """Full-size VTA runs: analytic tile counts, count-only statistics, slab execution, and bench_vta.py."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from alt_tvm.strategies.vta.gemm import DEFAULT_CONSTRAINTS, vta_conv2d
 from alt_tvm.vta_mapping.csp import enumerate_embeddings
@@ -21,10 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_vta", ROOT / "scripts" / "bench_vta.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_vta")
 
 
 GEOS = [dict(n=1, c=3, h=12, w=12, k=16, r=3, s=3, pad_h=1, pad_w=1, stride_h=2, stride_w=2),

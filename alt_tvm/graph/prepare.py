@@ -134,7 +134,8 @@ class _ChannelSplits(relax.PyExprMutator):
 
     (``torch.chunk`` in ShuffleNet-V2 exports as ONNX Split from the dynamo exporter, as
     Slice ops from TorchScript.) A slice is one op per part, computed in the tiles its
-    producer wrote; a split's tuple has no layout, so it was converted to row-major first.
+    producer wrote; a split's tuple has no layout, so the map would be converted to row-major
+    in front of it.
     """
 
     def visit_tuple_getitem_(self, op: relax.TupleGetItem) -> relax.Expr:

@@ -94,6 +94,20 @@ def _epilogue(sch: tvm.s_tir.Schedule, stages: Sequence[te.Tensor]) -> None:
 _SUM_THREADS = 256
 
 
+def _split_k(sch: tvm.s_tir.Schedule, block: Any, reduction: Any, *, split_k: int, bind: bool) -> Any:
+    """Split-K: ``split_k`` blocks share the ``reduction`` loop of ``block``.
+
+    Returns the rfactor block, which sums each share into a partial output; its loop nest is
+    rebuilt with the share index, now spatial, where ``reduction`` was (the caller schedules
+    it like the unsplit block). ``block`` becomes the second kernel: it adds the partials and
+    keeps the epilogue that follows it.
+    """
+    share, _ = sch.split(reduction, [split_k, None])
+    partial = sch.rfactor(share, factor_axis=0)
+    _schedule_split_k_sum(sch, block, bind=bind)
+    return partial
+
+
 def _schedule_split_k_sum(sch: tvm.s_tir.Schedule, block: Any, *, bind: bool) -> None:
     """The second kernel of a split-K conv or GEMM: one thread per output adds the ``split_k``
     partials (consecutive threads on consecutive elements of the stored layout: coalesced)."""
@@ -177,14 +191,8 @@ def schedule_cuda_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: Sequ
                          f"{extents['rc'] // t.rc_split} reduction stages (rc {extents['rc']} / rc_split {t.rc_split})")
     rk = None
     if t.split_k > 1:
-        # Split-K: split_k blocks per output tile each sum their share of the stages into
-        # a partial output (the rfactor block, scheduled below like an unsplit conv); a
-        # second kernel adds the partials and applies the epilogue.
-        final = block
-        rk, _ = sch.split(rc, [t.split_k, None])
-        block = sch.rfactor(rk, factor_axis=0)
-        _schedule_split_k_sum(sch, final, bind=bind)
-        loops = sch.get_loops(block)  # rfactor rebuilt the nest: n, S/s.., O/ot, s.., ot, rk, rc, k..
+        block = _split_k(sch, block, rc, split_k=t.split_k, bind=bind)
+        loops = sch.get_loops(block)  # n, S/s.., O/ot, s.., ot, rk (the share), rc, k..
         n, outer, oo = loops[0], list(loops[1:1 + rank]), loops[1 + rank]
         inner, oi = list(loops[2 + rank:2 + 2 * rank]), loops[2 + 2 * rank]
         rk, rc, kernel_loops = loops[3 + 2 * rank], loops[4 + 2 * rank], list(loops[5 + 2 * rank:])
@@ -267,12 +275,9 @@ def schedule_cuda_gemm(func: tvm.tirx.PrimFunc, *, gemm: te.Tensor, stages: Sequ
     if steps % t.split_k:
         raise ValueError(f"schedule_cuda_gemm: split_k={t.split_k} does not divide the {steps} reduction stages")
     grid = []
-    if t.split_k > 1:  # split-K, as in schedule_cuda_conv
-        final = block
-        rk, _ = sch.split(k, [t.split_k, None])
-        block = sch.rfactor(rk, factor_axis=0)
-        _schedule_split_k_sum(sch, final, bind=bind)
-        loops = sch.get_loops(block)  # rfactor rebuilt the nest: batch.., m, n, rk, k
+    if t.split_k > 1:
+        block = _split_k(sch, block, k, split_k=t.split_k, bind=bind)
+        loops = sch.get_loops(block)  # batch.., m, n, rk (the share), k
         lead, m, n, k = loops[:batch], loops[batch], loops[batch + 1], loops[batch + 3]
         grid.append(loops[batch + 2])
     m_b, m_t, m_r = sch.split(m, [None, t.thread_m, t.tile_m])  # contiguous per-thread tiles (see the conv)
