@@ -240,6 +240,10 @@ def test_schedule_refuses_parameters_that_do_not_divide_or_fit():
     with pytest.raises(ValueError, match="2048 threads per block exceed"):
         schedule_cuda_gemm(func, gemm=c, stages=[], batch=0, tiling=CudaGemmTiling(12, 64, 1, 32, 1, 4),
                            limits=LIMITS)
+    with pytest.raises(ValueError, match="CudaConvTiling.split_k must be a positive int, got 0"):
+        CudaConvTiling((2, 8), 16, 8, split_k=0)
+    with pytest.raises(ValueError, match="CudaGemmTiling.split_k must be a positive int, got -2"):
+        CudaGemmTiling(16, split_k=-2)
     with pytest.raises(ValueError, match="tile_o=3 must divide ot=16"):
         CudaConvTiling((2, 8), 16, 8, tile_o=3)
     with pytest.raises(ValueError, match="not a CUDA conv tiling record"):
