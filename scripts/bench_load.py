@@ -5,8 +5,11 @@
 Per model and per TVM thread-pool setting (each in its own process, since TVM's pool reads
 its settings once): alt-tvm (``alt_tvm.build``, untuned) and ONNX Runtime (2 intra-op
 threads, spinning off) timed in the same process in interleaved rounds (medians), first
-quiet, then while a second process busy-loops (``python -c "while True: pass"``, free to
-run on any core), then quiet again. ``alt-tvm`` is the model as built: its kernels on
+quiet, then while a second process busy-loops in Python (:data:`BUSY_LOOP`, free to
+run on any core), then quiet again. With ``--cycles N`` the quiet and busy phases alternate N
+times (ending quiet) and each busy phase is set against the quiet phases on either side of it
+(their geometric mean), so a host whose speed drifts during the run moves both sides of a
+ratio; the table gives the median of the N ratios. ``alt-tvm`` is the model as built: its kernels on
 alt-tvm's parallel launcher (``alt_tvm.deploy.parallel``), its calls sized by the thread
 governor (``alt_tvm.deploy.threads``); ``alt-tvm all threads`` is the same model with the
 governor off, on all threads every call; ``tvm pool`` is the same code run the way it ran
@@ -27,10 +30,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+#: The load: one process busy in Python, given its parent's pid as its argument, which stops
+#: when that parent is gone (a worker killed mid-phase must not leave it running into the next
+#: measurement).
+BUSY_LOOP = ("import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n"
+             "    for _ in range(100_000):\n        pass\n")
 
 SETTINGS = {"default": {}, "spin0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
             "tvmspin": {"TVM_THREAD_POOL_SPIN_COUNT": "300000"}, "nobind": {"TVM_BIND_THREADS": "0"},
@@ -97,8 +107,27 @@ def _on_launcher(built, config: dict):
     return other
 
 
-def _one(model: str, rounds: int, launcher_ab: dict | None = None) -> dict:
-    """In this process (the setting is in the environment): the three phases."""
+def phase_names(cycles: int) -> list[str]:
+    """The phases of a run: quiet and busy alternating ``cycles`` times, then quiet."""
+    if cycles < 1:
+        raise ValueError(f"cycles must be at least 1, got {cycles}")
+    return ["quiet", "busy"] * cycles + ["quiet"]
+
+
+def cycle_ratios(phases: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Per runner, each busy phase's time over the geometric mean of the quiet phases beside it.
+
+    ``phases`` are the runners' times per phase in the order of :func:`phase_names`.
+    """
+    if len(phases) < 3 or len(phases) % 2 == 0:
+        raise ValueError(f"expected quiet, busy, ..., quiet phases (an odd count >= 3), got {len(phases)}")
+    return {label: [phases[i][label] / (phases[i - 1][label] * phases[i + 1][label]) ** 0.5
+                    for i in range(1, len(phases), 2)]
+            for label in phases[0]}
+
+
+def _one(model: str, rounds: int, launcher_ab: dict | None = None, cycles: int = 1) -> dict:
+    """In this process (the setting is in the environment): the phases of :func:`phase_names`."""
     import alt_tvm
     from alt_tvm.deploy.model import aligned
     from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
@@ -124,12 +153,13 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None) -> dict:
             if launcher_ab is not None and built.launcher is not None:
                 runners[f"launcher {json.dumps(launcher_ab)}"] = (_on_launcher(built, launcher_ab), arrays)
         row = {"parallel_kernels": _parallel_kernels(built.mod)}
-        for phase in ("quiet", "busy", "quiet_after"):
+        phases = []
+        for index, phase in enumerate(phase_names(cycles)):
             busy = None
             if phase == "busy":
                 # With the mask this process started with: TVM's pool has pinned this thread to one
                 # core by now, and a child would inherit that pin (and sit on our core).
-                busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(os.getpid())],
                                         preexec_fn=lambda: os.sched_setaffinity(0, start_mask))
                 time.sleep(0.5)
             if built.launcher is not None:
@@ -140,12 +170,20 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None) -> dict:
                 if busy is not None:
                     busy.kill()
                     busy.wait()
-            row[phase] = {label: ms for label, (ms, _) in timed.items()}
+            phases.append({label: ms for label, (ms, _) in timed.items()})
+            # The first quiet and busy phases and the last quiet one keep the names of a one-cycle run.
+            key = {0: "quiet", 1: "busy", 2 * cycles: "quiet_after"}.get(index)
+            if key is None:
+                continue
+            row[key] = phases[-1]
             if built.launcher is not None:
-                row[f"{phase}_launcher"] = built.launcher.stats().__dict__
+                row[f"{key}_launcher"] = built.launcher.stats().__dict__
             if built.thread_governor is not None:
-                row[f"{phase}_governor"] = {"state": built.thread_governor.state,
-                                            "switches": built.thread_governor.switches}
+                row[f"{key}_governor"] = {"state": built.thread_governor.state,
+                                          "switches": built.thread_governor.switches}
+        row["phases"] = phases
+        row["busy_over_quiet"] = {label: statistics.median(ratios)
+                                  for label, ratios in cycle_ratios(phases).items()}
     return row
 
 
@@ -157,6 +195,9 @@ def main(argv=None) -> int:
     parser.add_argument("--launcher-ab", type=json.loads, default=None, metavar="JSON",
                         help="also time the model on a launcher with these LauncherConfig fields, "
                              "e.g. '{\"park_us\": 0}' (an in-process A/B of a launcher setting)")
+    parser.add_argument("--cycles", type=int, default=1,
+                        help="quiet and busy phases alternate this many times (then quiet); the ratio "
+                             "busy/quiet is the median over the cycles, each against the quiet phases beside it")
     parser.add_argument("--json", default=None, help="append one JSON line per model and setting here")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -164,16 +205,19 @@ def main(argv=None) -> int:
         from alt_tvm.deploy.parallel import LauncherConfig
 
         LauncherConfig(**args.launcher_ab)  # a bad field or value fails here, not in every worker
+    phase_names(args.cycles)  # a bad count fails here, not in every worker
     if args.worker:
-        print(json.dumps(_one(args.worker[0], args.rounds, args.launcher_ab)))
+        print(json.dumps(_one(args.worker[0], args.rounds, args.launcher_ab, args.cycles)))
         return 0
     for model in args.models:
         for setting in args.settings:
             env = {**os.environ, **SETTINGS[setting]}
-            command = [sys.executable, __file__, "--rounds", str(args.rounds), "--worker", model, setting]
+            command = [sys.executable, __file__, "--rounds", str(args.rounds), "--cycles", str(args.cycles),
+                       "--worker", model, setting]
             if args.launcher_ab is not None:
                 command += ["--launcher-ab", json.dumps(args.launcher_ab)]
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+            done = subprocess.run(command, capture_output=True, text=True, env=env,
+                                  timeout=900 * (args.cycles + 1))
             if done.returncode != 0:
                 print(f"{model}: {setting}: failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
                 continue
@@ -186,14 +230,21 @@ def main(argv=None) -> int:
 
 
 def _table(name: str, setting: str, row: dict) -> str:
-    """One model and setting: each runner quiet, busy and busy/quiet; alt-tvm against the others."""
-    quiet, busy = row["quiet"], row["busy"]
+    """One model and setting: each runner quiet, busy and busy/quiet; alt-tvm against the others.
+
+    Quiet and busy are the medians over the phases; busy/quiet is the median of the cycles' ratios.
+    """
+    phases = row["phases"]
+    quiet, busy = ({label: statistics.median(p[label] for p in phases[start::2]) for label in phases[0]}
+                   for start in (0, 1))
+    ratio = row["busy_over_quiet"]
     parallel, total = row["parallel_kernels"]
-    lines = [f"{name} ({setting}; {parallel} of {total} kernels parallel)",
+    cycles = len(phases) // 2
+    lines = [f"{name} ({setting}; {parallel} of {total} kernels parallel; {cycles} quiet/busy cycles)",
              f"  {'runner':40s} {'quiet ms':>9s} {'busy ms':>9s} {'busy/quiet':>10s} "
              f"{'/alt-tvm quiet':>14s} {'busy':>6s}"]
     for label in quiet:
-        lines.append(f"  {label[:40]:40s} {quiet[label]:9.3f} {busy[label]:9.3f} {busy[label] / quiet[label]:10.2f} "
+        lines.append(f"  {label[:40]:40s} {quiet[label]:9.3f} {busy[label]:9.3f} {ratio[label]:10.2f} "
                      f"{quiet[label] / quiet['alt-tvm']:14.3f} {busy[label] / busy['alt-tvm']:6.3f}")
     return "\n".join(lines)
 

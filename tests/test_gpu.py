@@ -173,7 +173,7 @@ def test_split_k_matches_pytorch_at_every_split_on_the_gpu(name):
     ref = reference(model, x)
     layout, loop = task.space.default()
     stage = {"rc_split": 32} if name.startswith("split_k") else {"k_split": 16}  # 8 / 64 stages
-    assert loop["split_k"] > 1 or name == "dense_row"  # (the GEMM's untuned point does not split)
+    assert loop["split_k"] > 1  # few output blocks for the SMs: the untuned point splits
     for split_k in (1, 2, 4, 8):
         params = task.space.params(layout, {**loop, **stage, "split_k": split_k})
         out = run_on_gpu(task, params, x)

@@ -311,12 +311,14 @@ def test_gemm_split_k_sums_partials_in_a_second_kernel():
     with torch.no_grad():
         ref = model(x).numpy()
     layout, loop = task.space.default()
-    assert loop["split_k"] == 1  # not the untuned choice: unmeasured on a GPU for GEMMs
     steps = 512 // loop["k_split"]
-    for split_k in (2, steps):
+    # One row of 96 outputs makes a few blocks for 80 SMs: the untuned point splits the stages.
+    assert 1 < loop["split_k"] <= steps
+    for split_k in sorted({1, 2, loop["split_k"], steps}):
         params = task.space.params(layout, {**loop, "split_k": split_k})
         source = cuda_source(task.lower(params).func)
-        assert source.count("__global__") == 4 and "conv_rf" not in source  # two kernels, declared and defined
+        kernels = 2 if split_k > 1 else 1
+        assert source.count("__global__") == 2 * kernels and "conv_rf" not in source  # declared and defined
         np.testing.assert_allclose(run_emulated(task, params, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
                                    err_msg=f"split_k={split_k}")
     why = task.space.check(layout, {**loop, "k_split": 64, "split_k": 16})

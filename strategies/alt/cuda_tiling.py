@@ -43,9 +43,10 @@ _ELEM = 4
 MAX_ACCUMULATORS = 64
 #: Values ``unroll`` may take (0: no unroll pragma).
 UNROLL_STEPS = (0, 16, 64, 512)
-#: The untuned tiling splits a conv's reduction among blocks (split-K) until there are this
-#: many blocks per SM. On an H100, ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139
-#: and 67 us with 4, 8 and 16 splits (3.4, 6.8 and 13.6 blocks per SM; docs/gpu.md).
+#: The untuned conv and GEMM tilings split the reduction among blocks (split-K) until there are
+#: this many blocks per SM. On an H100, ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139
+#: and 67 us with 4, 8 and 16 splits (3.4, 6.8 and 13.6 blocks per SM), its classifier at batch 1
+#: (40 blocks) in 11.2, 8.0 and 7.9 us with 1, 8 and 16 splits (docs/gpu.md).
 SPLIT_K_BLOCKS_PER_SM = 8
 
 
@@ -482,20 +483,17 @@ def default_cuda_conv_tiling(*, out_shape: Sequence[int], in_channels_per_group:
         enough_blocks = tiles * (channel_tiles // block_o) >= limits.num_sms
         if candidate.threads <= 256 and enough_blocks and fits(candidate):
             best = candidate
-    blocks = tiles * channel_tiles // best.block_o
-    stages = reduce // best.rc_split
-    for split_k in _divisors(stages, stages):
-        best = dataclasses.replace(best, split_k=split_k)
-        if blocks * split_k >= SPLIT_K_BLOCKS_PER_SM * limits.num_sms:
-            break
-    return best
+    split_k = _default_split_k(blocks=tiles * channel_tiles // best.block_o, stages=reduce // best.rc_split,
+                               limits=limits)
+    return dataclasses.replace(best, split_k=split_k)
 
 
 def default_cuda_gemm_tiling(*, m: int, n: int, k: int, limits: GpuLimits) -> CudaGemmTiling:
     """Analytic GPU GEMM tiling: a warp of threads along N (up to 256 threads), 4x4 outputs per
     thread when the problem is big enough to keep every SM busy, ``nt`` up to 32 dividing the
     block's columns, and the largest ``k_split`` (up to 16) whose stage fits half the shared
-    memory."""
+    memory. When the blocks are fewer than :data:`SPLIT_K_BLOCKS_PER_SM` per SM (a batch-1
+    dense layer), the stages are split among blocks as in :func:`default_cuda_conv_tiling`."""
     _check_positive("default_cuda_gemm_tiling", m=m, n=n, k=k)
     per_thread = 4 if m * n >= limits.num_sms * 256 * 16 else 2 if m * n >= limits.num_sms * 256 * 4 else 1
     tile_n = tiles_for(n, per_thread)
@@ -511,7 +509,20 @@ def default_cuda_gemm_tiling(*, m: int, n: int, k: int, limits: GpuLimits) -> Cu
                 gemm_tiling_problem(t, m=m, n=n, k=k, limits=limits) is None:
             best = t
             break
-    return best or CudaGemmTiling(nt, thread_m, tile_m, thread_n, tile_n, 1, shared=False)
+    best = best or CudaGemmTiling(nt, thread_m, tile_m, thread_n, tile_n, 1, shared=False)
+    block_m, block_n = best.block
+    blocks = (m // block_m) * (n // block_n)
+    return dataclasses.replace(best, split_k=_default_split_k(blocks=blocks, stages=k // best.k_split,
+                                                              limits=limits))
+
+
+def _default_split_k(*, blocks: int, stages: int, limits: GpuLimits) -> int:
+    """The smallest divisor of ``stages`` that gives :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM
+    (or ``stages``: one stage per block)."""
+    for split_k in _divisors(stages, stages):
+        if blocks * split_k >= SPLIT_K_BLOCKS_PER_SM * limits.num_sms:
+            return split_k
+    return max(1, stages)
 
 
 def _divisors(extent: int, cap: int) -> list[int]:
