@@ -26,6 +26,8 @@ from alt_tvm.strategies.alt.cuda_tiling import (
     CudaGemmTiling,
     GpuLimits,
     conv_block_usage,
+    default_cuda_conv_tiling,
+    default_cuda_gemm_tiling,
     gpu_kernel_violations,
 )
 from alt_tvm.strategies.alt.space import ConvSpace
@@ -410,3 +412,18 @@ def test_gpu_benchmark_layers_give_tasks_whose_split_points_compute_the_layer():
             bench.check(run_emulated(task, params, x), ref, f"{name} split_k={split_k}")
     with pytest.raises(AssertionError, match="max error"):
         bench.check(ref + 1.0, ref, "shifted")
+
+
+def test_the_untuned_tilings_split_k_only_where_the_output_blocks_leave_sms_idle():
+    h100 = GpuLimits(num_sms=132)
+    # ResNet-18's classifier at batch 1: 40 blocks for 132 SMs, split until 8 blocks per SM.
+    fc = default_cuda_gemm_tiling(m=1, n=1000, k=512, limits=h100)
+    assert fc.split_k == 32 and 1000 // fc.block[1] * fc.split_k >= 8 * 132
+    assert default_cuda_gemm_tiling(m=512, n=512, k=512, limits=h100).split_k == 1  # 256 blocks: no split
+    splits = {}
+    for channels, size in ((64, 56), (512, 7)):
+        tiling = default_cuda_conv_tiling(out_shape=(1, channels, size, size), in_channels_per_group=channels,
+                                          out_channels_per_group=channels, in_channels=channels, kernel=(3, 3),
+                                          strides=(1, 1), dilation=(1, 1), limits=h100)
+        splits[channels] = tiling.split_k
+    assert splits == {64: 1, 512: 16}  # 196 blocks (layer1) fill the SMs; 112 (layer4) do not

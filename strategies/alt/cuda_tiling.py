@@ -43,8 +43,8 @@ _ELEM = 4
 MAX_ACCUMULATORS = 64
 #: Values ``unroll`` may take (0: no unroll pragma).
 UNROLL_STEPS = (0, 16, 64, 512)
-#: The untuned conv and GEMM tilings split the reduction among blocks (split-K) until there are
-#: this many blocks per SM. On an H100, ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139
+#: The untuned conv and GEMM tilings split the reduction of a layer with fewer output blocks
+#: than SMs among blocks (split-K) until there are this many blocks per SM. On an H100, ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139
 #: and 67 us with 4, 8 and 16 splits (3.4, 6.8 and 13.6 blocks per SM), its classifier at batch 1
 #: (40 blocks) in 11.2, 8.0 and 7.9 us with 1, 8 and 16 splits (docs/gpu.md).
 SPLIT_K_BLOCKS_PER_SM = 8
@@ -444,9 +444,9 @@ def default_cuda_conv_tiling(*, out_shape: Sequence[int], in_channels_per_group:
     threads, there are still blocks for every SM, and the staged tiles fit the shared
     memory. The reduction stage takes as many channels (whole input tiles, up to 16 or
     one tile) as fit; when none fits, inputs are read from global memory. When the output
-    tiles give fewer than :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM (small late-stage
-    maps), the stages are split among blocks (``split_k``, the smallest divisor of the
-    stage count that reaches it, or one stage per block).
+    tiles give fewer blocks than SMs (small late-stage maps), the stages are split among
+    blocks (``split_k``, the smallest divisor of the stage count that gives
+    :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM, or one stage per block).
     """
     out_shape = [int(s) for s in out_shape]
     o_extent = out_shape[1] if out_channels_per_group == 1 else out_channels_per_group
@@ -492,8 +492,8 @@ def default_cuda_gemm_tiling(*, m: int, n: int, k: int, limits: GpuLimits) -> Cu
     """Analytic GPU GEMM tiling: a warp of threads along N (up to 256 threads), 4x4 outputs per
     thread when the problem is big enough to keep every SM busy, ``nt`` up to 32 dividing the
     block's columns, and the largest ``k_split`` (up to 16) whose stage fits half the shared
-    memory. When the blocks are fewer than :data:`SPLIT_K_BLOCKS_PER_SM` per SM (a batch-1
-    dense layer), the stages are split among blocks as in :func:`default_cuda_conv_tiling`."""
+    memory. When the blocks are fewer than the SMs (a batch-1 dense layer), the stages are
+    split among blocks as in :func:`default_cuda_conv_tiling`."""
     _check_positive("default_cuda_gemm_tiling", m=m, n=n, k=k)
     per_thread = 4 if m * n >= limits.num_sms * 256 * 16 else 2 if m * n >= limits.num_sms * 256 * 4 else 1
     tile_n = tiles_for(n, per_thread)
@@ -517,8 +517,14 @@ def default_cuda_gemm_tiling(*, m: int, n: int, k: int, limits: GpuLimits) -> Cu
 
 
 def _default_split_k(*, blocks: int, stages: int, limits: GpuLimits) -> int:
-    """The smallest divisor of ``stages`` that gives :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM
-    (or ``stages``: one stage per block)."""
+    """1 when the output blocks fill every SM once; else the smallest divisor of ``stages`` that
+    gives :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM (or ``stages``: one stage per block).
+
+    Only layers of fewer blocks than SMs were timed (112 and 40 blocks on 132 SMs); a split
+    of layers that already fill the SMs adds partial sums to write and read, unmeasured.
+    """
+    if blocks >= limits.num_sms:
+        return 1
     for split_k in _divisors(stages, stages):
         if blocks * split_k >= SPLIT_K_BLOCKS_PER_SM * limits.num_sms:
             return split_k
