@@ -187,6 +187,19 @@ def test_depthwise_conv_padding_per_tile_matches_pytorch(kernel, stride):
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+def test_a_depthwise_conv_keeps_its_maps_tiles_with_fewer_accumulators_and_its_epilogue_in_the_block():
+    from alt_tvm.strategies.alt.tiling import DEPTHWISE_ACCUMULATORS, default_conv_tiling
+
+    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20, cores=2)
+    depthwise = default_conv_tiling((1, 480, 14, 14), 1, 1, in_channels=480, weight_bytes=480 * 25 * 4, **common)
+    dense = default_conv_tiling((1, 480, 14, 14), 480, 480, in_channels=480, weight_bytes=480 * 480 * 4, **common)
+    assert depthwise.spatial == dense.spatial  # the map's tiles: no conversion between them
+    vectors = -(-depthwise.ot // 16)
+    assert depthwise.spatial[0] * depthwise.reg * vectors <= DEPTHWISE_ACCUMULATORS < \
+        dense.spatial[0] * dense.reg * -(-dense.ot // 16)
+    assert depthwise.epilogue_in_block and not dense.epilogue_in_block
+
+
 def test_large_weights_are_read_once_per_channel_tile_in_the_model():
     """512 -> 512 3x3 on a 7x7 map (9.4 MB of weights): the parallel loop runs channel
     tiles alone, and inside a tile the reduction's channel blocks run outside the rows, so a

@@ -12,12 +12,17 @@ from typing import Any
 
 from alt_tvm.strategies.base import tiles_for
 
-__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling", "reduction_block", "register_block"]
+__all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "reduction_block", "register_block"]
 
 
 #: Vector registers left for the weights, the broadcast input and addresses: the rest
 #: hold accumulators.
 RESERVED_REGISTERS = 4
+#: Accumulators of a depthwise conv's register block. Each output channel reads only its own
+#: input channel, so more accumulators reuse nothing; 8 cover the FMA latency, and more only
+#: add register pressure (the 28 of a dense conv's block made MNASNet's and EfficientNet-B0's
+#: depthwise convs slower: docs/cnn.md, fifteenth session).
+DEPTHWISE_ACCUMULATORS = 8
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,8 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
     contiguous); the innermost spatial tile is up to 32 wide, outer ones up to 4 (2-D)
     or 1 (3-D); the register block keeps ``outer tiles x reg`` accumulators of ``ot``
-    lanes in all but :data:`RESERVED_REGISTERS` of the register file. An output tile of one channel
+    lanes in all but :data:`RESERVED_REGISTERS` of the register file (a depthwise conv's in
+    :data:`DEPTHWISE_ACCUMULATORS`). An output tile of one channel
     vector must fit a quarter of the L1 data cache (``l1_bytes``; 0: no limit), leaving
     the rest to the input window and the weights it is reused with.
 
@@ -161,7 +167,14 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     evicted = bool(l1_bytes and l2_bytes) and weight_bytes > l2_bytes // 4 and \
         math.prod(out_shape[2:]) * ot * 4 <= l1_bytes
     reduction_outer = (streams or evicted) and split and -(-out_shape[1] // ot) >= cores
-    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, budget // (lead * vectors)),
+    # A depthwise conv keeps its map's tiles; it takes fewer accumulators, and applies its
+    # epilogue to each register block while it is in registers: with a few FLOPs per output,
+    # a second pass over the output tile costs as much as the conv (MobileNet-V3-L and
+    # EfficientNet-B0 3.6% faster on 2 threads; docs/cnn.md, fifteenth session).
+    depthwise = in_channels_per_group == out_channels_per_group == 1
+    accumulators = min(budget, DEPTHWISE_ACCUMULATORS) if depthwise else budget
+    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
+                             epilogue_in_block=depthwise,
                              parallel_channels=True if streams else None,
                              reduction_outer=reduction_outer, prefetch=reduction_outer)
 
