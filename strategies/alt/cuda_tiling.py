@@ -44,9 +44,10 @@ MAX_ACCUMULATORS = 64
 #: Values ``unroll`` may take (0: no unroll pragma).
 UNROLL_STEPS = (0, 16, 64, 512)
 #: The untuned conv and GEMM tilings split the reduction of a layer with fewer output blocks
-#: than SMs among blocks (split-K) until there are this many blocks per SM. On an H100, ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139
-#: and 67 us with 4, 8 and 16 splits (3.4, 6.8 and 13.6 blocks per SM), its classifier at batch 1
-#: (40 blocks) in 11.2, 8.0 and 7.9 us with 1, 8 and 16 splits (docs/gpu.md).
+#: than SMs among blocks (split-K) until there are this many blocks per SM. On an H100,
+#: ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139 and 67 us with 4, 8 and 16 splits
+#: (3.4, 6.8 and 13.6 blocks per SM), its classifier at batch 1 (40 blocks) in 11.2, 8.0 and
+#: 7.9 us with 1, 8 and 16 splits (docs/gpu.md).
 SPLIT_K_BLOCKS_PER_SM = 8
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from alt_tvm.strategies.base import tiles_for
 
-__all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "reduction_block", "register_block"]
+__all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "reduction_block",
+           "register_block"]
 
 
 #: Vector registers left for the weights, the broadcast input and addresses: the rest
