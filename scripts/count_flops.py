@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         from alt_tvm.timing import measure_peak_gflops
 
         args.peak = measure_peak_gflops(threads=2)
-    with open(args.sweep) as f:
-        sweep = [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(args.sweep) as f:
+            sweep = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        parser.error(f"--sweep {args.sweep}: not a readable JSON-lines file ({err})")
     table = rows(sweep, models_dir=args.models_dir, peak_gflops=args.peak, exporter=args.exporter)
     if not table:
         print(f"no model of {args.sweep} has an ONNX file in {args.models_dir} and both times", file=sys.stderr)

@@ -58,3 +58,14 @@ def test_the_table_sets_each_runtime_against_the_time_at_the_peak(script, tmp_pa
     with pytest.raises(SystemExit):
         script.main(["--sweep", str(sweep_path), "--models-dir", str(tmp_path), "--peak", "0"])
     assert script.main(["--sweep", str(sweep_path), "--models-dir", str(tmp_path / "none"), "--peak", "1"]) == 2
+
+
+@pytest.mark.parametrize("content", [None, "{not json\n"])
+def test_a_missing_or_corrupt_sweep_is_a_clear_error(script, tmp_path, capsys, content):
+    sweep = tmp_path / "s.jsonl"
+    if content is not None:
+        sweep.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--sweep", str(sweep), "--models-dir", str(tmp_path), "--peak", "1"])
+    assert exit_info.value.code == 2
+    assert f"--sweep {sweep}: not a readable JSON-lines file" in capsys.readouterr().err

@@ -51,7 +51,7 @@ from .block import (
     work_ratio,
 )
 from .prefetch import prefetch_next_block
-from .tiling import DefaultConvTiling, default_conv_tiling, reduction_block
+from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block
 from .winograd import (
     LANES,
     MIN_TILES,
@@ -645,7 +645,7 @@ class AltConvStrategy(Strategy):
             cores=context.target.num_cores, parallel_channels=tiling.parallel_channels,
             two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
             window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block,
-            pad_in_tile=geometry.in_per_group == 1 and geometry.out_per_group == 1,
+            pad_in_tile=is_depthwise(geometry.in_per_group, geometry.out_per_group),
             reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch)
 
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:

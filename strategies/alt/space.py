@@ -17,7 +17,7 @@ import numpy as np
 from alt_tvm.strategies.space import Knob, Space, divisors
 
 from .block import BlockGeometry, BlockTiling
-from .tiling import RESERVED_REGISTERS, DefaultConvTiling, reduction_block
+from .tiling import RESERVED_REGISTERS, DefaultConvTiling, is_depthwise, reduction_block
 
 
 def register_blocks(extent: int, cap: int) -> tuple[int, ...]:
@@ -64,7 +64,7 @@ class ConvSpace(Space):
         self.levels = levels
         self.winograd = winograd
         self._default = default
-        depthwise = out_channels_per_group == 1 and in_channels_per_group == 1
+        depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
         o_extent = self.out_shape[1] if depthwise else out_channels_per_group
         i_extent = self.out_shape[1] if depthwise else in_channels_per_group
         knobs = [Knob(f"s{d}", divisors(s, cap=4 if d < self.rank - 1 else 64), s) for d, s in enumerate(spatial)]

@@ -12,8 +12,8 @@ from typing import Any
 
 from alt_tvm.strategies.base import tiles_for
 
-__all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "reduction_block",
-           "register_block"]
+__all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "is_depthwise",
+           "reduction_block", "register_block"]
 
 
 #: Vector registers left for the weights, the broadcast input and addresses: the rest
@@ -24,6 +24,11 @@ RESERVED_REGISTERS = 4
 #: add register pressure (the 28 of a dense conv's block made MNASNet's and EfficientNet-B0's
 #: depthwise convs slower: docs/cnn.md, fifteenth session).
 DEPTHWISE_ACCUMULATORS = 8
+
+
+def is_depthwise(in_channels_per_group: int, out_channels_per_group: int) -> bool:
+    """One input and one output channel per group: each output channel reads only its own."""
+    return in_channels_per_group == out_channels_per_group == 1
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,7 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # epilogue to each register block while it is in registers: with a few FLOPs per output,
     # a second pass over the output tile costs as much as the conv (MobileNet-V3-L and
     # EfficientNet-B0 3.6% faster on 2 threads; docs/cnn.md, fifteenth session).
-    depthwise = in_channels_per_group == out_channels_per_group == 1
+    depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
     accumulators = min(budget, DEPTHWISE_ACCUMULATORS) if depthwise else budget
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
                              epilogue_in_block=depthwise,
