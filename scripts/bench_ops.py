@@ -489,7 +489,7 @@ def main(argv=None) -> int:
         import torch
     except ImportError as err:  # every operator and its reference come from torch.nn
         raise SystemExit(f"bench_ops needs PyTorch for the operators and their reference: {err}") from err
-    from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.timing import PeakReadings
 
     torch.set_num_threads(threads)
     configs = draw_configs(families=args.families, per_family=args.per_family, seed=args.seed)
@@ -501,7 +501,8 @@ def main(argv=None) -> int:
     line = timing_line(threads=threads, cores=machine.num_cores, rounds=args.rounds, repeat=args.repeat,
                        pause_s=pause_s)
     print(line, flush=True)
-    peak = measure_peak_gflops(threads=threads)
+    peaks = PeakReadings(threads=threads)
+    peak = peaks.measure()
     print(f"FP32 FMA peak at the start: {peak:.0f} GFLOP/s", flush=True)
     for index, cfg in enumerate(configs):
         row = Row(cfg, flops(cfg) / 1e9)
@@ -516,11 +517,10 @@ def main(argv=None) -> int:
         print("    " + " | ".join(f"{label} {_fmt(row.outcome(label), '.3f')}" for label in
                                   ("torch", "tvm_untuned", "ms", "alt_default", "alt_kernel", "alt_model")), flush=True)
         # A shared machine's load drifts: the ceiling is the best peak seen in this run.
-        again = measure_peak_gflops(threads=threads)
-        if again > peak:
-            print(f"    FP32 FMA peak now {again:.0f} GFLOP/s (was {peak:.0f}): the run's peak is the best seen",
+        if peaks.measure() > peak:
+            print(f"    FP32 FMA peak now {peaks.best:.0f} GFLOP/s (was {peak:.0f}): the run's peak is the best seen",
                   flush=True)
-            peak = again
+            peak = peaks.best
         if args.json:  # rewritten after every configuration: an interrupted run keeps what it finished
             _write_json(args.json, rows, args, threads, peak, ms_import_s, machine, line)
     _report(rows, trials=args.trials, threads=threads, peak=peak, ms_import_s=ms_import_s)

@@ -31,6 +31,8 @@ def count_flops(path: str) -> int:
     import onnx
     import onnxruntime
 
+    from alt_tvm.flops import conv_flops, matmul_flops
+
     model = onnx.load(path)
     graph = model.graph
     counted = [n for n in graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
@@ -50,12 +52,12 @@ def count_flops(path: str) -> int:
     known.update((name, list(value.shape)) for name, value in zip(names, session.run(names, feeds)))
     total = 0
     for node in counted:
-        if node.op_type == "Conv":  # output elements x (input channels per group x kernel taps)
-            total += 2 * math.prod(known[node.output[0]]) * math.prod(known[node.input[1]][1:])
+        if node.op_type == "Conv":  # ONNX weights are OIHW
+            total += conv_flops(output_shape=known[node.output[0]], weight_shape=known[node.input[1]])
         else:
             a = known[node.input[0]]
             trans_a = any(x.name == "transA" and x.i for x in node.attribute)
-            total += 2 * math.prod(known[node.output[0]]) * (a[-2] if trans_a else a[-1])
+            total += matmul_flops(output_shape=known[node.output[0]], reduction=a[-2] if trans_a else a[-1])
     return total
 
 

@@ -34,8 +34,9 @@ class KernelInfo:
     layout
         The layout it writes its output in ("" for the canonical row-major layout).
     flops
-        Floating-point operations of one call (TVM's ``estimate_tir_flops``; a
-        multiply-add counts 2).
+        Floating-point operations of one call: for a partition with convolutions or matrix
+        products, their multiply-adds (2 FLOPs each, :mod:`alt_tvm.flops`); otherwise TVM's
+        ``estimate_tir_flops`` of its body.
     bytes
         Bytes of its arguments and result: what it must read and write at least once.
     """

@@ -29,6 +29,7 @@ from tvm import relax, te
 
 from alt_tvm.deploy.model import RunnableModel, use_runtime_threads
 from alt_tvm.deploy.profile import KernelInfo, KernelProfile
+from alt_tvm.flops import relax_flops
 from alt_tvm.layout import Layout, convert_layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.native_log import tvm_output_to_log
@@ -92,6 +93,9 @@ class Kernel:
     boundary
         For a conversion: it converts a model input or output (the user's row-major
         arrays), not a value between two kernels.
+    flops
+        For a partition: the FLOPs of its convolutions and matrix products
+        (:func:`alt_tvm.flops.relax_flops`); None where it has none.
     """
 
     name: str
@@ -101,6 +105,7 @@ class Kernel:
     ops: tuple[str, ...] = ()
     layout: str = ""
     boundary: bool = False
+    flops: int | None = None
 
 
 @dataclass
@@ -622,7 +627,7 @@ class _Mutator(relax.PyExprMutator):
         name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
         layout = lowered.output_layout
         self.owner.report.kernels.append(Kernel(name, "partition", context.workload_key, ops=tuple(partition.ops),
-                                                layout=_stored(layout)))
+                                                layout=_stored(layout), flops=relax_flops(partition.bindings)))
         out = partition.output
         if lowered.packed_func is not None:
             call = relax.call_dps_packed(lowered.packed_func, args,
@@ -746,10 +751,13 @@ class CompiledModel(RunnableModel):
                 name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs \
                     else gvar.name_hint
                 kernel = emitted.get(name)
-                try:
-                    flops = float(tvm.s_tir.analysis.estimate_tir_flops(func.body))
-                except Exception:  # noqa: BLE001 - opaque or extern bodies: rate left at 0
-                    flops = 0.0
+                if kernel is not None and kernel.flops is not None:
+                    flops = float(kernel.flops)
+                else:
+                    try:
+                        flops = float(tvm.s_tir.analysis.estimate_tir_flops(func.body))
+                    except Exception:  # noqa: BLE001 - opaque or extern bodies: rate left at 0
+                        flops = 0.0
                 buffers = [param.ty for param in func.params if hasattr(param.ty, "shape")]
                 size = sum(int(np.prod([int(d) for d in buf.shape])) * tvm.DataType(buf.dtype).bits // 8
                            for buf in buffers if all(hasattr(d, "value") for d in buf.shape))
