@@ -52,6 +52,7 @@ from .block import (
 )
 from .prefetch import prefetch_next_block
 from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block
+from .window import partition_at_tile_edges
 from .winograd import (
     LANES,
     MIN_TILES,
@@ -361,8 +362,14 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         sch.vectorize(sch.get_loops(final)[-1])
     if source is not None and pad_in_tile:
         # Pad each output tile's window right before it is read (it stays in L1): the
-        # input is streamed once instead of copied whole first.
-        sch.compute_at(sch.get_sblock(source.op.name), oo)
+        # input is streamed once instead of copied whole first; its loops split where the
+        # input's tiles end, so no copy divides by the tile.
+        pad = sch.get_sblock(source.op.name)
+        sch.compute_at(pad, oo)
+        _vectorize_lanes(sch, pad)
+        pad_loops = sch.get_loops(pad)
+        at = next(i for i, loop in enumerate(pad_loops) if sch.get(loop).same_as(sch.get(oo)))
+        partition_at_tile_edges(sch, pad, loops=pad_loops[at + 1:-1])  # the window's rows and columns
     elif source is not None:
         pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
         sch.parallel(sch.fuse(*pad_loops[:2]))
@@ -829,3 +836,11 @@ def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool
 
 
 register_strategy(AltConvStrategy())
+
+
+def _vectorize_lanes(sch: tvm.s_tir.Schedule, block: Any, *, most: int = 64) -> None:
+    """Vectorize ``block``'s innermost loop where it is a short lane axis (a channel tile)."""
+    inner = sch.get_loops(block)[-1]
+    extent = sch.get(inner).extent
+    if isinstance(extent, tvm.tirx.IntImm) and 1 < int(extent) <= most:
+        sch.vectorize(inner)
