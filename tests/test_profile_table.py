@@ -72,6 +72,35 @@ def test_roof_column_reads_each_kernel_against_the_nearer_roof():
     assert "roof" not in profile.table().splitlines()[0]
 
 
+def test_a_kernel_called_several_times_per_run_is_read_per_call():
+    """A function TVM shares between identical ops is timed as the sum of its calls: its
+    rates divide one call's FLOPs and bytes by one call's time, not by the sum."""
+    from alt_tvm.deploy.profile import KernelInfo, KernelProfile
+
+    profile = KernelProfile({"shared": (3.0, 3.0), "once": (1.0, 1.0)}, (4.0, 4.0),
+                            {"shared": KernelInfo("tvm", ("transpose",), "", 0.0, 4e6),
+                             "once": KernelInfo("operator", ("transpose",), "", 0.0, 4e6)},
+                            calls={"shared": 3})
+    rows = {r.kernel: r for r in profile.rows()}
+    assert (rows["shared"].calls, rows["once"].calls) == (3, 1)
+    assert rows["shared"].ms == 3.0 and rows["shared"].gbytes == pytest.approx(rows["once"].gbytes) == 4.0
+    assert "shared x3" in profile.table()
+
+
+def test_profiled_runs_count_the_calls_of_each_function():
+    from alt_tvm.graph.build import build
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1)).eval()
+    x = torch.randn(1, 8, 16, 16)
+    built = build(model, example_inputs=[x])
+    profile = built.profile(x.numpy(), repeat=2)
+    calls = {r.kernel: r.calls for r in profile.rows()}
+    assert all(calls[k] == 1 for k in calls if k.startswith("alt_"))  # one function per partition
+    assert max(calls.values()) > 1  # the VM's builtins (tensor allocation) run once per tensor
+
+
 def test_memory_bandwidth_is_measured_in_gb_per_s():
     from alt_tvm.timing import measure_memory_bandwidth
 

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
         print_json({"model": model.text, "threads": args.threads, **roofs,
                     "total_ms": statistics.median(profile.totals_ms),
                     "kernels": [{"kernel": r.kernel, "kind": r.kind, "ops": list(r.ops), "layout": r.layout,
-                                 "ms": r.ms, "share": r.share, "gflops": r.gflops, "gbytes": r.gbytes}
+                                 "ms": r.ms, "calls": r.calls, "share": r.share, "gflops": r.gflops,
+                                 "gbytes": r.gbytes}
                                 for r in rows]})
     else:
         if roofs:

@@ -59,7 +59,8 @@ class KernelRow:
     ms: float
     share: float  # of the model's median run time
     gflops: float  # GFLOP/s achieved (0 when it computes nothing)
-    gbytes: float  # GB/s of the minimum traffic (arguments and result once)
+    gbytes: float  # GB/s of the minimum traffic (arguments and result once per call)
+    calls: int = 1  # calls per run: ``ms`` is their sum, the rates count every call
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,17 @@ class KernelProfile:
         in one run).
     totals_ms : tuple of float
         Wall time of each run (ms), instrument overhead included.
+    calls : dict of str to int
+        Function name -> how many times one run calls it (1 where absent). A function TVM
+        shares between identical ops (ConvNeXt's layer-scale transposes, once per block) is
+        timed as the sum of its calls, so its rates count every call.
     """
 
     times_ms: Mapping[str, tuple[float, ...]]
     totals_ms: tuple[float, ...]
     #: kernel name -> what it computes (filled by :meth:`CompiledModel.profile`)
     info: Mapping[str, KernelInfo] = field(default_factory=dict)
+    calls: Mapping[str, int] = field(default_factory=dict)
 
     def with_info(self, info: Mapping[str, KernelInfo]) -> KernelProfile:
         """This profile, with ``info`` describing its kernels."""
@@ -91,11 +97,12 @@ class KernelProfile:
         for name in self.times_ms:
             ms = self.median(name)
             info = self.info.get(name, KernelInfo("tvm" if self.info else "", (name,)))
-            seconds = ms * 1e-3
+            calls = self.calls.get(name, 1)
+            seconds = ms * 1e-3 / calls  # per call
             rows.append(KernelRow(name, info.kind, info.ops or (name,), info.layout, ms,
                                   ms / total if total else 0.0,
                                   info.flops / seconds * 1e-9 if seconds > 0 else 0.0,
-                                  info.bytes / seconds * 1e-9 if seconds > 0 else 0.0))
+                                  info.bytes / seconds * 1e-9 if seconds > 0 else 0.0, calls))
         return sorted(rows, key=lambda r: -r.ms)
 
     def table(self, *, limit: int | None = None, peak_gflops: float | None = None,
@@ -125,7 +132,8 @@ class KernelProfile:
             ops = "+".join(op.removeprefix("relax.").removeprefix("nn.") for op in row.ops)
             roof = f"{max(row.gflops / peak_gflops, row.gbytes / bandwidth_gbs) * 100:4.0f}% " if roofs else ""
             layout = f" -> {row.layout}" if row.layout else ""
-            lines.append(f"{row.kernel[:28]:28s} {row.kind:11s} {row.ms:8.3f} {row.share * 100:5.1f}% "
+            name = row.kernel if row.calls == 1 else f"{row.kernel[:23]} x{row.calls}"
+            lines.append(f"{name[:28]:28s} {row.kind:11s} {row.ms:8.3f} {row.share * 100:5.1f}% "
                          f"{row.gflops:8.1f} {row.gbytes:6.1f} {roof} {ops}{layout}")
         if limit is not None and len(rows) > limit:
             rest = rows[limit:]
@@ -184,6 +192,7 @@ def profile_vm(vm: relax.VirtualMachine, args: Sequence, *, repeat: int = 5, war
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     started: dict[str, float] = {}
     current: dict[str, float] = {}
+    calls: dict[str, int] = {}
 
     def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
         now = time.perf_counter()
@@ -191,6 +200,7 @@ def profile_vm(vm: relax.VirtualMachine, args: Sequence, *, repeat: int = 5, war
             started[symbol] = now
         else:
             current[symbol] = current.get(symbol, 0.0) + (now - started.pop(symbol, now)) * 1e3
+            calls[symbol] = calls.get(symbol, 0) + 1
         return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
 
     vm.set_instrument(instrument)
@@ -201,10 +211,11 @@ def profile_vm(vm: relax.VirtualMachine, args: Sequence, *, repeat: int = 5, war
     totals = []
     for _ in range(repeat):
         current.clear()
+        calls.clear()
         begin = time.perf_counter()
         function(*args)
         totals.append((time.perf_counter() - begin) * 1e3)
         runs.append(dict(current))
     names = {name for run in runs for name in run}
     times = {name: tuple(run.get(name, 0.0) for run in runs) for name in sorted(names)}
-    return KernelProfile(times, tuple(totals))
+    return KernelProfile(times, tuple(totals), calls={name: count for name, count in calls.items() if count > 1})
