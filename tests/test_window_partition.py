@@ -21,14 +21,19 @@ def test_tile_edges_are_where_the_tile_index_changes():
     assert tile_edges(tirx.floordiv(w * w, 28), w, 30) is None  # not linear in w
 
 
-def _pad_blocks(built):
+def _pad_blocks(built, *, vectorized: bool = False):
+    """Names of the depthwise kernels' pad blocks that copy (not the blocks ``loop_partition``
+    wraps the pieces in), with ``vectorized`` those whose loop over the lanes is vectorized."""
     import tvm
 
     names = []
     for gvar in built.mod.get_global_vars():
         func = built.mod[gvar]
         if isinstance(func, tvm.tirx.PrimFunc) and '"groups"' in func.script():
-            names += [line.split('"')[1] for line in func.script().splitlines() if 'T.sblock("pad' in line]
+            lines = func.script().splitlines()
+            names += [line.split('"')[1] for before, line in zip(lines, lines[1:])
+                      if 'T.sblock("pad' in line and "partition" not in line and "common" not in line
+                      and (not vectorized or "T.vectorized(" in before)]
     return names
 
 
@@ -46,6 +51,7 @@ def test_a_depthwise_conv_after_a_tiled_producer_splits_its_window_and_matches_p
     x = torch.randn(1, channels, size, size)
     built = build(model, example_inputs=[x], strict=True, strategy_options={"alt": {"fuse_blocks": False}})
     assert len(_pad_blocks(built)) > 1  # one copy of the pad block per piece of the window
+    assert _pad_blocks(built, vectorized=True) == _pad_blocks(built)  # copied a vector at a time
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 

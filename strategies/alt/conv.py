@@ -52,7 +52,7 @@ from .block import (
 )
 from .prefetch import prefetch_next_block
 from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block
-from .window import partition_at_tile_edges
+from .window import partition_at_tile_edges, vectorize_lanes
 from .winograd import (
     LANES,
     MIN_TILES,
@@ -366,10 +366,11 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         # input's tiles end, so no copy divides by the tile.
         pad = sch.get_sblock(source.op.name)
         sch.compute_at(pad, oo)
-        _vectorize_lanes(sch, pad)
+        vectorize_lanes(sch, pad)
         pad_loops = sch.get_loops(pad)
-        at = next(i for i, loop in enumerate(pad_loops) if sch.get(loop).same_as(sch.get(oo)))
-        partition_at_tile_edges(sch, pad, loops=pad_loops[at + 1:-1])  # the window's rows and columns
+        at = [i for i, loop in enumerate(pad_loops) if sch.get(loop).same_as(sch.get(oo))]
+        if at:  # the window's rows and columns: the loops inside the tile loop, less the lanes
+            partition_at_tile_edges(sch, pad, loops=pad_loops[at[0] + 1:-1])
     elif source is not None:
         pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
         sch.parallel(sch.fuse(*pad_loops[:2]))
@@ -836,11 +837,3 @@ def _weight_layout(shape: list[int], tiling: DefaultConvTiling, transposed: bool
 
 
 register_strategy(AltConvStrategy())
-
-
-def _vectorize_lanes(sch: tvm.s_tir.Schedule, block: Any, *, most: int = 64) -> None:
-    """Vectorize ``block``'s innermost loop where it is a short lane axis (a channel tile)."""
-    inner = sch.get_loops(block)[-1]
-    extent = sch.get(inner).extent
-    if isinstance(extent, tvm.tirx.IntImm) and 1 < int(extent) <= most:
-        sch.vectorize(inner)
