@@ -104,9 +104,10 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
     from alt_tvm.graph.baselines import time_callable
     from alt_tvm.graph.build import build
     from alt_tvm.models import MODELS
-    from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.timing import PeakReadings
 
-    peak = measure_peak_gflops(threads=args.threads)
+    peaks = PeakReadings(threads=args.threads)
+    peak = peaks.measure()
     results = [{"runner": "fp32 peak", "peak_gflops": peak, "threads": args.threads}]
     workdir = tempfile.mkdtemp(prefix="alt_compare_")
     variant = args.variants[0]
@@ -149,6 +150,9 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
                         "round_medians_first_ms": medians["first"], "round_medians_second_ms": medians["second"],
                         "round_medians_ort_ms": medians["ort"], "threads": args.threads, "rounds": args.rounds,
                         "repeat": args.repeat})
+    peaks.measure()  # again at the end: one reading can land in a slow phase of the host
+    results[0].update(peak_gflops=peaks.best, peak_readings=peaks.readings)
+    print(f"FP32 FMA peak of the run: {peaks.describe()}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
@@ -195,11 +199,12 @@ def main(argv=None) -> int:
     from alt_tvm.integration import tune
     from alt_tvm.models import MODELS
     from alt_tvm.target import host
-    from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.timing import PeakReadings
 
-    # The ceiling of this run (machine states differ between days): FP32 FMA peak.
-    peak = {"threads_1": measure_peak_gflops(threads=1), f"threads_{args.threads}": measure_peak_gflops(
-        threads=args.threads)}
+    # The ceiling of this run (machine states differ between days): FP32 FMA peak, read again at
+    # the end (one reading can land in a slow phase of the host).
+    peaks = {"threads_1": PeakReadings(threads=1), f"threads_{args.threads}": PeakReadings(threads=args.threads)}
+    peak = {key: readings.measure() for key, readings in peaks.items()}
     print("FP32 FMA peak measured in this run: " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} GFLOP/s"
                                                                for k, v in peak.items()))
     results = [{"runner": "fp32 peak", "peak_gflops": peak}]
@@ -286,6 +291,11 @@ def main(argv=None) -> int:
                 print(f"  tuning wall time {tuner}: {seconds:.0f} s for {args.trials} trials")
                 results.append({"model": name, "runner": f"tuning {tuner}", "tune_s": seconds,
                                 "trials": args.trials})
+    for key, readings in peaks.items():
+        readings.measure()
+        peak[key] = readings.best
+    results[0]["peak_readings"] = {key: readings.readings for key, readings in peaks.items()}
+    print("FP32 FMA peak of the run: " + ", ".join(f"{k.replace('_', ' ')} {r.describe()}" for k, r in peaks.items()))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

@@ -74,8 +74,12 @@ def test_measured_peak_is_vector_fma_speed():
     peak = measure_peak_gflops(threads=1, steps=4096, repeat=3)
     # One core issuing vector FMAs does far better than a few scalar GFLOP/s.
     assert peak > 8.0
+    # The FLOPs count every pass: 4 passes over 4x the scalars are the same work as 16 passes.
+    assert measure_peak_gflops(threads=1, steps=4 * 4096, passes=4, repeat=3) == pytest.approx(peak, rel=0.5)
     with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
         measure_peak_gflops(threads=0)
+    with pytest.raises(ValueError, match="passes must be >= 1, got 0"):
+        measure_peak_gflops(threads=1, passes=0)
     import tvm
 
     pool = int(tvm.get_global_func("runtime.NumThreads")())
