@@ -166,8 +166,9 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
     FMA issue, not memory. The best of ``repeat`` runs is returned: the ceiling that kernels
     are reported against. The TVM runtime's own thread pool runs it, so ``TVM_NUM_THREADS``
     must allow ``threads``. A run lasts about ``passes`` times 0.1 ms on the 2-vCPU guest:
-    with one pass (0.1 ms) two readings of nine came out at the 1-thread peak (the second
-    thread did not join in time), with 16 passes none of twelve did.
+    with one pass (0.1 ms) 2 readings of 9 came out at the 1-thread peak (the second thread
+    did not join in time), with 16 passes 2 of 29. The host can also take a vCPU away for
+    longer than any run, so a benchmark reads the peak more than once (:class:`PeakReadings`).
 
     Raises
     ------
