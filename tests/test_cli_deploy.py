@@ -75,6 +75,12 @@ def test_profile_lists_kernels_with_their_share(small_artifact, capsys):
     assert main(["profile", str(path), "--limit", "2", "--repeat", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["kernel", "kind", "ms"] and "more kernels" in lines[3]
+    # --roof: the peak (best of a reading before and after) and the bandwidth; calls per run
+    assert main(["profile", str(path), "--json", "--limit", "50", "--repeat", "1", "--threads", "1", "--roof"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["peak_gflops"] > 8.0 and result["bandwidth_gbs"] > 0.5
+    assert all(k["calls"] >= 1 for k in result["kernels"])
+    assert all(k["calls"] == 1 for k in result["kernels"] if k["kernel"].startswith("alt_"))
 
 
 def _one_line_error(capsys, argv: list[str]) -> str:

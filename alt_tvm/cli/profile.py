@@ -53,15 +53,15 @@ def main(argv=None) -> int:
     configure_logging(args.verbose)
 
     compiled = runnable(model, records=args.records)
-    if args.roof:
-        from alt_tvm.timing import PeakReadings, measure_memory_bandwidth
+    from alt_tvm.timing import PeakReadings, measure_memory_bandwidth
 
-        peak = PeakReadings(threads=args.threads)
+    # The peak is read before and after the profile: one reading can land in a slow phase.
+    peak = PeakReadings(threads=args.threads)
+    if args.roof:
         peak.measure()
     profile = compiled.profile(*compiled.random_inputs(seed=0), repeat=args.repeat)
-    roofs = {}
-    if args.roof:  # the peak read before and after the profile: one reading can land in a slow phase
-        roofs = {"peak_gflops": peak.measure(), "bandwidth_gbs": measure_memory_bandwidth(threads=args.threads)}
+    roofs = {"peak_gflops": peak.measure(), "bandwidth_gbs": measure_memory_bandwidth(threads=args.threads)} \
+        if args.roof else {}
     rows = profile.rows()[: args.limit]
     if args.json:
         print_json({"model": model.text, "threads": args.threads, **roofs,
