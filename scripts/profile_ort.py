@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -32,6 +34,9 @@ def main(argv=None) -> int:
     options.intra_op_num_threads = args.threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.enable_profiling = True
+    # The trace goes to a folder of its own, not the working directory (an interrupted run left it there).
+    trace_dir = tempfile.mkdtemp(prefix="alt_ort_profile_")
+    options.profile_file_prefix = str(Path(trace_dir) / "ort")
     session = ort.InferenceSession(str(args.model), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {}
@@ -48,7 +53,7 @@ def main(argv=None) -> int:
     for event in json.loads(trace.read_text()):
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             times[(event["name"].removesuffix("_kernel_time"), event["args"].get("op_name", ""))].append(event["dur"])
-    trace.unlink()
+    shutil.rmtree(trace_dir, ignore_errors=True)
     rows = sorted(((statistics.median(v) / 1e3, name, op) for (name, op), v in times.items()), reverse=True)
     print(f"{args.model.name}: ONNX Runtime {ort.__version__}, {args.threads} threads; "
           f"sum of node medians {sum(r[0] for r in rows):.3f} ms")

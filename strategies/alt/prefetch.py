@@ -25,7 +25,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-__all__ = ["find_realize", "loads_of", "prefetch_next_block", "substitute"]
+__all__ = ["find_realize", "loads_of", "prefetch_next_block", "substitute", "uses_var"]
 
 #: ``llvm.prefetch`` locality: 2 fills the L2 (``prefetcht1`` on x86), leaving the L1 to
 #: the block being computed.
@@ -82,9 +82,9 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
         raise ValueError(f"block {block!r} reads no buffer named {buffer!r}")
     binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
     indices = [substitute(index, binding) for index in loads[0].indices]
-    if not any(_uses(index, outer) for index in indices):
+    if not any(uses_var(index, outer) for index in indices):
         raise ValueError(f"the read of {buffer!r} in {block!r} does not depend on loop {outer.name}")
-    revisiting = [loop.name for loop in spread if any(_uses(index, loop) for index in indices)]
+    revisiting = [loop.name for loop in spread if any(uses_var(index, loop) for index in indices)]
     if revisiting or any(loop.same_as(outer) for loop in reads):
         raise ValueError(f"spread loops must not index {buffer!r} (got {revisiting}) and reads must not include "
                          f"the outer loop {outer.name}: each spread iteration takes a share of one block")
@@ -170,7 +170,8 @@ def substitute(expr: Any, mapping: dict) -> Any:
         expr, (tvm.ir.expr.Var, lambda var: next((v for k, v in mapping.items() if k.same_as(var)), var)))
 
 
-def _uses(expr: Any, var: tirx.Var) -> bool:
+def uses_var(expr: Any, var: tirx.Var) -> bool:
+    """Whether ``expr`` reads the variable ``var``."""
     used = []
     tvm_ffi.structural_walk(expr, (tvm.ir.expr.Var, lambda v: used.append(True) if v.same_as(var) else None))
     return bool(used)

@@ -21,7 +21,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.sym.pattern import detect_linear_equation
 
-from .prefetch import find_realize, substitute
+from .prefetch import find_realize, substitute, uses_var
 
 __all__ = ["MAX_PIECES", "partition_at_tile_edges", "tile_edges", "vectorize_lanes"]
 
@@ -39,9 +39,7 @@ def tile_edges(index: Any, var: tirx.Var, extent: int) -> set[int] | None:
     def visit(node: Any) -> None:
         if not isinstance(node.b, tirx.IntImm):
             return
-        uses = []
-        tvm_ffi.structural_walk(node.a, (tvm.ir.expr.Var, lambda v: uses.append(v.same_as(var))))
-        if not any(uses):
+        if not uses_var(node.a, var):
             return
         found = detect_linear_equation(node.a, [var])
         if len(found) != 2 or not all(isinstance(f, tirx.IntImm) for f in found):
