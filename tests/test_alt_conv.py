@@ -245,6 +245,54 @@ def test_prefetch_needs_the_reduction_outer_order():
     assert DefaultConvTiling.from_json({k: v for k, v in tiling.to_json().items() if k != "prefetch"}).prefetch is False
 
 
+def test_prefetch_input_needs_the_one_level_spatial_order():
+    from alt_tvm.strategies.alt.tiling import DefaultConvTiling, default_conv_tiling
+
+    with pytest.raises(ValueError, match=r"prefetch_input=True needs the one-level template .* reduction_outer=False"):
+        DefaultConvTiling((1, 7), 32, 32, 7, reduction_outer=True, prefetch=True, prefetch_input=True)
+    with pytest.raises(ValueError, match=r"outer_spatial \[1, 7\]"):
+        DefaultConvTiling((1, 7), 32, 32, 7, outer_spatial=(1, 7), outer_ot=1, prefetch_input=True)
+    tiling = DefaultConvTiling((2, 28), 32, 32, 7, prefetch_input=True)
+    assert DefaultConvTiling.from_json(tiling.to_json()) == tiling
+    # A record written before the knob existed ran without it.
+    assert not DefaultConvTiling.from_json({k: v for k, v in tiling.to_json().items() if k != "prefetch_input"}) \
+        .prefetch_input
+    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20, cores=2)
+    dense = default_conv_tiling((1, 256, 56, 56), 64, 64, in_channels=64, weight_bytes=64 * 256 * 4, **common)
+    depthwise = default_conv_tiling((1, 64, 56, 56), 1, 1, in_channels=64, weight_bytes=64 * 9 * 4, **common)
+    streamed = default_conv_tiling((1, 512, 7, 7), 512, 512, in_channels=512, weight_bytes=512 * 512 * 36,
+                                   **common)
+    assert dense.prefetch_input and not depthwise.prefetch_input
+    assert streamed.reduction_outer and not streamed.prefetch_input  # its tasks are channel tiles
+
+
+def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():
+    """A 1x1 conv reads its input in place and a strided 3x3 conv its padded copy: each
+    register block of a task fetches a share of the next task's input tile (a run in the
+    tiled layout), outside the reduction; a depthwise conv (window copy) fetches none."""
+    import alt_tvm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 64, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 64, 3, padding=1, groups=64), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 32, 3, stride=2, padding=1)).eval()  # direct, not Winograd
+    x = torch.randn(1, 32, 56, 56)  # 28x28 out: enough spatial tiles to run them alone in parallel
+    built = alt_tvm.build(model, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": False}})
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    scripts = {k.name: built.mod[next(g for g in built.mod.get_global_vars() if g.name_hint == k.name)].script()
+               for k in built.report.kernels if k.kind == "partition"}
+    assert len(scripts) == 3, list(scripts)
+    names = list(scripts)  # in the model's order: the 1x1, the depthwise and the 3x3 conv
+    prefetching = [name for name in names if "T.prefetch(" in scripts[name]]
+    assert prefetching == [names[0], names[2]], (names, prefetching)
+    for name in prefetching:
+        lines = scripts[name].splitlines()
+        hint = next(i for i, line in enumerate(lines) if "T.prefetch(" in line)
+        reduction = next(i for i, line in enumerate(lines) if "rc_" in line and "T.grid" in line or "for rc" in line)
+        assert hint < reduction, (name, hint, reduction)
+        assert "_lines[" in lines[hint] and "fused" in lines[hint], lines[hint]
+
+
 def test_prefetch_rewrite_names_what_it_cannot_find():
     from tvm.script import tirx as T
 
@@ -285,6 +333,52 @@ def test_prefetch_rewrite_names_what_it_cannot_find():
     y = tvm.runtime.tensor(np.zeros((2, 4, 16), np.float32))
     module["main"](tvm.runtime.tensor(x), y)
     np.testing.assert_array_equal(y.numpy(), np.stack([x, 2 * x]))  # the hints change no result
+
+
+def test_prefetch_next_tile_fetches_the_next_tasks_run():
+    from tvm.script import tirx as T
+
+    from alt_tvm.strategies.alt.prefetch import prefetch_next_tile
+
+    @T.prim_func(s_tir=True)
+    def scale(a: T.Buffer((4, 32), "float32"), b: T.Buffer((2, 4, 32), "float32")):
+        for i, t, j in T.grid(4, 2, 32):
+            with T.sblock("scale"):
+                vi, vt, vj = T.axis.remap("SSS", [i, t, j])
+                b[vt, vi, vj] = a[vi, vj] * T.float32(vt + 1)
+
+    @T.prim_func(s_tir=True)
+    def pairs(a: T.Buffer((2, 32), "float32"), b: T.Buffer((4, 32), "float32")):
+        for i, j in T.grid(4, 32):
+            with T.sblock("pairs"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi // 2, vj]
+
+    import tvm_ffi
+
+    def loops_of(func):
+        found = {}
+        tvm_ffi.structural_walk(func.body, (tvm.tirx.For,
+                                            lambda loop: found.update({loop.loop_var.name: loop.loop_var})))
+        return found
+
+    loops = loops_of(scale)
+    # Task i reads row i (32 floats, two lines); the two passes of t fetch a line each of row i + 1.
+    out = prefetch_next_tile(scale, block="scale", buffer="a", outer=loops["i"], spread=[loops["t"]])
+    script = out.script()
+    assert "for prefetch_j in range(1)" in script and \
+        "T.prefetch(T.address_of(a_lines[i * 32 + 32 + (t + prefetch_j) * 16])" in script, script
+    module = tvm.compile(out, target=host_target())
+    x = np.arange(128, dtype=np.float32).reshape(4, 32)
+    y = tvm.runtime.tensor(np.zeros((2, 4, 32), np.float32))
+    module["main"](tvm.runtime.tensor(x), y)
+    np.testing.assert_array_equal(y.numpy(), np.stack([x, 2 * x]))  # the hints change no result
+    with pytest.raises(ValueError, match="are not a step apart"):  # rows i // 2: tasks share a tile
+        prefetch_next_tile(pairs, block="pairs", buffer="a", outer=loops_of(pairs)["i"], spread=[loops_of(pairs)["j"]])
+    with pytest.raises(ValueError, match="reads no buffer named 'w'"):
+        prefetch_next_tile(scale, block="scale", buffer="w", outer=loops["i"], spread=[loops["t"]])
+    with pytest.raises(ValueError, match="loop k is not in the function"):
+        prefetch_next_tile(scale, block="scale", buffer="a", outer=tvm.tirx.Var("k", "int32"), spread=[loops["t"]])
 
 
 @pytest.mark.parametrize("size,stride,kernel,pad", [(28, 2, 3, 1), (29, 2, 3, 1), (32, 2, 7, 3), (14, 1, 3, 1)])

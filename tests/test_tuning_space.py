@@ -62,6 +62,12 @@ def test_two_level_space_rejects_outer_tiles_that_do_not_divide_before_building(
     # A point written before the prefetch knob existed decodes to no prefetch.
     old = {k: v for k, v in dict(loop, reduction_outer=True, rc_split=4).items() if k != "prefetch"}
     assert one.decode(layout, old)["prefetch"] is False
+    # The input tile prefetch: offered with the one-level order whose tasks are spatial tiles.
+    assert one.check(layout, dict(loop, prefetch_input=True)) is None
+    assert "prefetch_input needs reduction_outer=False" in one.check(
+        layout, dict(loop, reduction_outer=True, rc_split=4, prefetch_input=True))
+    assert one.decode(layout, {k: v for k, v in loop.items() if k != "prefetch_input"})["prefetch_input"] is False
+    assert {k.name: k.choices for k in space.loop_knobs(space.default()[0])}["prefetch_input"] == (False,)
     with pytest.raises(ValueError, match="levels must be 1 or 2"):
         ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=8, out_channels_per_group=32,
                   default={"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4}, registers=32, lanes=16, levels=3)
@@ -149,4 +155,5 @@ def test_a_depthwise_space_offers_no_reduction_outer_order():
     layout, loop = depthwise.default()
     knobs = {k.name: k.choices for k in depthwise.loop_knobs(layout)}
     assert knobs["reduction_outer"] == (False,) and knobs["prefetch"] == (False,)
+    assert knobs["prefetch_input"] == (False,)  # its input is read by the per-tile window copy
     assert "reduction_outer=True not in [False]" in depthwise.check(layout, dict(loop, reduction_outer=True))

@@ -97,7 +97,7 @@ def test_space_decodes_and_rejects_points():
     layout, loop = space.default()
     assert space.params(layout, loop) == {**DEFAULT, "unroll_window": False, "window_outer": False,
                                           "epilogue_in_block": False, "reduction_outer": False, "prefetch": False,
-                                          "winograd": 0}
+                                          "prefetch_input": False, "winograd": 0}
     knob = Knob("ot", (1, 2, 4, 8, 16, 32), 32)
     assert knob.nearest(32 * 0.5) == 16  # the paper's example: F = R(32 * 0.5)
     assert knob.step(16, +1) == 32 and knob.step(32, +1) == 32 and knob.step(1, -1) == 1

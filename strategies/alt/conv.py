@@ -50,7 +50,7 @@ from .block import (
     implement_block,
     work_ratio,
 )
-from .prefetch import prefetch_next_block
+from .prefetch import prefetch_next_block, prefetch_next_tile
 from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block
 from .window import partition_at_tile_edges, vectorize_lanes
 from .winograd import (
@@ -260,7 +260,8 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
                         parallel_channels: bool | None = None, two_level: bool = False,
                         unroll_window: bool = False, window_outer: bool = False,
                         epilogue_in_block: bool = False, pad_in_tile: bool = False,
-                        reduction_outer: bool = False, prefetch: bool = False) -> tvm.IRModule:
+                        reduction_outer: bool = False, prefetch: bool = False,
+                        prefetch_input: bool = False) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
@@ -278,6 +279,8 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     With ResNet's 512-channel 3x3 convs on a 7x7 map, in a chain of eight whose weights come
     from memory, it takes 0.73 ms per conv against 0.95 ms. ``prefetch`` (with
     ``reduction_outer`` only) adds :func:`.prefetch.prefetch_next_block` for the weights.
+    ``prefetch_input`` adds :func:`.prefetch.prefetch_next_tile` for the input tile the conv
+    reads (in place or padded) where the parallel loop runs spatial tiles alone.
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
@@ -326,6 +329,9 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     if prefetch:
         raise ValueError("prefetch needs reduction_outer=True (the next weight block is fetched while the "
                          "spatial tiles use the current one)")
+    if prefetch_input and pad_in_tile:
+        raise ValueError("prefetch_input needs pad_in_tile=False: a per-tile window copy reads the input, not the "
+                         "conv")
     sch.reorder(n, *outer, *channel_outer, *middle, last_o, *reduce, *inner[:-1], last_i, oi)
     # Parallel over output tiles; with few spatial tiles (7x7 maps) also over channel tiles.
     tasks = 1
@@ -374,6 +380,13 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     elif source is not None:
         pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
         sch.parallel(sch.fuse(*pad_loops[:2]))
+    if prefetch_input and not parallel_channels:
+        data = conv.op.input_tensors[0]  # the input as the conv reads it: in place, or its padded copy
+        var = lambda rv: sch.get(rv).loop_var  # noqa: E731
+        task = sch.get_loops(sch.get_sblock(conv.op.name + "_update"))[0]
+        func = prefetch_next_tile(sch.mod["main"], block=f"{conv.op.name}_update", buffer=data.op.name,
+                                  outer=var(task), spread=[var(loop) for loop in [*channel_outer, *middle, last_o]])
+        return tvm.IRModule({"main": func})
     return sch.mod
 
 
@@ -654,7 +667,7 @@ class AltConvStrategy(Strategy):
             two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
             window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block,
             pad_in_tile=is_depthwise(geometry.in_per_group, geometry.out_per_group),
-            reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch)
+            reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input)
 
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
         """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for

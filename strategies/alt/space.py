@@ -81,6 +81,8 @@ class ConvSpace(Space):
         self._i_extent = i_extent
         # One input channel per group: no channel blocks for the reduction-outer order to run.
         self._reduction_orders = (False, True) if levels == 1 and in_channels_per_group > 1 else (False,)
+        # A depthwise conv reads its input through a per-tile window copy: no input tile to prefetch.
+        self._input_prefetches = (False, True) if levels == 1 and not depthwise else (False,)
 
     @property
     def layout_knobs(self) -> tuple[Knob, ...]:
@@ -101,6 +103,7 @@ class ConvSpace(Space):
                 # The reduction-outer loop order exists for the one-level template only.
                 Knob("reduction_outer", self._reduction_orders),
                 Knob("prefetch", self._reduction_orders),
+                Knob("prefetch_input", self._input_prefetches),
                 Knob("winograd", (0, self.winograd) if self.winograd else (0,)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
@@ -115,6 +118,8 @@ class ConvSpace(Space):
                     f"splitting the {self._i_extent} input channels (got {loop['rc_split']})")
         if why is None and loop.get("prefetch") and not loop["reduction_outer"]:
             return "prefetch needs reduction_outer (it fetches that loop order's next weight block)"
+        if why is None and loop.get("prefetch_input") and loop["reduction_outer"]:
+            return "prefetch_input needs reduction_outer=False (that order's parallel tasks share an input tile)"
         if why is not None or self.levels == 1:
             return why
         # An outer tile groups whole inner tiles: it must divide the number of them.
@@ -135,7 +140,7 @@ class ConvSpace(Space):
                 "parallel_channels": bool(d.parallel_channels),
                 "unroll_window": d.unroll_window, "window_outer": d.window_outer,
                 "epilogue_in_block": d.epilogue_in_block, "reduction_outer": d.reduction_outer,
-                "prefetch": d.prefetch, "winograd": self.winograd}
+                "prefetch": d.prefetch, "prefetch_input": d.prefetch_input, "winograd": self.winograd}
         if self.levels == 2:
             layout.update({f"s{k}_outer": 1 for k in range(self.rank)}, ot_outer=1)
         # The analytic choice is always in the space; clamp into it if a knob's cap cut it.
@@ -158,7 +163,7 @@ class ConvSpace(Space):
             window_outer=bool(loop["window_outer"]), epilogue_in_block=bool(loop["epilogue_in_block"]),
             reduction_outer=bool(loop["reduction_outer"]),
             # Points written before the knob existed ran without it.
-            prefetch=bool(loop.get("prefetch", False)),
+            prefetch=bool(loop.get("prefetch", False)), prefetch_input=bool(loop.get("prefetch_input", False)),
             outer_spatial=tuple(layout[f"s{d}_outer"] for d in range(self.rank)) if two_level else (),
             outer_ot=layout["ot_outer"] if two_level else 0).to_json()
 

@@ -49,7 +49,10 @@ class DefaultConvTiling:
     channel tiles alone): a block of weights is then read from memory once and reused from L1
     by every row of the tile, and the partial sums stay in the output tile between blocks.
     ``prefetch`` (with ``reduction_outer``) prefetches the next block of weights to the L2
-    while the spatial tiles use the current one.
+    while the spatial tiles use the current one. ``prefetch_input`` prefetches the input tile
+    of the parallel loop's next task to the L2 while the current task computes
+    (:func:`.prefetch.prefetch_next_tile`); it applies where the parallel loop runs spatial
+    tiles (with channel tiles in it, the next task mostly reads the same input tile).
     """
 
     spatial: tuple[int, ...]
@@ -67,6 +70,7 @@ class DefaultConvTiling:
     epilogue_in_block: bool = False
     reduction_outer: bool = False
     prefetch: bool = False
+    prefetch_input: bool = False
 
     def __post_init__(self) -> None:
         if self.outer_spatial and len(self.outer_spatial) != len(self.spatial):
@@ -77,6 +81,10 @@ class DefaultConvTiling:
         if self.prefetch and not self.reduction_outer:
             raise ValueError("prefetch=True needs reduction_outer=True (the weight blocks it fetches ahead are "
                              "those of the reduction-outer loop order)")
+        if self.prefetch_input and (self.reduction_outer or self.outer_spatial):
+            raise ValueError(f"prefetch_input=True needs the one-level template (outer_spatial "
+                             f"{list(self.outer_spatial)}) and reduction_outer=False ({self.reduction_outer}): it "
+                             f"fetches one stored input tile per parallel task of spatial tiles")
         if any(t < 1 for t in (*self.spatial, *self.outer_spatial, self.ot, self.it, self.reg)):
             raise ValueError(f"tiles must be positive: spatial={list(self.spatial)} ot={self.ot} it={self.it} "
                              f"reg={self.reg} outer_spatial={list(self.outer_spatial)}")
@@ -90,7 +98,8 @@ class DefaultConvTiling:
                   "weight_ot": self.weight_ot, "weight_it": self.weight_it, "rc_split": self.rc_split,
                   "parallel_channels": self.parallel_channels, "unroll_window": self.unroll_window,
                   "window_outer": self.window_outer, "epilogue_in_block": self.epilogue_in_block,
-                  "reduction_outer": self.reduction_outer, "prefetch": self.prefetch}
+                  "reduction_outer": self.reduction_outer, "prefetch": self.prefetch,
+                  "prefetch_input": self.prefetch_input}
         if self.two_level:
             record.update(outer_spatial=list(self.outer_spatial), outer_ot=self.outer_ot)
         return record
@@ -108,7 +117,9 @@ class DefaultConvTiling:
                        window_outer=bool(record.get("window_outer", False)),
                        epilogue_in_block=bool(record.get("epilogue_in_block", False)),
                        reduction_outer=bool(record.get("reduction_outer", False)),
-                       prefetch=bool(record.get("prefetch", False)))
+                       prefetch=bool(record.get("prefetch", False)),
+                       # Records written before the knob existed ran without it.
+                       prefetch_input=bool(record.get("prefetch_input", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a conv tiling record: {record!r} ({err})") from None
 
@@ -179,10 +190,16 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # EfficientNet-B0 3.6% faster on 2 threads; docs/cnn.md, fifteenth session).
     depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
     accumulators = min(budget, DEPTHWISE_ACCUMULATORS) if depthwise else budget
+    # A dense conv's input tile of the next task is fetched while this one computes: inside a
+    # model it comes from the L3 or memory, in an order (channel blocks of a few positions)
+    # the hardware prefetchers do not follow. ResNet-50 2-10% faster (docs/cnn.md, seventeenth
+    # session). A depthwise conv reads its input through its per-tile window copy instead.
+    prefetch_input = not depthwise and not reduction_outer and not streams
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
                              epilogue_in_block=depthwise,
                              parallel_channels=True if streams else None,
-                             reduction_outer=reduction_outer, prefetch=reduction_outer)
+                             reduction_outer=reduction_outer, prefetch=reduction_outer,
+                             prefetch_input=prefetch_input)
 
 
 def streams_from_memory(weight_bytes: int, l2_bytes: int) -> bool:
