@@ -1,0 +1,32 @@
+"""scripts/ab_conv_knob.py: the two builds differ only in the forced knob, in the order asked."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script("ab_conv_knob")
+
+
+def test_a_forced_knob_changes_only_its_convs_and_the_pair_is_timed(script, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU()).eval()
+    path = tmp_path / "pw.onnx"
+    torch.onnx.export(model, (torch.randn(1, 16, 56, 56),), str(path), dynamo=False, opset_version=17)
+    builds = script.build_pair(str(path), knob="prefetch_input", value=False, forced_first=True)
+    assert list(builds) == ["forced", "default"]  # the order asked
+
+    def hints(built):
+        return sum("_lines = " in built.mod[g].script() for g in built.mod.get_global_vars()
+                   if g.name_hint.startswith("alt_conv2d"))
+
+    assert hints(builds["default"]) == 1 and hints(builds["forced"]) == 0
+    result = script.compare(builds, rounds=2, repeat=1)
+    assert result["rounds"] == 2 and 0 <= result["rounds_default_faster"] <= 2
+    assert np.isfinite(result["default_over_forced"]) and result["default_over_forced"] > 0
+    assert script.parse_value("false") is False and script.parse_value("4") == 4
+    with pytest.raises(ValueError, match=r"unknown knob 'prefetch_inputs'.*'prefetch_input'"):
+        script.build_pair(str(path), knob="prefetch_inputs", value=False, forced_first=False)
