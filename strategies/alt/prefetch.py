@@ -117,14 +117,15 @@ def prefetch_next_tile(func: tirx.PrimFunc, *, block: str, buffer: str, outer: t
                        spread: Sequence[tirx.Var]) -> tirx.PrimFunc:
     """Prefetch the tile of ``buffer`` that ``block`` reads at ``outer + 1``, spread over ``spread``.
 
-    For an operand stored in tiles (ALT paper §4.1) whose tile per iteration of ``outer`` (a
-    parallel task) is one contiguous run: a conv's input in the conv template's layouts, whose
-    tasks are the output's spatial tiles. Inside a model a task's input tile comes from the
+    For an operand stored in tiles whose tile per iteration of ``outer`` (a parallel task) is
+    one contiguous run: a conv's input in the conv template's tiled layouts (ALT paper §5.1),
+    whose tasks are the output's spatial tiles. Inside a model a task's input tile comes from the
     L3 cache or memory, read a few positions at a time across channel blocks, an order the
     hardware prefetchers do not follow. The run of the next task, from its first element
     (every loop inside ``outer`` at 0) on for one task's step (measured between the middle two
     tasks: at the map's edges a clamped read steps less), is fetched to the L2, a share of its
-    cache lines in the body of each iteration of ``spread``.
+    cache lines in the body of each iteration of ``spread``. The last task's hints point past
+    the buffer: a prefetch is a hint and never faults.
 
     Parameters
     ----------
