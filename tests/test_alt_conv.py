@@ -293,22 +293,53 @@ def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():
         assert "_lines[" in lines[hint] and "fused" in lines[hint], lines[hint]
 
 
-def test_prefetch_rewrite_names_what_it_cannot_find():
+def test_an_input_prefetch_asked_of_a_depthwise_conv_is_refused_by_name(monkeypatch):
+    """A depthwise conv reads its input through its per-tile window copy: a tiling that asks
+    it for the input prefetch fails that partition with the reason, and the build goes on."""
+    import dataclasses
+
+    import alt_tvm
+    import alt_tvm.strategies.alt.conv as conv_strategy
+
+    default_tiling = conv_strategy.default_conv_tiling
+    monkeypatch.setattr(conv_strategy, "default_conv_tiling",
+                        lambda *a, **k: dataclasses.replace(default_tiling(*a, **k), prefetch_input=True))
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32).eval()
+    x = torch.randn(1, 32, 28, 28)
+    built = alt_tvm.build(model, example_inputs=[x])
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    assert "prefetch_input needs pad_in_tile=False" in built.report.summary()
+
+
+def _scale(width: int):
+    """``b[t, i, :] = a[i, :] * (t + 1)`` over rows ``i`` of ``width`` floats, two passes ``t``."""
     from tvm.script import tirx as T
 
-    from alt_tvm.strategies.alt.prefetch import prefetch_next_block
-
     @T.prim_func(s_tir=True)
-    def scale(a: T.Buffer((4, 16), "float32"), b: T.Buffer((2, 4, 16), "float32")):
-        for i, t, j in T.grid(4, 2, 16):
+    def scale(a: T.Buffer((4, width), "float32"), b: T.Buffer((2, 4, width), "float32")):
+        for i, t, j in T.grid(4, 2, width):
             with T.sblock("scale"):
                 vi, vt, vj = T.axis.remap("SSS", [i, t, j])
                 b[vt, vi, vj] = a[vi, vj] * T.float32(vt + 1)
 
+    return scale
+
+
+def _loop_vars(func) -> dict:
+    """The loop variables of ``func`` by name."""
     import tvm_ffi
 
-    loops = {}
-    tvm_ffi.structural_walk(scale.body, (tvm.tirx.For, lambda loop: loops.update({loop.loop_var.name: loop.loop_var})))
+    found = {}
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, lambda loop: found.update({loop.loop_var.name: loop.loop_var})))
+    return found
+
+
+def test_prefetch_rewrite_names_what_it_cannot_find():
+    from alt_tvm.strategies.alt.prefetch import prefetch_next_block
+
+    scale = _scale(16)
+    loops = _loop_vars(scale)
     i, t, j = loops["i"], loops["t"], loops["j"]
     with pytest.raises(ValueError, match="no block named 'conv_update'"):
         prefetch_next_block(scale, block="conv_update", buffer="a", outer=i, spread=[t], reads=[], vector=j)
@@ -340,12 +371,7 @@ def test_prefetch_next_tile_fetches_the_next_tasks_run():
 
     from alt_tvm.strategies.alt.prefetch import prefetch_next_tile
 
-    @T.prim_func(s_tir=True)
-    def scale(a: T.Buffer((4, 32), "float32"), b: T.Buffer((2, 4, 32), "float32")):
-        for i, t, j in T.grid(4, 2, 32):
-            with T.sblock("scale"):
-                vi, vt, vj = T.axis.remap("SSS", [i, t, j])
-                b[vt, vi, vj] = a[vi, vj] * T.float32(vt + 1)
+    scale = _scale(32)
 
     @T.prim_func(s_tir=True)
     def pairs(a: T.Buffer((2, 32), "float32"), b: T.Buffer((4, 32), "float32")):
@@ -354,15 +380,7 @@ def test_prefetch_next_tile_fetches_the_next_tasks_run():
                 vi, vj = T.axis.remap("SS", [i, j])
                 b[vi, vj] = a[vi // 2, vj]
 
-    import tvm_ffi
-
-    def loops_of(func):
-        found = {}
-        tvm_ffi.structural_walk(func.body, (tvm.tirx.For,
-                                            lambda loop: found.update({loop.loop_var.name: loop.loop_var})))
-        return found
-
-    loops = loops_of(scale)
+    loops = _loop_vars(scale)
     # Task i reads row i (32 floats, two lines); the two passes of t fetch a line each of row i + 1.
     out = prefetch_next_tile(scale, block="scale", buffer="a", outer=loops["i"], spread=[loops["t"]])
     script = out.script()
@@ -374,7 +392,8 @@ def test_prefetch_next_tile_fetches_the_next_tasks_run():
     module["main"](tvm.runtime.tensor(x), y)
     np.testing.assert_array_equal(y.numpy(), np.stack([x, 2 * x]))  # the hints change no result
     with pytest.raises(ValueError, match="are not a step apart"):  # rows i // 2: tasks share a tile
-        prefetch_next_tile(pairs, block="pairs", buffer="a", outer=loops_of(pairs)["i"], spread=[loops_of(pairs)["j"]])
+        prefetch_next_tile(pairs, block="pairs", buffer="a", outer=_loop_vars(pairs)["i"],
+                           spread=[_loop_vars(pairs)["j"]])
     with pytest.raises(ValueError, match="reads no buffer named 'w'"):
         prefetch_next_tile(scale, block="scale", buffer="w", outer=loops["i"], spread=[loops["t"]])
     with pytest.raises(ValueError, match="loop k is not in the function"):
