@@ -416,9 +416,11 @@ def test_gpu_benchmark_layers_give_tasks_whose_split_points_compute_the_layer():
 
 def test_the_untuned_tilings_split_k_only_where_the_output_blocks_leave_sms_idle():
     h100 = GpuLimits(num_sms=132)
-    # ResNet-18's classifier at batch 1: 40 blocks for 132 SMs, split until 8 blocks per SM.
+    # ResNet-18's classifier at batch 1: 40 blocks for 132 SMs. 8 blocks per SM would take 32
+    # splits; each block keeps 64 of the 512 products instead: 8 splits.
     fc = default_cuda_gemm_tiling(m=1, n=1000, k=512, limits=h100)
-    assert fc.split_k == 32 and 1000 // fc.block[1] * fc.split_k >= 8 * 132
+    assert fc.split_k == 8 and 512 // fc.split_k == 64
+    assert default_cuda_gemm_tiling(m=1, n=1000, k=4096, limits=h100).split_k == 32  # 128 products each
     assert default_cuda_gemm_tiling(m=512, n=512, k=512, limits=h100).split_k == 1  # 256 blocks: no split
     splits = {}
     for channels, size in ((64, 56), (512, 7)):

@@ -49,6 +49,11 @@ UNROLL_STEPS = (0, 16, 64, 512)
 #: (3.4, 6.8 and 13.6 blocks per SM), its classifier at batch 1 (40 blocks) in 11.2, 8.0 and
 #: 7.9 us with 1, 8 and 16 splits (docs/gpu.md).
 SPLIT_K_BLOCKS_PER_SM = 8
+#: ... but no block's share of the reduction falls below this many products. The classifier's
+#: 512 products split 8, 16 and 32 ways (64, 32 and 16 per block) ran in 7.7, 9.2 and 10.7 us
+#: on an H100 (the partial sums outweigh the reduction they split); the convs' stages hold
+#: 288 products or more (docs/gpu.md, fifth run).
+SPLIT_K_MIN_PRODUCTS = 64
 
 
 @dataclass(frozen=True)
@@ -485,7 +490,7 @@ def default_cuda_conv_tiling(*, out_shape: Sequence[int], in_channels_per_group:
         if candidate.threads <= 256 and enough_blocks and fits(candidate):
             best = candidate
     split_k = _default_split_k(blocks=tiles * channel_tiles // best.block_o, stages=reduce // best.rc_split,
-                               limits=limits)
+                               stage_products=best.rc_split * math.prod(kernel), limits=limits)
     return dataclasses.replace(best, split_k=split_k)
 
 
@@ -514,22 +519,22 @@ def default_cuda_gemm_tiling(*, m: int, n: int, k: int, limits: GpuLimits) -> Cu
     block_m, block_n = best.block
     blocks = (m // block_m) * (n // block_n)
     return dataclasses.replace(best, split_k=_default_split_k(blocks=blocks, stages=k // best.k_split,
-                                                              limits=limits))
+                                                              stage_products=best.k_split, limits=limits))
 
 
-def _default_split_k(*, blocks: int, stages: int, limits: GpuLimits) -> int:
+def _default_split_k(*, blocks: int, stages: int, stage_products: int, limits: GpuLimits) -> int:
     """1 when the output blocks fill every SM once; else the smallest divisor of ``stages`` that
-    gives :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM (or ``stages``: one stage per block).
+    gives :data:`SPLIT_K_BLOCKS_PER_SM` blocks per SM, and no more splits than leave each block
+    :data:`SPLIT_K_MIN_PRODUCTS` products of the reduction (``stage_products`` per stage).
 
     Only layers of fewer blocks than SMs were timed (112 and 40 blocks on 132 SMs); a split
     of layers that already fill the SMs adds partial sums to write and read, unmeasured.
     """
     if blocks >= limits.num_sms:
         return 1
-    for split_k in _divisors(stages, stages):
-        if blocks * split_k >= SPLIT_K_BLOCKS_PER_SM * limits.num_sms:
-            return split_k
-    return max(1, stages)
+    allowed = _divisors(stages, max(1, stages * stage_products // SPLIT_K_MIN_PRODUCTS))
+    return next((split_k for split_k in allowed if blocks * split_k >= SPLIT_K_BLOCKS_PER_SM * limits.num_sms),
+                allowed[-1])
 
 
 def _divisors(extent: int, cap: int) -> list[int]:
