@@ -97,8 +97,61 @@ def test_profiled_runs_count_the_calls_of_each_function():
     built = build(model, example_inputs=[x])
     profile = built.profile(x.numpy(), repeat=2)
     calls = {r.kernel: r.calls for r in profile.rows()}
-    assert all(calls[k] == 1 for k in calls if k.startswith("alt_"))  # one function per partition
+    assert all(calls[k] == 1 for k in calls if k.startswith("alt_"))  # two different convs: a function each
     assert max(calls.values()) > 1  # the VM's builtins (tensor allocation) run once per tensor
+
+
+class RepeatedBlocks(torch.nn.Module):
+    """Three identical conv + ReLU blocks after a different first conv, as ResNet's stages repeat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.blocks = torch.nn.ModuleList(torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(3))
+
+    def forward(self, x):
+        x = torch.relu(self.first(x))
+        for conv in self.blocks:
+            x = torch.relu(conv(x))
+        return x
+
+
+def test_structurally_equal_kernels_compile_once_and_each_call_site_keeps_its_weights():
+    import tvm
+
+    model = RepeatedBlocks().eval()
+    x = torch.randn(1, 8, 16, 16)
+    built = build(model, example_inputs=[x])
+    partitions = [k for k in built.report.kernels if k.kind == "partition"]
+    assert len(partitions) == 4 and len({k.workload for k in partitions}) == 2
+    names = [k.name for k in partitions]
+    # The first block reads the first conv's tiles, the others a block's: two kernels for three blocks.
+    assert names[2] == names[3] and len(set(names)) == 3
+    alt_funcs = [g.name_hint for g in built.mod.get_global_vars()
+                 if isinstance(built.mod[g], tvm.tirx.PrimFunc) and g.name_hint.startswith("alt_")]
+    assert sorted(alt_funcs) == sorted(set(names))
+    # The shared kernel reads each block's own weights: a wrong sharing would repeat one block's.
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    profile = built.profile(x.numpy(), repeat=2)
+    assert profile.calls[names[2]] == 2 and names[1] not in profile.calls  # called once
+    per_workload = profile.by_workload(built.report.kernels, conversions=False)
+    both = [a + b for a, b in zip(profile.times_ms[names[1]], profile.times_ms[names[2]])]
+    assert per_workload[partitions[1].workload] == pytest.approx(both)
+
+
+def test_a_shared_function_counts_per_call_towards_each_workload_that_calls_it():
+    from alt_tvm.deploy.profile import KernelProfile
+    from alt_tvm.graph.build import Kernel
+
+    profile = KernelProfile({"conv": (6.0, 9.0), "convert": (2.0, 2.0)}, (10.0, 12.0), calls={"conv": 3, "convert": 2})
+    kernels = [Kernel("conv", "partition", "a"), Kernel("conv", "partition", "a"), Kernel("conv", "partition", "b"),
+               Kernel("convert", "conversion", "a", "detail"), Kernel("convert", "conversion", "b", "detail")]
+    # conv: 2 of its 3 calls are workload a's, one b's; each workload caused one conversion call.
+    assert profile.by_workload(kernels) == {"a": pytest.approx((5.0, 7.0)), "b": pytest.approx((3.0, 4.0))}
+    assert profile.by_workload(kernels, conversions=False) == {"a": pytest.approx((4.0, 6.0)),
+                                                                "b": pytest.approx((2.0, 3.0))}
+    assert [row[3] for row in profile.conversions(kernels)] == [1.0, 1.0]
 
 
 def test_memory_bandwidth_is_measured_in_gb_per_s():

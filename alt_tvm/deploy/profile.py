@@ -160,17 +160,28 @@ class KernelProfile:
 
         With ``conversions``, the layout conversions a workload's layout choice caused
         (:class:`~alt_tvm.graph.build.Kernel`'s ``workload``) count towards it: a layout
-        that needs a conversion pays for it.
+        that needs a conversion pays for it. A function that several call sites share (the
+        build emits structurally equal kernels once) counts per call: each call site takes
+        ``1 / calls`` of its time.
         """
-        names: dict[str, list[str]] = {}
+        runs = len(self.totals_ms)
+        per_workload: dict[str, list[float]] = {}
         for kernel in kernels:
             if kernel.workload and (kernel.kind == "partition" or (conversions and kernel.kind == "conversion")):
-                names.setdefault(kernel.workload, []).append(kernel.name)
-        return {key: self.per_run(group) for key, group in names.items()}
+                share = self.per_call(kernel.name)
+                total = per_workload.setdefault(kernel.workload, [0.0] * runs)
+                for r in range(runs):
+                    total[r] += share[r]
+        return {key: tuple(times) for key, times in per_workload.items()}
+
+    def per_call(self, name: str) -> tuple[float, ...]:
+        """Kernel ``name``'s time in each run divided by its calls per run (ms): one call site's share."""
+        calls = self.calls.get(name, 1)
+        return tuple(t / calls for t in self.per_run([name]))
 
     def conversions(self, kernels: Sequence) -> list[tuple[str, str, str, float]]:
-        """(kernel, detail, workload's op, median ms) of every layout conversion, in program order."""
-        return [(k.name, k.detail, k.workload.split("|")[0] or "-", self.median(k.name))
+        """(kernel, detail, workload's op, median ms of one call) of every layout conversion, in program order."""
+        return [(k.name, k.detail, k.workload.split("|")[0] or "-", statistics.median(self.per_call(k.name)))
                 for k in kernels if k.kind == "conversion"]
 
 

@@ -19,12 +19,13 @@ import os
 import statistics
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te
 
 from alt_tvm.deploy.model import RunnableModel, use_runtime_threads
@@ -74,7 +75,8 @@ class Kernel:
     Attributes
     ----------
     name
-        Its function name in the built module (what per-kernel timing reports).
+        Its function name in the built module (what per-kernel timing reports). Call sites
+        whose kernels are structurally equal share one function, and so one name.
     kind
         ``"partition"`` (a strategy's kernel), ``"conversion"`` (a layout conversion),
         ``"elementwise"`` (an element-wise op computed in its consumer's layout) or
@@ -440,14 +442,23 @@ class _Mutator(relax.PyExprMutator):
         self.owners: dict = {}  # original var -> workload key of the partition that chose its layout
         self.canonical: dict = {}  # original var -> new var in canonical layout
         self.count = 0
+        self.emitted: dict[int, list[tuple[tvm.tirx.PrimFunc, relax.GlobalVar]]] = {}  # structural hash -> kernels
 
     # ----------------------------------------------------------------- helpers
-    def _emit_call(self, func: tvm.tirx.PrimFunc, name: str, args: list, shape, dtype: str) -> relax.Var:
+    def _emit_call(self, func: tvm.tirx.PrimFunc, kernel: Kernel, args: list, shape, dtype: str) -> relax.Var:
+        """Call ``func`` on ``args`` and record ``kernel``. A kernel structurally equal to one
+        already emitted (DenseNet's 3x3 convs within a block, ResNet's repeated bottlenecks)
+        calls that function instead: the module compiles each distinct kernel once."""
         # kOpaque (8): TVM's FuseOps must not merge a scheduled alt-tvm kernel with others.
-        func = func.with_attr("global_symbol", name).with_attr("op_pattern", 8).with_attr(ALT_KERNEL_ATTR, True)
-        gvar = self.builder_.add_func(func, name)
+        func = func.with_attr("op_pattern", 8).with_attr(ALT_KERNEL_ATTR, True)
+        same = self.emitted.setdefault(tvm_ffi.structural_hash(func), [])
+        gvar = next((g for f, g in same if tvm_ffi.structural_equal(f, func)), None)
+        if gvar is None:
+            gvar = self.builder_.add_func(func.with_attr("global_symbol", kernel.name), kernel.name)
+            same.append((func, gvar))
+        self.owner.report.kernels.append(replace(kernel, name=gvar.name_hint))
         call = relax.call_tir(gvar, args, relax.TensorType(shape, dtype))
-        return self.builder_.emit(call, name)
+        return self.builder_.emit(call, kernel.name)
 
     def _convert(self, value: relax.Var, src: Layout | None, dst: Layout | None, shape, dtype: str, *,
                  workload: str, boundary: bool) -> relax.Var:
@@ -462,10 +473,9 @@ class _Mutator(relax.PyExprMutator):
         self.owner.report.conversions += 1
         self.count += 1
         name = f"layout_convert{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "conversion", workload, f"{tuple(shape)} {src} -> {dst}",
-                                                ("layout_transform",), _stored(dst),
-                                                boundary=boundary))
-        return self._emit_call(sch.mod["main"], name, [value], dst.shape, dtype)
+        kernel = Kernel(name, "conversion", workload, f"{tuple(shape)} {src} -> {dst}", ("layout_transform",),
+                        _stored(dst), boundary=boundary)
+        return self._emit_call(sch.mod["main"], kernel, [value], dst.shape, dtype)
 
     def _canonical_arg(self, var: relax.Var, *, boundary: bool = False) -> None:
         """Before a default (non-partition) use, make ``var`` available in canonical layout
@@ -543,9 +553,9 @@ class _Mutator(relax.PyExprMutator):
             return False
         self.count += 1
         name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "operator", ops=(op_name(call),), layout=_stored(wanted)))
+        kernel = Kernel(name, "operator", ops=(op_name(call),), layout=_stored(wanted))
         shape = static_shape(var) if wanted is None else wanted.shape
-        new_var = self._emit_call(func, name, args, shape, dtype_of(var))
+        new_var = self._emit_call(func, kernel, args, shape, dtype_of(var))
         if wanted is None:
             self._rebind(var, new_var)
         else:
@@ -586,8 +596,8 @@ class _Mutator(relax.PyExprMutator):
         self.count += 1
         ops = tuple(op_name(b.value) for b in chain)
         name = f"alt_{ops[-1].split('.')[-1]}_{self.count}"
-        self.owner.report.kernels.append(Kernel(name, "elementwise", ops=ops, layout=_stored(layout)))
-        new_var = self._emit_call(func, name, args, layout.shape, dtype_of(chain[-1].var))
+        kernel = Kernel(name, "elementwise", ops=ops, layout=_stored(layout))
+        new_var = self._emit_call(func, kernel, args, layout.shape, dtype_of(chain[-1].var))
         self._hold(chain[-1].var, new_var, layout)
         for op in ops:
             self.owner.report.partitions.append(("alt", op, [op]))
@@ -626,15 +636,16 @@ class _Mutator(relax.PyExprMutator):
         self.count += 1
         name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
         layout = lowered.output_layout
-        self.owner.report.kernels.append(Kernel(name, "partition", context.workload_key, ops=tuple(partition.ops),
-                                                layout=_stored(layout), flops=relax_flops(partition.bindings)))
+        kernel = Kernel(name, "partition", context.workload_key, ops=tuple(partition.ops), layout=_stored(layout),
+                        flops=relax_flops(partition.bindings))
         out = partition.output
         if lowered.packed_func is not None:
+            self.owner.report.kernels.append(kernel)
             call = relax.call_dps_packed(lowered.packed_func, args,
                                          relax.TensorType(lowered.output_shape, lowered.output_dtype))
             new_var = self.builder_.emit(call, name)
         else:
-            new_var = self._emit_call(lowered.func, name, args, lowered.output_shape, lowered.output_dtype)
+            new_var = self._emit_call(lowered.func, kernel, args, lowered.output_shape, lowered.output_dtype)
         self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
         if lowered.output_layout is not None:
             self.owners[out] = context.workload_key
