@@ -140,6 +140,23 @@ def test_structurally_equal_kernels_compile_once_and_each_call_site_keeps_its_we
     assert per_workload[partitions[1].workload] == pytest.approx(both)
 
 
+def test_the_report_names_each_kernel_by_the_symbol_the_profile_times():
+    # Twelve kernels: Relax's builder renames the global var "alt_conv2d_11" apart from the
+    # binding "alt_conv2d_1" + "1"; the VM and the profile still know it as alt_conv2d_11.
+    torch.manual_seed(0)
+    layers, channels = [], 8
+    for i in range(12):
+        layers += [torch.nn.Conv2d(channels, channels + 8 * (i % 2), 3, padding=1), torch.nn.ReLU()]
+        channels += 8 * (i % 2)
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(1, 8, 8, 8)
+    built = build(model, example_inputs=[x])
+    profile = built.profile(x.numpy(), repeat=1)
+    names = {k.name for k in built.report.kernels}
+    assert len(names) == 13 and names <= set(profile.times_ms)
+    assert all(built.kernel_info()[name].kind in {"partition", "conversion"} for name in names)
+
+
 def test_a_shared_function_counts_per_call_towards_each_workload_that_calls_it():
     from alt_tvm.deploy.profile import KernelProfile
     from alt_tvm.graph.build import Kernel

@@ -442,7 +442,7 @@ class _Mutator(relax.PyExprMutator):
         self.owners: dict = {}  # original var -> workload key of the partition that chose its layout
         self.canonical: dict = {}  # original var -> new var in canonical layout
         self.count = 0
-        self.emitted: dict[int, list[tuple[tvm.tirx.PrimFunc, relax.GlobalVar]]] = {}  # structural hash -> kernels
+        self.emitted: dict[int, list[tuple[tvm.tirx.PrimFunc, relax.GlobalVar, str]]] = {}  # hash -> kernels
 
     # ----------------------------------------------------------------- helpers
     def _emit_call(self, func: tvm.tirx.PrimFunc, kernel: Kernel, args: list, shape, dtype: str) -> relax.Var:
@@ -452,11 +452,14 @@ class _Mutator(relax.PyExprMutator):
         # kOpaque (8): TVM's FuseOps must not merge a scheduled alt-tvm kernel with others.
         func = func.with_attr("op_pattern", 8).with_attr(ALT_KERNEL_ATTR, True)
         same = self.emitted.setdefault(tvm_ffi.structural_hash(func), [])
-        gvar = next((g for f, g in same if tvm_ffi.structural_equal(f, func)), None)
+        gvar, symbol = next(((g, name) for f, g, name in same if tvm_ffi.structural_equal(f, func)), (None, None))
         if gvar is None:
-            gvar = self.builder_.add_func(func.with_attr("global_symbol", kernel.name), kernel.name)
-            same.append((func, gvar))
-        self.owner.report.kernels.append(replace(kernel, name=gvar.name_hint))
+            # The builder may rename the global var apart from a binding's name; the VM and
+            # the profile know the kernel by its symbol.
+            symbol = kernel.name
+            gvar = self.builder_.add_func(func.with_attr("global_symbol", symbol), symbol)
+            same.append((func, gvar, symbol))
+        self.owner.report.kernels.append(replace(kernel, name=symbol))
         call = relax.call_tir(gvar, args, relax.TensorType(shape, dtype))
         return self.builder_.emit(call, kernel.name)
 
