@@ -8,7 +8,8 @@ The flow (what ``relay.build`` with registered op strategies was, on Relax):
 3. :class:`AltLayoutPass`: partition into anchor + epilogue, lower each partition with
    the selected strategy into one scheduled PrimFunc (``call_tir``), propagate layouts
    along the partition and to the next partitions, insert a conversion only where a
-   consumer needs another layout and no pad stage can convert for it;
+   consumer needs another layout and no pad stage can convert for it; kernels that come
+   out structurally equal share one function;
 4. ``tvm.compile`` (TVM's own legalization for everything left) and the Relax VM.
 """
 
