@@ -1,14 +1,24 @@
 """Whole models built with and without one knob of the conv template's untuned tiling, timed in one process.
 
 Each model is built twice: as ``alt_tvm.build`` does, and with one field of
-``DefaultConvTiling`` forced to a value in every untuned conv (e.g. ``prefetch_input=False``).
-Both builds are checked against each other, then timed in interleaved rounds; the paired
-median ratio is printed. With ``--both-orders`` the pair is built and timed again in the
-other order: on the 2-vCPU guest the build made first in a process ran up to 10% faster
-(docs/cnn.md, seventeenth session), so a ratio measured one way can be that bias.
+``DefaultConvTiling`` forced to a value in every untuned conv (e.g. ``prefetch_input=False``),
+or only in its dense or depthwise convs (``--convs``). Both builds are checked against each
+other, then timed in interleaved rounds; the paired median ratio is printed. With
+``--both-orders`` the pair is built and timed again in the other order: on the 2-vCPU guest
+the build made first in a process ran up to 10% faster (docs/cnn.md, seventeenth session), so
+a ratio measured one way can be that bias.
+
+``--per-kernel`` times the kernels instead of the whole models: each round profiles both
+builds (the VM's per-kernel instrument), and the kernels the knob changed (their functions
+differ between the builds) are summed apart from the rest. The rest is the same code in both
+builds, so its ratio is the run's noise: a change is only read where that control stays near 1.
+On the shared guest the unchanged kernels of two builds have run 12-18% apart in one process
+(docs/cnn.md, nineteenth session), more than most knobs change.
 
     python scripts/ab_conv_knob.py --knob prefetch_input --value false --both-orders \\
         --models models/sweep/tv_resnet50.onnx models/sweep/tv_squeezenet1_1.onnx
+    python scripts/ab_conv_knob.py --knob unroll_window --value true --convs depthwise --per-kernel \\
+        --models models/sweep/tv_mnasnet1_0.onnx
 """
 
 from __future__ import annotations
@@ -20,12 +30,17 @@ import logging
 from typing import Any
 
 import numpy as np
+import tvm
+import tvm_ffi
 
 import alt_tvm
 import alt_tvm.strategies.alt.conv as conv_strategy
 from alt_tvm.deploy.model import use_runtime_threads
-from alt_tvm.graph.baselines import time_interleaved
-from alt_tvm.strategies.alt.tiling import DefaultConvTiling
+from alt_tvm.graph.baselines import round_order, time_interleaved
+from alt_tvm.strategies.alt.tiling import DefaultConvTiling, is_depthwise
+
+#: Which untuned convs the knob is forced in.
+CONV_KINDS = ("all", "dense", "depthwise")
 
 
 def parse_value(text: str) -> Any:
@@ -33,15 +48,21 @@ def parse_value(text: str) -> Any:
     return json.loads(text.lower() if text.lower() in ("true", "false") else text)
 
 
-def build_pair(model: str, *, knob: str, value: Any, forced_first: bool) -> dict[str, Any]:
-    """The default build and the one with ``knob`` forced, built in the given order."""
+def build_pair(model: str, *, knob: str, value: Any, forced_first: bool, convs: str = "all") -> dict[str, Any]:
+    """The default build and the one with ``knob`` forced in its ``convs`` (one of
+    :data:`CONV_KINDS`), built in the given order."""
     fields = {f.name for f in dataclasses.fields(DefaultConvTiling)}
     if knob not in fields:
         raise ValueError(f"unknown knob {knob!r}: DefaultConvTiling has {sorted(fields)}")
+    if convs not in CONV_KINDS:
+        raise ValueError(f"convs must be one of {CONV_KINDS}, got {convs!r}")
     default_tiling = conv_strategy.default_conv_tiling
 
-    def forced(*args: Any, **kwargs: Any) -> DefaultConvTiling:
-        return dataclasses.replace(default_tiling(*args, **kwargs), **{knob: value})
+    def forced(out_shape: Any, in_per_group: int, out_per_group: int, **kwargs: Any) -> DefaultConvTiling:
+        tiling = default_tiling(out_shape, in_per_group, out_per_group, **kwargs)
+        if convs != "all" and is_depthwise(in_per_group, out_per_group) != (convs == "depthwise"):
+            return tiling
+        return dataclasses.replace(tiling, **{knob: value})
 
     builds = {}
     for name in (["forced", "default"] if forced_first else ["default", "forced"]):
@@ -65,6 +86,56 @@ def compare(builds: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) 
             "rounds": len(ratios)}
 
 
+def _functions(built: Any) -> dict[str, Any]:
+    """The build's kernels by the symbol its profile names them with."""
+    functions = {}
+    for gvar, func in built.mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            symbol = func.attrs.get("global_symbol", gvar.name_hint) if func.attrs is not None else gvar.name_hint
+            functions[str(symbol)] = func
+    return functions
+
+
+def changed_kernels(builds: dict[str, Any]) -> set[str]:
+    """Kernels whose function differs between the two builds, or that only one of them has."""
+    default, forced = _functions(builds["default"]), _functions(builds["forced"])
+    return {name for name in default.keys() | forced.keys()
+            if name not in default or name not in forced or not tvm_ffi.structural_equal(default[name], forced[name])}
+
+
+def compare_kernels(builds: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) -> dict[str, Any]:
+    """Check the two builds agree, then profile them in interleaved rounds: per round the summed
+    time of the changed kernels and of the others (the control) in each build, default / forced."""
+    x = np.random.default_rng(seed).standard_normal(builds["default"].input_shapes[0]).astype("float32")
+    ref = builds["default"](x)[0]
+    np.testing.assert_allclose(builds["forced"](x)[0], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+    changed = changed_kernels(builds)
+    names = list(builds)
+    sums = {(name, part): [] for name in names for part in ("changed", "unchanged")}
+    per_kernel = {(name, kernel): [] for name in names for kernel in changed}
+    for index in range(rounds):
+        for name in (names[i] for i in round_order(len(names), index)):
+            profile = builds[name].profile(x, repeat=repeat)
+            times = {kernel: profile.median(kernel) for kernel in profile.times_ms}
+            sums[(name, "changed")].append(sum(ms for kernel, ms in times.items() if kernel in changed))
+            sums[(name, "unchanged")].append(sum(ms for kernel, ms in times.items() if kernel not in changed))
+            for kernel in changed:
+                per_kernel[(name, kernel)].append(times.get(kernel, 0.0))
+
+    def ratio(part: str) -> float:
+        forced = np.array(sums[("forced", part)])
+        return float(np.median(np.array(sums[("default", part)]) / forced)) if forced.all() else float("nan")
+
+    return {"changed_kernels": len(changed), "rounds": rounds,
+            "changed_default_ms": float(np.median(sums[("default", "changed")])),
+            "changed_forced_ms": float(np.median(sums[("forced", "changed")])),
+            "changed_default_over_forced": ratio("changed"),
+            "unchanged_ms": float(np.median(sums[("default", "unchanged")])),
+            "unchanged_default_over_forced": ratio("unchanged"),
+            "kernels": {kernel: [float(np.median(per_kernel[("default", kernel)])),
+                                 float(np.median(per_kernel[("forced", kernel)]))] for kernel in sorted(changed)}}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", required=True, help="ONNX files")
@@ -74,16 +145,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--both-orders", action="store_true", help="also build and time the pair the other way")
+    parser.add_argument("--convs", choices=CONV_KINDS, default="all", help="which untuned convs get the knob")
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="time the changed kernels inside the models (the rest as the noise control)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     use_runtime_threads(args.threads)
     for model in args.models:
         for forced_first in ([False, True] if args.both_orders else [False]):
-            builds = build_pair(model, knob=args.knob, value=args.value, forced_first=forced_first)
-            result = compare(builds, rounds=args.rounds, repeat=args.repeat)
+            builds = build_pair(model, knob=args.knob, value=args.value, forced_first=forced_first, convs=args.convs)
+            timing = compare_kernels if args.per_kernel else compare
+            result = timing(builds, rounds=args.rounds, repeat=args.repeat)
             order = "forced built first" if forced_first else "default built first"
-            print(json.dumps({"model": model, "knob": args.knob, "value": args.value, "order": order, **result}),
-                  flush=True)
+            print(json.dumps({"model": model, "knob": args.knob, "value": args.value, "convs": args.convs,
+                              "order": order, **result}), flush=True)
 
 
 if __name__ == "__main__":

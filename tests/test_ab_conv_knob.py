@@ -30,3 +30,27 @@ def test_a_forced_knob_changes_only_its_convs_and_the_pair_is_timed(script, tmp_
     assert script.parse_value("false") is False and script.parse_value("4") == 4
     with pytest.raises(ValueError, match=r"unknown knob 'prefetch_inputs'.*'prefetch_input'"):
         script.build_pair(str(path), knob="prefetch_inputs", value=False, forced_first=False)
+
+
+def test_per_kernel_mode_forces_one_kind_of_conv_and_times_its_kernels_apart(script, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU()).eval()
+    path = tmp_path / "pw_dw.onnx"
+    torch.onnx.export(model, (torch.randn(1, 16, 28, 28),), str(path), dynamo=False, opset_version=17)
+    builds = script.build_pair(str(path), knob="unroll_window", value=True, forced_first=False, convs="depthwise")
+    changed = script.changed_kernels(builds)
+    assert len(changed) == 1  # the depthwise conv's kernel; the 1x1 conv's is the same function in both
+    (name,) = changed
+    default, forced = (script._functions(builds[k])[name].script() for k in ("default", "forced"))
+    assert "T.unroll(3)" in forced and "T.unroll(3)" not in default  # its 3x3 window unrolled
+    dense = script.build_pair(str(path), knob="epilogue_in_block", value=True, forced_first=False, convs="dense")
+    (dense_name,) = script.changed_kernels(dense)
+    assert dense_name != name
+    result = script.compare_kernels(builds, rounds=2, repeat=1)
+    assert result["changed_kernels"] == 1 and list(result["kernels"]) == [name]
+    assert all(ms > 0 for ms in result["kernels"][name])
+    assert result["changed_default_ms"] > 0 and result["unchanged_ms"] > 0
+    assert np.isfinite(result["changed_default_over_forced"]) and np.isfinite(result["unchanged_default_over_forced"])
+    with pytest.raises(ValueError, match=r"convs must be one of .*'depthwise'.*got 'grouped'"):
+        script.build_pair(str(path), knob="unroll_window", value=True, forced_first=False, convs="grouped")
