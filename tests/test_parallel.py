@@ -207,8 +207,9 @@ def test_built_and_loaded_models_run_their_parallel_kernels_on_the_launcher(tmp_
     assert facts["err"] <= 1e-4 * max(1.0, facts["scale"])
     assert facts["threads"] == 2 and facts["parallel_kernels"] > 0
     two = facts["two"]
-    # every parallel kernel went through the launcher, cut into tasks_per_thread tasks per thread
-    assert two["launches"] >= facts["parallel_kernels"]
+    # every parallel kernel went through the launcher, cut into tasks_per_thread tasks per thread, or
+    # ran on the caller alone where the workers had cost it time (a busy machine: solo_when_stalled)
+    assert two["launches"] + two["solo"] >= facts["parallel_kernels"]
     assert two["tasks"] == two["launches"] * 2 * facts["tasks_per_thread"]
     assert facts["one_launches"] == 0 and facts["same_on_one"]  # one thread: each loop runs whole, inline
     assert facts["loaded_launcher"] and facts["loaded_same"]

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from alt_tvm import lowering
 from alt_tvm.strategies.base import Partition, PartitionContext, Strategy, const_value, dtype_of, static_shape
 from alt_tvm.strategies.space import Space
 from alt_tvm.target import HardwareTarget
@@ -146,7 +147,7 @@ def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int
     timing = TimingPolicy(number=number, repeat=repeat, cache_flush=check_cache_flush(cache_flush))
     try:
         lowered = task.lower(params)
-        executable = tvm.compile(lowered.func, target=task.target.to_tvm()).jit()
+        executable = lowering.compile(lowered.func, target=task.target.to_tvm()).jit()
     except OSError:
         raise  # the machine's fault, not the candidate's (e.g. no space for the object file)
     except Exception as err:  # noqa: BLE001 - the candidate's own failure

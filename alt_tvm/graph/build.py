@@ -29,6 +29,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te
 
+from alt_tvm import lowering
 from alt_tvm.deploy.model import RunnableModel, use_runtime_threads
 from alt_tvm.deploy.profile import KernelInfo, KernelProfile
 from alt_tvm.flops import relax_flops
@@ -383,11 +384,13 @@ def pipeline(*, target: HardwareTarget | str | None = None, records: Any = None,
              fast_math: bool = False) -> tvm.ir.transform.Pass:
     """alt-tvm's build as a Relax pipeline, for ``tvm.compile`` on a module from any frontend::
 
-        executable = tvm.compile(mod, target=host().to_tvm(), relax_pipeline=alt_tvm.pipeline(records=log))
+        executable = tvm.compile(mod, target=host().to_tvm(), relax_pipeline=alt_tvm.pipeline(records=log),
+                                 tir_pipeline=alt_tvm.lowering.PIPELINE)
 
-    It is what :func:`build` runs between import and code generation: :func:`prepare`,
-    :class:`AltLayoutPass` (each partition lowered by the strategy the registry selects, with
-    the log's parameters), :func:`lower_fallbacks`, then TVM's default Relax pipeline. So the
+    (``tir_pipeline`` keeps the kernels' small buffers on the stack, as :func:`build` does:
+    :mod:`alt_tvm.lowering`.) It is what :func:`build` runs between import and code generation:
+    :func:`prepare`, :class:`AltLayoutPass` (each partition lowered by the strategy the registry
+    selects, with the log's parameters), :func:`lower_fallbacks`, then TVM's default Relax pipeline. So the
     executable equals ``build``'s, except that ``build`` also rebuilds without a kernel that
     fails to compile, which one pass cannot. Weights must be constants in ``mod``
     (``relax.frontend.detach_params`` + ``bind_params``, or ``keep_params_as_input=False``).
@@ -871,7 +874,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
         lowered = _lower(imported.mod, alt_pass, machine, fast_math=fast_math)
         report = alt_pass.report
         try:
-            executable = tvm.compile(lowered, target=machine.to_tvm())
+            executable = lowering.compile(lowered, target=machine.to_tvm())
         except Exception as err:
             if strict:
                 raise
@@ -883,7 +886,7 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
             lowered = _lower(imported.mod, alt_pass, machine, fast_math=fast_math)
             report = alt_pass.report
             try:
-                executable = tvm.compile(lowered, target=machine.to_tvm())
+                executable = lowering.compile(lowered, target=machine.to_tvm())
             except Exception:
                 raise err from None
     _log_report(report)
@@ -912,7 +915,7 @@ def _uncompilable_partitions(mod: tvm.IRModule, report: BuildReport, target: Any
         if gvar is None or not isinstance(mod[gvar], tvm.tirx.PrimFunc):
             continue
         try:
-            tvm.compile(tvm.IRModule({"main": mod[gvar].with_attr("global_symbol", "main")}), target=target)
+            lowering.compile(tvm.IRModule({"main": mod[gvar].with_attr("global_symbol", "main")}), target=target)
         except Exception as err:  # noqa: BLE001 - the error becomes the partition's fallback reason
             lines = [line.strip() for line in str(err).splitlines() if len(line.strip()) > 3]
             message = next((line for line in lines if "rror" in line), lines[-1] if lines else "")[:200]

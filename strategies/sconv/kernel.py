@@ -52,6 +52,7 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
+from alt_tvm import lowering
 from alt_tvm.layout import Layout, create_prim_func
 from alt_tvm.layout.expr import rebuild
 from alt_tvm.target import HardwareTarget, host
@@ -673,7 +674,7 @@ def build_sconv(shape: ConvShape, weight: np.ndarray, *, target: HardwareTarget 
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected} (OIHW) for {shape}")
     mod, geometry = lower_sconv(shape, target=target, options=options)
     opts = dataclasses.replace(options, threads=options.threads or target.num_cores)
-    module = tvm.compile(mod, target=target.to_tvm()).jit()
+    module = lowering.compile(mod, target=target.to_tvm()).jit()
     layout = sconv_weight_layout(geometry)
     packed = tvm.runtime.tensor(np.ascontiguousarray(layout.apply(np.asarray(weight, np.float32))), tvm.cpu())
     return SConvKernel(geometry, opts, module, packed)
@@ -743,7 +744,7 @@ def build_sconv_packing(shape: ConvShape, *, target: HardwareTarget | None = Non
             if threads > 1:
                 sch.parallel(sch.fuse(*sch.get_loops(block)[:2]))
             _schedule_pack_rows(sch, block, g, options.vbp, lanes)
-        modules.append(tvm.compile(sch.mod, target=target.to_tvm()).jit())
+        modules.append(lowering.compile(sch.mod, target=target.to_tvm()).jit())
     fs_set = g.k2 if plan.schedule == "IS" else g.k3
     return PackingFunctions(modules[0], modules[1], g.fs_tiles // fs_set, g,
                             None if first is None else tuple(int(x) for x in first.shape),

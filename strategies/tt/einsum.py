@@ -48,6 +48,7 @@ import numpy as np
 import tvm
 from tvm import te
 
+from alt_tvm import lowering
 from alt_tvm.layout import Layout, create_prim_func
 from alt_tvm.target import HardwareTarget, host
 
@@ -756,8 +757,8 @@ class EinsumKernel:
         return pack_core(core, shape=self.shape, plan=self.plan)
 
     def compile(self, target: HardwareTarget | None = None) -> Any:
-        """``tvm.compile`` for ``target`` (default: the host)."""
-        return tvm.compile(self.mod, target=(target or host()).to_tvm())
+        """:func:`alt_tvm.lowering.compile` for ``target`` (default: the host)."""
+        return lowering.compile(self.mod, target=(target or host()).to_tvm())
 
 
 def build_einsum(shape: EinsumShape, *, plan: EinsumPlan | None = None, optimized: bool = True,
@@ -850,7 +851,7 @@ class TTChain:
         return [pack_core(c, shape=s, plan=p) for c, s, p in zip(reversed(cores), self.shapes, self.plans)]
 
     def compile(self, target: HardwareTarget | None = None) -> Any:
-        return tvm.compile(self.mod, target=(target or host()).to_tvm())
+        return lowering.compile(self.mod, target=(target or host()).to_tvm())
 
 
 def _unravel(flat: Any, dims: Sequence[int]) -> list[Any]:

@@ -1,4 +1,5 @@
-"""The local builder: compiles candidates with ``tvm.compile`` in worker processes on this machine."""
+"""The local builder: compiles candidates with alt-tvm's TIR pipeline (:func:`alt_tvm.lowering.compile`, as
+the model build does) in worker processes on this machine."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import tvm
 
+from alt_tvm import lowering
 from alt_tvm.target import process_cores
 from alt_tvm.toolchain import export_library, require_cross_compiler
 
@@ -31,7 +33,7 @@ def _build_task(mod_json: str, target_json: str, cross_compiler: str | None, out
     try:
         mod = tvm.ir.load_json(mod_json)
         target = tvm.target.Target(json.loads(target_json))
-        executable = tvm.compile(mod, target=target)
+        executable = lowering.compile(mod, target=target)
         source = None
         if target.kind.name == "cuda":
             sources = [m.inspect_source() for m in executable.mod.imports if m.kind == "cuda"]
@@ -47,7 +49,7 @@ def _build_task(mod_json: str, target_json: str, cross_compiler: str | None, out
 
 
 class LocalBuilder(Builder):
-    """Builds candidates with ``tvm.compile`` in worker processes on this machine.
+    """Builds candidates with :func:`alt_tvm.lowering.compile` in worker processes on this machine.
 
     Parameters
     ----------

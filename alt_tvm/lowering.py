@@ -1,0 +1,106 @@
+"""How alt-tvm compiles its kernels: TVM's default TIR pipeline, with small buffers kept on the stack.
+
+TVM's ``LowerTVMBuiltin`` leaves on the stack only CPU buffers of global scope under 1 KiB
+(``runtime::kMaxStackAlloca``); every other buffer comes from the runtime's workspace pool
+(``TVMBackendAllocWorkspace``), inside a parallel loop's body once per task. The conv
+template's per-task tiles are such buffers: a task's output tile between the accumulators'
+write-back and the epilogue (2 rows x 28 positions x 32 channels: 7 KiB), the reduction-outer
+order's 7x7 channel tile (6 KiB), a depthwise conv's padded window. From the pool each is a
+pointer LLVM knows nothing about: its zeroing is a ``memset`` call, the epilogue loads back what
+was just stored, and each task pays the pool's allocation and free. A profile of MNASNet on one
+thread (``perf``) had 2% of its time in ``memset`` and 1.7% in the pool.
+
+:func:`keep_on_stack` marks each allocation of a constant size up to :data:`STACK_BYTES` on a
+CPU target ``disable_lower_builtin``, which ``LowerTVMBuiltin`` leaves as a stack ``alloca``.
+In the built models this made the kernels 7-13% faster in sum (MobileNet-V2, ResNet-50,
+SqueezeNet 1.1, MNASNet; docs/cnn.md, nineteenth session). Larger buffers (a fused block's
+bands) stay in the pool: a thread's stack is 8 MiB by default, and what fits the L1 gains most.
+
+:data:`PIPELINE` names the pipeline for ``tvm.compile(..., tir_pipeline=...)``; :func:`compile`
+is ``tvm.compile`` with it, which every compile of an alt-tvm kernel goes through (model builds,
+the tuner's builders, the SConv and TT kernels). Baselines (TVM's default build, MetaSchedule)
+keep TVM's own pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir.pipeline import default_s_tir_pipeline
+
+__all__ = ["PIPELINE", "STACK_BYTES", "compile", "keep_on_stack"]
+
+#: Largest allocation (bytes) kept on the stack: half the L1 data cache of the machines here
+#: (32 KiB), far below a thread's default stack (8 MiB).
+STACK_BYTES = 16 * 1024
+#: The registered name of alt-tvm's TIR pipeline.
+PIPELINE = "alt_tvm"
+#: ``LowerTVMBuiltin``'s annotation: leave the allocation as it is (a stack ``alloca`` on a CPU).
+_ON_STACK = "disable_lower_builtin"
+#: Target kinds whose kernels run on a CPU thread's stack.
+_CPU_KINDS = ("llvm",)
+
+
+def keep_on_stack(func: tirx.PrimFunc, *, limit: int = STACK_BYTES) -> tirx.PrimFunc:
+    """``func`` with each allocation of a constant size up to ``limit`` bytes marked to stay on
+    the stack (see the module docstring). A function for a target that is not a CPU, or without
+    a target, is returned as it is.
+
+    Raises
+    ------
+    ValueError
+        If ``limit`` is not a non-negative int.
+    """
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise ValueError(f"limit must be a non-negative int (bytes), got {limit!r}")
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if target is None or target.kind.name not in _CPU_KINDS:
+        return func
+
+    def mark(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
+        nbytes = _constant_bytes(alloc.buffer)
+        if nbytes is None or nbytes > limit or _ON_STACK in alloc.annotations:
+            return alloc
+        return tirx.AllocBuffer(alloc.buffer, {**alloc.annotations, _ON_STACK: tirx.IntImm("bool", 1)}, alloc.span)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, (tirx.AllocBuffer, mark)))
+
+
+def _constant_bytes(buffer: tirx.Buffer) -> int | None:
+    """The buffer's size in bytes, or None when its shape is not constant."""
+    elements = 1
+    for extent in buffer.shape:
+        if not isinstance(extent, tirx.IntImm):
+            return None
+        elements *= int(extent)
+    return elements * buffer.dtype.bits * buffer.dtype.lanes // 8
+
+
+@tvm.transform.module_pass(opt_level=0, name="alt_tvm.KeepOnStack")
+def _keep_on_stack_pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+    functions = {gvar: keep_on_stack(func) if isinstance(func, tirx.PrimFunc) else func
+                 for gvar, func in mod.functions.items()}
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def _pipeline_factory() -> tuple:
+    default, finalize_host, finalize_device = default_s_tir_pipeline()
+
+    @tvm.transform.module_pass(opt_level=0, name="alt_tvm.TIRPipeline")
+    def pipeline(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        # After the default passes: the buffers are flattened and placed where they are used,
+        # and LowerTVMBuiltin (a finalizing pass) has not yet moved them to the pool.
+        return _keep_on_stack_pass(default(mod))
+
+    return pipeline, finalize_host, finalize_device
+
+
+tvm.tirx.register_tir_pipeline(PIPELINE, _pipeline_factory)
+
+
+def compile(mod: Any, *, target: Any, **kwargs: Any) -> Any:  # noqa: A001 - mirrors tvm.compile
+    """``tvm.compile(mod, target=target, tir_pipeline=PIPELINE, **kwargs)``."""
+    return tvm.compile(mod, target=target, tir_pipeline=PIPELINE, **kwargs)

@@ -1,0 +1,106 @@
+"""alt_tvm.lowering: small CPU buffers stay on the stack; results are unchanged."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+
+import alt_tvm
+from alt_tvm import lowering
+
+CPU = tvm.target.Target({"kind": "llvm"})
+
+
+def _blocked_matmul(rows_per_task: int = 7) -> tvm.IRModule:
+    """A (112 x 32) @ (32 x 64) product whose parallel tasks accumulate ``rows_per_task`` rows of
+    the output in a local buffer: 7 x 64 floats = 1792 bytes, above TVM's 1 KiB stack limit."""
+    a = te.placeholder((112, 32), name="A")
+    b = te.placeholder((32, 64), name="B")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((112, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
+    block = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(block)
+    task, row = sch.split(i, [None, rows_per_task])
+    sch.reorder(task, kk, row, j)
+    sch.parallel(task)
+    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), task)
+    sch.vectorize(j)
+    return sch.mod
+
+
+def _run(executable, a, b):
+    out = tvm.runtime.tensor(np.zeros((a.shape[0], b.shape[1]), "float32"))
+    executable.jit()["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    return out.numpy()
+
+
+def test_a_register_block_over_1kib_is_on_the_stack_not_the_workspace_pool():
+    mod = _blocked_matmul()
+    default = tvm.compile(mod, target=CPU)
+    ours = lowering.compile(mod, target=CPU)
+    # TVM's default serves the 1792-byte buffer from the pool in every task; ours allocates it in the frame
+    assert "TVMBackendAllocWorkspace" in default.mod.inspect_source("ll")
+    assert "TVMBackendAllocWorkspace" not in ours.mod.inspect_source("ll")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((112, 32)).astype("float32"), rng.standard_normal((32, 64)).astype("float32")
+    np.testing.assert_allclose(_run(ours, a, b), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(_run(ours, a, b), _run(default, a, b))
+
+
+def _allocating(nbytes: int, target) -> tirx.PrimFunc:
+    """A function allocating one float buffer of ``nbytes`` (after the default pipeline's flattening)."""
+    buffer = tirx.decl_buffer((nbytes // 4,), "float32", name="scratch", scope="local")
+    body = tirx.SeqStmt([tirx.AllocBuffer(buffer), tirx.BufferStore(buffer, tirx.FloatImm("float32", 0.0), [0])])
+    func = tirx.PrimFunc([], body)
+    return func if target is None else func.with_attr("target", target)
+
+
+def _marked(func: tirx.PrimFunc) -> list[bool]:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, lambda a: found.append("disable_lower_builtin" in
+                                                                                  a.annotations)))
+    return found
+
+
+def test_only_constant_cpu_allocations_up_to_the_limit_are_marked():
+    assert _marked(lowering.keep_on_stack(_allocating(1792, CPU))) == [True]
+    assert _marked(lowering.keep_on_stack(_allocating(lowering.STACK_BYTES, CPU))) == [True]
+    assert _marked(lowering.keep_on_stack(_allocating(lowering.STACK_BYTES + 4, CPU))) == [False]
+    assert _marked(lowering.keep_on_stack(_allocating(2048, CPU), limit=1024)) == [False]
+    # a GPU kernel's buffers, and a function not yet bound to a target, are left to TVM
+    assert _marked(lowering.keep_on_stack(_allocating(1792, tvm.target.Target({"kind": "cuda"})))) == [False]
+    assert _marked(lowering.keep_on_stack(_allocating(1792, None))) == [False]
+    with pytest.raises(ValueError, match=r"limit must be a non-negative int \(bytes\), got -1"):
+        lowering.keep_on_stack(_allocating(1792, CPU), limit=-1)
+
+
+def _pool_users(built) -> dict[str, int]:
+    """Function -> its reads of the workspace pool's allocator, in the model's LLVM IR (a parallel
+    loop's body is a function of its own, ``__tvm_parallel_lambda``)."""
+    source = "\n".join(m.inspect_source("ll") for m in built.executable.mod.imports if m.kind == "llvm")
+    users = {}
+    for definition in source.split("\ndefine ")[1:]:
+        name = re.search(r"@([\w.]+)\(", definition.split("\n", 1)[0]).group(1)
+        users[name] = definition.split("\n}\n", 1)[0].count("@__TVMBackendAllocWorkspace")
+    return users
+
+
+def test_a_built_conv_model_matches_pytorch_with_its_tiles_on_the_stack(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 64, 1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1),
+                                torch.nn.ReLU()).eval()
+    x = torch.randn(1, 32, 28, 28)
+    built = alt_tvm.build(model, example_inputs=(x,))
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], want, rtol=1e-4, atol=1e-4)
+    # each parallel task's output tile (2 rows x 28 positions x 32 channels, 7 KiB) is in its frame
+    assert not any(_pool_users(built).values()), _pool_users(built)
+    # with TVM's own pipeline every task takes it from the pool
+    monkeypatch.setattr(lowering, "compile", lambda mod, *, target, **kw: tvm.compile(mod, target=target, **kw))
+    assert sum(_pool_users(alt_tvm.build(model, example_inputs=(x,))).values()) >= 2
