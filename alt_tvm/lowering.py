@@ -79,11 +79,8 @@ def _constant_bytes(buffer: tirx.Buffer) -> int | None:
     return elements * buffer.dtype.bits * buffer.dtype.lanes // 8
 
 
-@tvm.transform.module_pass(opt_level=0, name="alt_tvm.KeepOnStack")
-def _keep_on_stack_pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-    functions = {gvar: keep_on_stack(func) if isinstance(func, tirx.PrimFunc) else func
-                 for gvar, func in mod.functions.items()}
-    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+_keep_on_stack_pass = tirx.transform.prim_func_pass(lambda func, _mod, _ctx: keep_on_stack(func), opt_level=0,
+                                                    name="alt_tvm.KeepOnStack")
 
 
 def _pipeline_factory() -> tuple:

@@ -74,11 +74,17 @@ def build_pair(model: str, *, knob: str, value: Any, forced_first: bool, convs: 
     return builds
 
 
-def compare(builds: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) -> dict[str, float]:
-    """Check the two builds agree, then time them interleaved: default / forced per round."""
+def checked_input(builds: dict[str, Any], *, seed: int) -> np.ndarray:
+    """A seeded input on which the two builds agree (else AssertionError)."""
     x = np.random.default_rng(seed).standard_normal(builds["default"].input_shapes[0]).astype("float32")
     ref = builds["default"](x)[0]
     np.testing.assert_allclose(builds["forced"](x)[0], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+    return x
+
+
+def compare(builds: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) -> dict[str, float]:
+    """Check the two builds agree, then time them interleaved: default / forced per round."""
+    x = checked_input(builds, seed=seed)
     timed = time_interleaved({name: (b, [x]) for name, b in builds.items()}, rounds=rounds, repeat=repeat)
     ratios = np.array(timed["default"][1]) / np.array(timed["forced"][1])
     return {"default_ms": timed["default"][0], "forced_ms": timed["forced"][0],
@@ -106,9 +112,7 @@ def changed_kernels(builds: dict[str, Any]) -> set[str]:
 def compare_kernels(builds: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) -> dict[str, Any]:
     """Check the two builds agree, then profile them in interleaved rounds: per round the summed
     time of the changed kernels and of the others (the control) in each build, default / forced."""
-    x = np.random.default_rng(seed).standard_normal(builds["default"].input_shapes[0]).astype("float32")
-    ref = builds["default"](x)[0]
-    np.testing.assert_allclose(builds["forced"](x)[0], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+    x = checked_input(builds, seed=seed)
     changed = changed_kernels(builds)
     names = list(builds)
     sums = {(name, part): [] for name in names for part in ("changed", "unchanged")}
