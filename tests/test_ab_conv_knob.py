@@ -44,7 +44,7 @@ def test_per_kernel_mode_forces_one_kind_of_conv_and_times_its_kernels_apart(scr
     (name,) = changed
     default, forced = (script._functions(builds[k])[name].script() for k in ("default", "forced"))
     assert "T.unroll(3)" in forced and "T.unroll(3)" not in default  # its 3x3 window unrolled
-    dense = script.build_pair(str(path), knob="epilogue_in_block", value=True, forced_first=False, convs="dense")
+    dense = script.build_pair(str(path), knob="epilogue_in_block", value=False, forced_first=False, convs="dense")
     (dense_name,) = script.changed_kernels(dense)
     assert dense_name != name
     result = script.compare_kernels(builds, rounds=2, repeat=1)

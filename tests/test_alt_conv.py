@@ -201,7 +201,10 @@ def test_a_depthwise_conv_keeps_its_maps_tiles_with_fewer_accumulators_and_its_e
     vectors = -(-depthwise.ot // 16)
     assert depthwise.spatial[0] * depthwise.reg * vectors <= DEPTHWISE_ACCUMULATORS < \
         dense.spatial[0] * dense.reg * -(-dense.ot // 16)
-    assert depthwise.epilogue_in_block and not dense.epilogue_in_block
+    # The epilogue runs per register block, but in the reduction-outer order (partial sums).
+    assert depthwise.epilogue_in_block and dense.reduction_outer and not dense.epilogue_in_block
+    small = default_conv_tiling((1, 64, 56, 56), 64, 64, in_channels=64, weight_bytes=64 * 64 * 9 * 4, **common)
+    assert small.epilogue_in_block and not small.reduction_outer
 
 
 def test_large_weights_are_read_once_per_channel_tile_in_the_model():

@@ -58,6 +58,9 @@ def test_two_level_space_rejects_outer_tiles_that_do_not_divide_before_building(
     assert "window_outer=False" in one.check(layout, dict(loop, reduction_outer=True, rc_split=4,
                                                           window_outer=True))
     assert one.check(layout, dict(loop, reduction_outer=True, rc_split=4, prefetch=True)) is None
+    # That order's register blocks hold partial sums: an in-block epilogue would be a no-op point.
+    assert "reduction_outer needs epilogue_in_block=False" in one.check(
+        layout, dict(loop, reduction_outer=True, rc_split=4, epilogue_in_block=True))
     assert "prefetch needs reduction_outer" in one.check(layout, dict(loop, reduction_outer=False, prefetch=True))
     # A point written before the prefetch knob existed decodes to no prefetch.
     old = {k: v for k, v in dict(loop, reduction_outer=True, rc_split=4).items() if k != "prefetch"}

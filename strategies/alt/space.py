@@ -116,6 +116,9 @@ class ConvSpace(Space):
                                                         not 1 < loop["rc_split"] < self._i_extent):
             return (f"reduction_outer needs window_outer=False (got {loop['window_outer']}) and rc_split "
                     f"splitting the {self._i_extent} input channels (got {loop['rc_split']})")
+        if why is None and loop["reduction_outer"] and loop["epilogue_in_block"]:
+            return ("reduction_outer needs epilogue_in_block=False: its register blocks hold partial sums, so the "
+                    "epilogue runs once per channel tile")
         if why is None and loop.get("prefetch") and not loop["reduction_outer"]:
             return "prefetch needs reduction_outer (it fetches that loop order's next weight block)"
         if why is None and loop.get("prefetch_input") and loop["reduction_outer"]:

@@ -44,7 +44,8 @@ class DefaultConvTiling:
     tiles in parallel (None = when spatial tiles are few), ``unroll_window`` unrolls the
     kernel-window loops, ``window_outer`` orders the window loops before the channel
     blocks of the reduction, ``epilogue_in_block`` computes the fused epilogue right after
-    each register block instead of after the whole channel tile, ``reduction_outer`` runs the
+    each register block instead of after the whole channel tile (not with ``reduction_outer``,
+    whose register blocks hold partial sums), ``reduction_outer`` runs the
     reduction's channel blocks outside the spatial tiles of each channel tile (parallel over
     channel tiles alone): a block of weights is then read from memory once and reused from L1
     by every row of the tile, and the partial sums stay in the output tile between blocks.
@@ -184,10 +185,13 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     evicted = bool(l1_bytes and l2_bytes) and weight_bytes > l2_bytes // 4 and \
         math.prod(out_shape[2:]) * ot * 4 <= l1_bytes
     reduction_outer = (streams or evicted) and split and -(-out_shape[1] // ot) >= cores
-    # A depthwise conv keeps its map's tiles; it takes fewer accumulators, and applies its
-    # epilogue to each register block while it is in registers: with a few FLOPs per output,
-    # a second pass over the output tile costs as much as the conv (MobileNet-V3-L and
-    # EfficientNet-B0 3.6% faster on 2 threads; docs/cnn.md, fifteenth session).
+    # Every conv applies its epilogue to each register block while it is in registers (but
+    # the reduction-outer order, whose register blocks hold partial sums). For a
+    # depthwise conv, with a few FLOPs per output, a second pass over the output tile costs as
+    # much as the conv (MobileNet-V3-L and EfficientNet-B0 3.6% faster on 2 threads); the
+    # dense convs it changes ran 3-6% faster in the model once per-task tiles were on the
+    # stack (docs/cnn.md, fifteenth and twentieth sessions). A depthwise conv keeps its map's
+    # tiles and takes fewer accumulators.
     depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
     accumulators = min(budget, DEPTHWISE_ACCUMULATORS) if depthwise else budget
     # A dense conv's input tile of the next task is fetched while this one computes: inside a
@@ -196,7 +200,7 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # session). A depthwise conv reads its input through its per-tile window copy instead.
     prefetch_input = not depthwise and not reduction_outer and not streams
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
-                             epilogue_in_block=depthwise,
+                             epilogue_in_block=not reduction_outer,
                              parallel_channels=True if streams else None,
                              reduction_outer=reduction_outer, prefetch=reduction_outer,
                              prefetch_input=prefetch_input)
