@@ -23,6 +23,7 @@ interleaved rounds (``--repeat`` calls each); the medians and their ratio are pr
 
     python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
                                 [--threads 2] [--variants alt alt-wp alt-ol] [--sconv] [--trials N] [--json out.json]
+    python scripts/bench_e2e.py --trials N --log-dir DIR --reuse-logs [--models ...]  # time DIR's logs again
     python scripts/bench_e2e.py --fast-math-compare [--models ...] [--rounds 11] [--repeat 20]
     python scripts/bench_e2e.py --compare-options '{"alt": {"fuse_norms": false}}' --models model.onnx
 """
@@ -54,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tune each model with this many measured trials (alt-tvm and MetaSchedule each)")
     parser.add_argument("--skip-ms", action="store_true", help="with --trials: skip MetaSchedule")
     parser.add_argument("--log-dir", default="logs", help="with --trials: where alt-tvm's tuning logs go")
+    parser.add_argument("--reuse-logs", action="store_true",
+                        help="with --trials: build from the logs an earlier run with the same --trials left in "
+                             "--log-dir instead of tuning again (a second timing of the same tuned builds)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true",
                         help="print each alt-tvm build's report with every layout conversion's time in the model")
@@ -159,12 +163,19 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
     return 0
 
 
+def tuning_log(args: argparse.Namespace, name: str) -> str:
+    """Where ``--trials`` puts (and ``--reuse-logs`` reads) model ``name``'s tuning log."""
+    return os.path.join(args.log_dir, f"e2e_{os.path.basename(name)}_{args.trials}.jsonl")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.trials < 0:
         raise SystemExit(f"--trials must be >= 0, got {args.trials}")
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if args.reuse_logs and not args.trials:
+        raise SystemExit("--reuse-logs needs --trials N: the logs are named by their trial count")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
@@ -176,6 +187,10 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in MODEL_NAMES and not (m.endswith(".onnx") and os.path.isfile(m))]
     if unknown:
         raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)} or give ONNX files")
+    missing = [tuning_log(args, m) for m in args.models if args.reuse_logs and not os.path.isfile(tuning_log(args, m))]
+    if missing:
+        raise SystemExit(f"--reuse-logs: no tuning logs {missing} (a run without --reuse-logs, with the same "
+                         f"--trials {args.trials} and --log-dir, writes them)")
     if args.fast_math_compare:
         return compare_builds(args, ("fast_math=False (IEEE)", "fast_math=True"),
                               ({"fast_math": False}, {"fast_math": True}))
@@ -226,15 +241,16 @@ def main(argv=None) -> int:
 
         log = None
         if args.trials:
-            log = os.path.join(args.log_dir, f"e2e_{os.path.basename(name)}_{args.trials}.jsonl")
-            os.makedirs(args.log_dir, exist_ok=True)
-            if os.path.exists(log):
-                os.remove(log)
-            t0 = time.perf_counter()
-            outcome = tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
-            tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
-            if outcome.in_model is not None:
-                print(outcome.in_model.summary())
+            log = tuning_log(args, name)
+            if not args.reuse_logs:
+                os.makedirs(args.log_dir, exist_ok=True)
+                if os.path.exists(log):
+                    os.remove(log)
+                t0 = time.perf_counter()
+                outcome = tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
+                tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
+                if outcome.in_model is not None:
+                    print(outcome.in_model.summary())
         for variant in args.variants:
             for records in ([None, log] if log else [None]):
                 t0 = time.perf_counter()

@@ -1,0 +1,33 @@
+"""scripts/bench_e2e.py's command line: ``--reuse-logs`` times logs already written, and says
+which are missing before anything is built or timed."""
+
+import pytest
+import torch
+from conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script("bench_e2e")
+
+
+def test_reuse_logs_needs_a_trial_count(script):
+    with pytest.raises(SystemExit, match="--reuse-logs needs --trials N"):
+        script.main(["--models", "resnet18", "--reuse-logs"])
+
+
+def test_reuse_logs_names_every_missing_log_before_any_work(script, tmp_path):
+    model = tmp_path / "one.onnx"
+    torch.onnx.export(torch.nn.Conv2d(3, 8, 3).eval(), (torch.randn(1, 3, 16, 16),), str(model), dynamo=False,
+                      opset_version=17)
+    other = tmp_path / "two.onnx"
+    other.write_bytes(model.read_bytes())
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "e2e_one.onnx_8.jsonl").write_text("")
+    args = ["--models", str(model), str(other), "--trials", "8", "--log-dir", str(logs), "--reuse-logs"]
+    with pytest.raises(SystemExit) as err:
+        script.main(args)
+    message = str(err.value)
+    assert "e2e_two.onnx_8.jsonl" in message and "e2e_one.onnx_8.jsonl" not in message
+    assert script.tuning_log(script.parse_args(args), str(model)) == str(logs / "e2e_one.onnx_8.jsonl")
