@@ -112,22 +112,10 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
     assert tiling(512, 7).parallel_channels is True  # 9.4 MB of weights
     assert tiling(256, 14).parallel_channels is True  # 2.4 MB
     assert tiling(128, 28).parallel_channels is None  # 0.6 MB: the schedule decides from the task count
-    assert tiling(512, 7).reduction_outer and tiling(256, 14).reduction_outer
-    assert not tiling(128, 28).reduction_outer
-    assert tiling(512, 7).prefetch and not tiling(128, 28).prefetch  # the next weight block, with that order
-
-    def pointwise(cin, cout, size):
-        return default_conv_tiling((1, cout, size, size), cin, cout, lanes=16, registers=32, l1_bytes=48 * 1024,
-                                   l2_bytes=2 << 20, weight_bytes=cin * cout * 4, cores=2)
-
-    # 1 MB (a quarter of the L2 is exceeded) and a 14x14 x 32-channel output tile (25 KB)
-    # that fits the L1: reduction outer too. 28x28 tiles (100 KB) spill: not.
-    assert pointwise(1024, 256, 14).reduction_outer and pointwise(256, 1024, 14).reduction_outer
-    assert pointwise(1024, 256, 14).parallel_channels is None  # the weights do not stream from memory
-    assert not pointwise(512, 512, 28).reduction_outer and not pointwise(256, 512, 14).reduction_outer
-    # Fewer channel tiles (8 of 32) than cores: the rows stay in the parallel loop.
-    assert not default_conv_tiling((1, 256, 14, 14), 256, 256, lanes=16, registers=32, l2_bytes=2 << 20,
-                                   weight_bytes=256 * 256 * 9 * 4, cores=16).reduction_outer
+    # The reduction-outer order is the tuner's: by default every conv keeps the one-level order,
+    # with the epilogue in the register block.
+    for t in (tiling(512, 7), tiling(256, 14), tiling(128, 28)):
+        assert not (t.reduction_outer or t.prefetch) and t.epilogue_in_block
 
 
 def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
@@ -194,39 +182,54 @@ def test_depthwise_conv_padding_per_tile_matches_pytorch(kernel, stride):
 def test_a_depthwise_conv_keeps_its_maps_tiles_with_fewer_accumulators_and_its_epilogue_in_the_block():
     from alt_tvm.strategies.alt.tiling import DEPTHWISE_ACCUMULATORS, default_conv_tiling
 
-    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20, cores=2)
+    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20)
     depthwise = default_conv_tiling((1, 480, 14, 14), 1, 1, in_channels=480, weight_bytes=480 * 25 * 4, **common)
     dense = default_conv_tiling((1, 480, 14, 14), 480, 480, in_channels=480, weight_bytes=480 * 480 * 4, **common)
     assert depthwise.spatial == dense.spatial  # the map's tiles: no conversion between them
     vectors = -(-depthwise.ot // 16)
     assert depthwise.spatial[0] * depthwise.reg * vectors <= DEPTHWISE_ACCUMULATORS < \
         dense.spatial[0] * dense.reg * -(-dense.ot // 16)
-    # The epilogue runs per register block, but in the reduction-outer order (partial sums).
-    assert depthwise.epilogue_in_block and dense.reduction_outer and not dense.epilogue_in_block
-    small = default_conv_tiling((1, 64, 56, 56), 64, 64, in_channels=64, weight_bytes=64 * 64 * 9 * 4, **common)
-    assert small.epilogue_in_block and not small.reduction_outer
+    assert depthwise.epilogue_in_block and dense.epilogue_in_block  # each applies it per register block
 
 
-def test_large_weights_are_read_once_per_channel_tile_in_the_model():
+def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
     """512 -> 512 3x3 on a 7x7 map (9.4 MB of weights): the parallel loop runs channel
-    tiles alone, and inside a tile the reduction's channel blocks run outside the rows, so a
-    thread reads each block of weights once and reuses it for every row."""
+    tiles alone. By default a task runs its rows in the one-level order; a tuning record may
+    ask the reduction-outer order, in which the reduction's channel blocks run outside the
+    rows, so a thread reads each block of weights once and reuses it for every row."""
     import dataclasses
 
     import alt_tvm
+    from alt_tvm.integration import extract_tasks
+    from alt_tvm.records import RecordWriter, TuningRecord, target_key
     from alt_tvm.target import host
 
     machine = dataclasses.replace(host(), l2_bytes=2 << 20, num_cores=2)
     torch.manual_seed(0)
     model = torch.nn.Conv2d(512, 512, 3, padding=1).eval()
     x = torch.randn(1, 512, 7, 7)
-    built = alt_tvm.build(model, machine, example_inputs=[x])
-    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-3)
-    kernel = next(k for k in built.report.kernels if k.kind == "partition")
-    script = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
+
+    def kernel_script(built):
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-3)
+        kernel = next(k for k in built.report.kernels if k.kind == "partition")
+        return next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
+
+    script = kernel_script(alt_tvm.build(model, machine, example_inputs=[x]))
     parallel = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
-    assert "o_o_fused" in parallel, parallel  # 16 channel tiles of 32
-    lines = script.splitlines()
+    assert "o_o_n_h_o_w_o_fused" in parallel, parallel  # the 16 channel tiles of 32 outermost
+    assert "rc_0, n, h_o" not in script and "T.prefetch(" not in script
+
+    (task,) = extract_tasks(model, target=machine, example_inputs=[x])
+    layout, loop = task.space.default()
+    params = task.space.params(layout, dict(loop, reduction_outer=True, prefetch=True, epilogue_in_block=False,
+                                            prefetch_input=False))
+    log = tmp_path / "reduction_outer.jsonl"
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=task.key, target=target_key(machine.to_tvm()),
+                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
+    built = alt_tvm.build(model, machine, example_inputs=[x], records=str(log))
+    assert built.report.tuned == 1
+    lines = kernel_script(built).splitlines()
     tiles = next(i for i, line in enumerate(lines) if "rc_0, n, h_o" in line)
     assert lines[tiles].split(" in ")[0].split()[1:4] == ["rc_0,", "n,", "h_o,"], lines[tiles]
     # Each row tile prefetches its share of the next block of weights (rc_0 + 1) before its
@@ -260,13 +263,13 @@ def test_prefetch_input_needs_the_one_level_spatial_order():
     # A record written before the knob existed ran without it.
     assert not DefaultConvTiling.from_json({k: v for k, v in tiling.to_json().items() if k != "prefetch_input"}) \
         .prefetch_input
-    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20, cores=2)
+    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20)
     dense = default_conv_tiling((1, 256, 56, 56), 64, 64, in_channels=64, weight_bytes=64 * 256 * 4, **common)
     depthwise = default_conv_tiling((1, 64, 56, 56), 1, 1, in_channels=64, weight_bytes=64 * 9 * 4, **common)
     streamed = default_conv_tiling((1, 512, 7, 7), 512, 512, in_channels=512, weight_bytes=512 * 512 * 36,
                                    **common)
     assert dense.prefetch_input and not depthwise.prefetch_input
-    assert streamed.reduction_outer and not streamed.prefetch_input  # its tasks are channel tiles
+    assert streamed.parallel_channels and not streamed.prefetch_input  # its tasks are channel tiles
 
 
 def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():

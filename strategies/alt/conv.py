@@ -561,8 +561,7 @@ class AltConvStrategy(Strategy):
         return default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
                                    in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
                                    registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
-                                   l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape),
-                                   cores=target.num_cores)
+                                   l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape))
 
     def fuses_block(self, anchor, tail, target, options=None) -> bool:
         """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the

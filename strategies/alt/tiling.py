@@ -127,8 +127,7 @@ class DefaultConvTiling:
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
                         lanes: int, registers: int, in_channels: int | None = None,
-                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0,
-                        cores: int = 1) -> DefaultConvTiling:
+                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0) -> DefaultConvTiling:
     """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
 
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
@@ -143,14 +142,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     ``parallel_channels``: the parallel loop then runs channel tiles outermost, so each
     channel tile's weights are read from memory once rather than once per spatial tile
     (ResNet-18's 512-channel 3x3 convs, 9.4 MB of weights on a 7x7 map: 1.9x faster).
-    Such a conv also runs its reduction outermost (``reduction_outer``) when the input
-    channels split into blocks and there are at least ``cores`` channel tiles, and so does
-    one whose weights exceed a quarter of the L2 when one channel tile of its output fits
-    the L1 (ResNet-50's 1x1 convs of 1 MB on 14x14 maps, 8-11% faster in the model; on
-    28x28 maps, whose tiles spill from the L1, 18-50% slower): each
-    thread's stream of weights from memory is then spread over its whole share of the
-    work instead of being read in bursts the compute waits for, and prefetches the next
-    block of weights (``prefetch``) while the tile's rows use the current one.
+    The reduction-outer loop order (``reduction_outer``, ``prefetch``) is left to the tuner:
+    with the per-task tiles on the stack and the epilogue in the register block, the one-level
+    order ran the convs that had it by default 3-12% faster inside ResNet-18/50, MobileNet-V2
+    and MNASNet (docs/cnn.md, twentieth session).
     """
 
     spatial = list(out_shape[2:])
@@ -179,14 +174,7 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     vectors = -(-ot // lanes)
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
     streams = streams_from_memory(weight_bytes, l2_bytes)
-    split = 1 < reduction_block(in_channels_per_group, it) < in_channels_per_group
-    # Weights over a quarter of the L2 are evicted between calls inside a model too; where one
-    # channel tile's output fits the L1, the partial sums kept there between blocks cost nothing.
-    evicted = bool(l1_bytes and l2_bytes) and weight_bytes > l2_bytes // 4 and \
-        math.prod(out_shape[2:]) * ot * 4 <= l1_bytes
-    reduction_outer = (streams or evicted) and split and -(-out_shape[1] // ot) >= cores
-    # Every conv applies its epilogue to each register block while it is in registers (but
-    # the reduction-outer order, whose register blocks hold partial sums). For a
+    # Every conv applies its epilogue to each register block while it is in registers. For a
     # depthwise conv, with a few FLOPs per output, a second pass over the output tile costs as
     # much as the conv (MobileNet-V3-L and EfficientNet-B0 3.6% faster on 2 threads); the
     # dense convs it changes ran 3-6% faster in the model once per-task tiles were on the
@@ -198,11 +186,11 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # model it comes from the L3 or memory, in an order (channel blocks of a few positions)
     # the hardware prefetchers do not follow. ResNet-50 2-10% faster (docs/cnn.md, seventeenth
     # session). A depthwise conv reads its input through its per-tile window copy instead.
-    prefetch_input = not depthwise and not reduction_outer and not streams
+    # With channel tiles in the parallel loop (streamed weights), the next task mostly reads the
+    # same input tile.
+    prefetch_input = not depthwise and not streams
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
-                             epilogue_in_block=not reduction_outer,
-                             parallel_channels=True if streams else None,
-                             reduction_outer=reduction_outer, prefetch=reduction_outer,
+                             epilogue_in_block=True, parallel_channels=True if streams else None,
                              prefetch_input=prefetch_input)
 
 
