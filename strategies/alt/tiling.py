@@ -144,8 +144,8 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     (ResNet-18's 512-channel 3x3 convs, 9.4 MB of weights on a 7x7 map: 1.9x faster).
     The reduction-outer loop order (``reduction_outer``, ``prefetch``) is left to the tuner:
     with the per-task tiles on the stack and the epilogue in the register block, the one-level
-    order ran the convs that had it by default 3-12% faster inside ResNet-18/50, MobileNet-V2
-    and MNASNet (docs/cnn.md, twentieth session).
+    order ran the convs that had it by default 3-22% faster inside ResNet-18/50, MobileNet-V2,
+    MNASNet and DenseNet-121 (docs/cnn.md, twentieth session).
     """
 
     spatial = list(out_shape[2:])
