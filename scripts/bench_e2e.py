@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in MODEL_NAMES and not (m.endswith(".onnx") and os.path.isfile(m))]
     if unknown:
         raise SystemExit(f"unknown models {unknown}; choose from {list(MODEL_NAMES)} or give ONNX files")
-    missing = [tuning_log(args, m) for m in args.models if args.reuse_logs and not os.path.isfile(tuning_log(args, m))]
+    logs = [tuning_log(args, m) for m in args.models] if args.reuse_logs else []
+    missing = [log for log in logs if not os.path.isfile(log)]
     if missing:
         raise SystemExit(f"--reuse-logs: no tuning logs {missing} (a run without --reuse-logs, with the same "
                          f"--trials {args.trials} and --log-dir, writes them)")

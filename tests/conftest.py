@@ -94,6 +94,18 @@ def torch_to_onnx(model, inputs: tuple, path, *, dynamo: bool) -> None:
             torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=17)
 
 
+def one_record_log(log: Path, task, params: dict, *, target=None) -> str:
+    """A tuning log at ``log`` holding one record of ``params`` for ``task`` on ``target`` (a
+    HardwareTarget; default the host); its path."""
+    from alt_tvm.records import RecordWriter, TuningRecord, target_key
+    from alt_tvm.target import host
+
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=task.key, target=target_key((target or host()).to_tvm()),
+                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
+    return str(log)
+
+
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` imported as module ``name`` (registered in ``sys.modules``: a
     script's dataclasses resolve their string annotations through it)."""

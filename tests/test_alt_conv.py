@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from conftest import host_target
+from conftest import host_target, one_record_log
 from tvm import te
 
 from alt_tvm.layout import rewrite
@@ -201,7 +201,6 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
 
     import alt_tvm
     from alt_tvm.integration import extract_tasks
-    from alt_tvm.records import RecordWriter, TuningRecord, target_key
     from alt_tvm.target import host
 
     machine = dataclasses.replace(host(), l2_bytes=2 << 20, num_cores=2)
@@ -223,11 +222,8 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
     layout, loop = task.space.default()
     params = task.space.params(layout, dict(loop, reduction_outer=True, prefetch=True, epilogue_in_block=False,
                                             prefetch_input=False))
-    log = tmp_path / "reduction_outer.jsonl"
-    with RecordWriter(log) as writer:
-        writer.write(TuningRecord(workload_key=task.key, target=target_key(machine.to_tvm()),
-                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
-    built = alt_tvm.build(model, machine, example_inputs=[x], records=str(log))
+    log = one_record_log(tmp_path / "reduction_outer.jsonl", task, params, target=machine)
+    built = alt_tvm.build(model, machine, example_inputs=[x], records=log)
     assert built.report.tuned == 1
     lines = kernel_script(built).splitlines()
     tiles = next(i for i, line in enumerate(lines) if "rc_0, n, h_o" in line)

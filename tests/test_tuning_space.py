@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from conftest import one_record_log
 
 import alt_tvm
 from alt_tvm.integration import extract_tasks
 from alt_tvm.layout.templates import conv_output_tiled, conv_output_two_level
-from alt_tvm.records import RecordWriter, TuningRecord
 from alt_tvm.strategies.alt.space import ConvSpace
 
 
@@ -88,20 +88,12 @@ LOOP_VARIANTS = [
 ]
 
 
-def _one_record(log, task, params: dict) -> str:
-    """A log holding one record of ``params`` for ``task``; its path."""
-    with RecordWriter(log) as writer:
-        writer.write(TuningRecord(workload_key=task.key, target=_target_key(),
-                                  candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))
-    return str(log)
-
-
 @pytest.mark.parametrize("extra", LOOP_VARIANTS, ids=lambda e: ",".join(e) or "default")
 def test_every_loop_and_layout_knob_builds_a_kernel_equal_to_pytorch(tmp_path, extra):
     (task,) = extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=2)
     params = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4, "weight_ot": 16, "weight_it": 8, "rc_split": 8,
               "parallel_channels": False, **extra}
-    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=_one_record(tmp_path / "one.jsonl", task, params))
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=one_record_log(tmp_path / "one.jsonl", task, params))
     assert compiled.report.tuned == 1
     with torch.no_grad():
         np.testing.assert_allclose(compiled(INPUTS[0].numpy())[0], MODEL(*INPUTS).numpy(), rtol=1e-4, atol=1e-4)
@@ -112,7 +104,7 @@ def test_a_record_asking_reduction_outer_where_it_cannot_apply_is_rejected_not_f
     refused with the reason, and the partition is built with its analytic tiling."""
     (task,) = extract_tasks(MODEL, example_inputs=INPUTS)
     params = {"spatial": [2, 8], "ot": 16, "it": 8, "reg": 4, "rc_split": 8, "reduction_outer": True}
-    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=_one_record(tmp_path / "bad.jsonl", task, params))
+    compiled = alt_tvm.build(MODEL, example_inputs=INPUTS, records=one_record_log(tmp_path / "bad.jsonl", task, params))
     assert compiled.report.tuned == 0
     assert "reduction_outer needs the input channels (8) split into blocks" in compiled.report.summary()
     with torch.no_grad():
@@ -129,12 +121,6 @@ def test_two_level_tuning_space_is_selectable():
     with pytest.raises(ValueError, match="layout_levels must be 1 or 2"):
         extract_tasks(MODEL, example_inputs=INPUTS, layout_levels=0)
 
-
-def _target_key():
-    from alt_tvm.records import target_key
-    from alt_tvm.target import host
-
-    return target_key(host().to_tvm())
 
 
 def test_tiling_records_with_inconsistent_levels_are_refused():
