@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import one_record_log
 from test_block_fusion import ALWAYS, _fused, _InvertedResidual, _Stem
-from test_tuning_space import _one_record
 
 import alt_tvm
 from alt_tvm.integration import extract_tasks
@@ -145,7 +145,7 @@ def test_a_tuned_block_is_built_from_the_log_and_matches_pytorch(block, tmp_path
     knobs = {k.name: k for k in space.loop_knobs(layout)}
     tuned = space.params(layout, {**loop, "dw_reg": next(c for c in knobs["dw_reg"].choices if c != loop["dw_reg"])})
     built = alt_tvm.build(model, example_inputs=[x], strategy_options=ALWAYS, strict=True,
-                          records=_one_record(tmp_path / "block.jsonl", task, tuned))
+                          records=one_record_log(tmp_path / "block.jsonl", task, tuned))
     assert len(_fused(built)) == 1 and built.report.tuned == 1
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
@@ -155,7 +155,7 @@ def test_a_block_record_that_does_not_fit_is_refused_and_the_block_built_untuned
     model, x, task = block
     bad = {**task.space.params(*task.space.default()), "band_rows": 3}
     built = alt_tvm.build(model, example_inputs=[x], strategy_options=ALWAYS,
-                          records=_one_record(tmp_path / "bad.jsonl", task, bad))
+                          records=one_record_log(tmp_path / "bad.jsonl", task, bad))
     assert built.report.tuned == 0 and len(_fused(built)) == 1
     assert "band_rows=3 must divide the 8 output rows" in built.report.summary()
     ref = model(x).detach().numpy()
