@@ -13,7 +13,7 @@ from torch import nn
 
 import alt_tvm
 from alt_tvm.strategies.alt import gemm
-from alt_tvm.strategies.alt.gemm_norm import group_blocks, group_unit, norm_fits
+from alt_tvm.strategies.alt.gemm_norm import group_blocks, group_cap, group_unit, norm_fits
 
 
 def test_groups_deal_register_blocks_evenly_with_the_fewest_groups():
@@ -22,6 +22,18 @@ def test_groups_deal_register_blocks_evenly_with_the_fewest_groups():
     assert group_blocks(rows=10, mt=6, cores=2) == 1  # 2 blocks: one each
     assert group_blocks(rows=6, mt=6, cores=4) == 1
     assert group_blocks(rows=30, mt=6, cores=2) == 3  # 5 blocks: 3 + 2, not 5 on one thread
+
+
+def test_a_group_keeps_its_row_buffers_in_half_the_l2():
+    # ConvNeXt-T's first stage: LayerNorm -> 96 x 384 GEMM on 56 x 56 positions, units of three
+    # rows of 56 (168 rows x (96 + 384) floats = 315 KiB): one unit per group in a 1 MiB L2.
+    assert group_cap(unit=168, row_bytes=4 * (96 + 384), l2_bytes=1 << 20) == 1
+    assert group_blocks(rows=3136, mt=168, cores=2) == 10  # unbounded: two groups of 1568 rows (3 MiB each)
+    assert group_blocks(rows=3136, mt=168, cores=2, max_blocks=1) == 1
+    assert group_cap(unit=6, row_bytes=4 * 128, l2_bytes=1 << 20) == 170  # BERT-tiny's 128 rows: no bound reached
+    assert group_blocks(rows=128, mt=6, cores=2, max_blocks=170) == 11
+    assert group_cap(unit=6, row_bytes=4 << 20, l2_bytes=1 << 20) == 1  # at least one unit
+    assert group_cap(unit=6, row_bytes=512, l2_bytes=0) == 0  # L2 unknown: no bound
 
 
 def test_groups_of_a_feature_map_are_whole_rows_of_it():
@@ -53,11 +65,11 @@ class _PostNorm(nn.Module):
         return self.norm2(self.down(torch.nn.functional.gelu(self.up(h))) + h)
 
 
-def _built_and_checked(model: nn.Module, x: torch.Tensor, tmp_path, dynamo: bool):
-    """(ONNX path, model built from it), its output checked against PyTorch's."""
+def _built_and_checked(model: nn.Module, x: torch.Tensor, tmp_path, dynamo: bool, target=None):
+    """(ONNX path, model built from it for ``target``), its output checked against PyTorch's."""
     path = str(tmp_path / "model.onnx")
     torch_to_onnx(model, (x,), path, dynamo=dynamo)
-    built = alt_tvm.build(path, strict=True)
+    built = alt_tvm.build(path, target, strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
     return path, built
@@ -154,6 +166,27 @@ def test_pre_norm_layers_fuse_into_the_gemm_reading_them_and_match_torch(shape, 
     assert [k.ops[:2] for k in fused] == [("relax.matmul", "relax.nn.layer_norm")] * 2
     assert all("|prologue=nn.layer_norm:" in k.workload for k in fused)
     assert not [k for k in built.report.kernels if k.ops == ("relax.nn.layer_norm",)]
+
+
+@pytest.mark.parametrize("norm_before", [True, False], ids=["pre-norm", "post-norm"])
+def test_groups_bounded_by_a_small_l2_still_match_torch(norm_before, tmp_path):
+    import dataclasses
+
+    from alt_tvm.target import host
+
+    # With a 16 KiB L2 a group holds a few units of rows: more groups than threads, the last one
+    # padded (two groups, one per thread, without the bound).
+    machine = dataclasses.replace(host(), l2_bytes=16 << 10)
+    model = _randomise(_PreNorm() if norm_before else _PostNorm())
+    _, built = _built_and_checked(model, torch.randn(1, 14, 14, 32) if norm_before else torch.randn(1, 150, 32),
+                                  tmp_path, False, target=machine)
+    fused = [k for k in built.report.kernels if "relax.nn.layer_norm" in k.ops]
+    assert len(fused) == 2, [k.ops for k in built.report.kernels]
+    scripts = [next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == k.name).script()
+               for k in fused]
+    tasks = [int(line.split("T.parallel(")[1].split(")")[0]) for script in scripts
+             for line in script.splitlines() if "T.parallel(" in line]
+    assert tasks and min(tasks) > 2, tasks
 
 
 class _SharedNorm(nn.Module):

@@ -33,6 +33,7 @@ from alt_tvm.strategies.registry import register_strategy
 from .gemm_norm import (
     gemm_rows_te,
     group_blocks,
+    group_cap,
     group_unit,
     norm_fits,
     padded_rows,
@@ -384,7 +385,10 @@ class AltGemmStrategy(Strategy):
         rows, n = m * math.prod(lead), int(b.shape[1])
         mt, nt = register_tile(rows, n, lanes, context.target.vector_registers or 16)
         unit = group_unit(mt=mt, shape=a.shape)
-        group_rows = unit * group_blocks(rows=rows, mt=unit, cores=context.target.num_cores)
+        # A group buffers its product rows, and before the product its normalised rows too.
+        row_bytes = 4 * (n + (kdim if before is not None else 0))
+        cap = group_cap(unit=unit, row_bytes=row_bytes, l2_bytes=context.target.l2_bytes)
+        group_rows = unit * group_blocks(rows=rows, mt=unit, cores=context.target.num_cores, max_blocks=cap)
         padded = padded_rows(a, group_rows=group_rows)
         normed = normalise(padded) if before is not None else None
         product, view = gemm_rows_te(normed.output if normed is not None else padded, b, shape=(*lead, m, n))

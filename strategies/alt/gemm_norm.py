@@ -59,17 +59,29 @@ def group_unit(*, mt: int, shape: Sequence[int]) -> int:
     return mt if math.prod(lead) == 1 else math.lcm(mt, m)
 
 
-def group_blocks(*, rows: int, mt: int, cores: int) -> int:
+def group_blocks(*, rows: int, mt: int, cores: int, max_blocks: int = 0) -> int:
     """Blocks of ``mt`` rows (a :func:`group_unit`) per group: the fewest groups whose blocks,
     dealt out to ``cores`` threads, give the shortest longest thread (128 rows in 22 blocks
-    of 6 on two cores: two groups of 11 blocks). Fewer groups read the weight fewer times."""
+    of 6 on two cores: two groups of 11 blocks). Fewer groups read the weight fewer times.
+    ``max_blocks`` (0: no bound) caps a group, so that its row buffers stay in cache."""
     blocks = -(-rows // mt)
 
     def longest(per_group: int) -> tuple[int, int]:
         groups = -(-blocks // per_group)
         return -(-groups // cores) * per_group, groups
 
-    return min(range(1, blocks + 1), key=longest)
+    return min(range(1, max(1, min(blocks, max_blocks or blocks)) + 1), key=longest)
+
+
+def group_cap(*, unit: int, row_bytes: int, l2_bytes: int) -> int:
+    """The most blocks of ``unit`` rows a group may hold (0: no bound) so that its row buffers,
+    ``row_bytes`` per row, fit half the L2 cache beside the weight (:func:`norm_fits` keeps that
+    in the other half). With two groups of 1568 rows, ConvNeXt-T's first stage (``LayerNorm ->
+    96 x 384 GEMM -> GELU`` on 3136 rows: 3 MB of row buffers per group) ran its fused kernel
+    7% slower in the model (docs/cnn.md, twenty-first session). 0 when ``l2_bytes`` is unknown."""
+    if l2_bytes <= 0:
+        return 0
+    return max(1, l2_bytes // 2 // (unit * row_bytes))
 
 
 def padded_rows(a: te.Tensor, *, group_rows: int) -> te.Tensor:
