@@ -22,7 +22,14 @@ import sys
 
 
 def count_flops(path: str) -> int:
-    """FLOPs of one inference of the ONNX model at ``path``: its Conv, Gemm and MatMul nodes.
+    """FLOPs of one inference of the ONNX model at ``path``: its Conv, Gemm and MatMul nodes
+    (:func:`node_flops`)."""
+    return sum(node_flops(path).values())
+
+
+def node_flops(path: str) -> dict[str, int]:
+    """FLOPs of each Conv, Gemm and MatMul node of the ONNX model at ``path``, by the name of
+    the tensor it writes.
 
     The shapes are the ones ONNX Runtime computes on a random input (shape inference does not
     follow every export through its Split and Reshape nodes); a dynamic input dimension is 1.
@@ -50,15 +57,16 @@ def count_flops(path: str) -> int:
              for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     known.update((name, list(value.shape)) for name, value in zip(names, session.run(names, feeds)))
-    total = 0
+    flops = {}
     for node in counted:
         if node.op_type == "Conv":  # ONNX weights are OIHW
-            total += conv_flops(output_shape=known[node.output[0]], weight_shape=known[node.input[1]])
+            flops[node.output[0]] = conv_flops(output_shape=known[node.output[0]], weight_shape=known[node.input[1]])
         else:
             a = known[node.input[0]]
             trans_a = any(x.name == "transA" and x.i for x in node.attribute)
-            total += matmul_flops(output_shape=known[node.output[0]], reduction=a[-2] if trans_a else a[-1])
-    return total
+            flops[node.output[0]] = matmul_flops(output_shape=known[node.output[0]],
+                                                 reduction=a[-2] if trans_a else a[-1])
+    return flops
 
 
 def rows(sweep: list[dict], *, models_dir: str, peak_gflops: float, exporter: str = "torchscript") -> list[dict]:

@@ -1,11 +1,15 @@
 """ONNX Runtime's own per-node times for a model, to read beside ``profile_model.py``'s.
 
-    python scripts/profile_ort.py model.onnx [--threads 2] [--runs 60] [--limit 25]
+    python scripts/profile_ort.py model.onnx [--threads 2] [--runs 60] [--limit 25] [--peak GFLOPS]
 
 Runs the model ``--runs`` times with ONNX Runtime's profiler on (2 intra-op threads, spinning
 off, as the benchmarks time it) and prints each node's median kernel time, slowest first:
 where ``profile_model.py`` shows an alt-tvm kernel, this shows the node ONNX Runtime ran for
-the same operator (its fused and NCHWc-rewritten graph's names).
+the same operator (its fused and NCHWc-rewritten graph's names). A node that computes a Conv,
+Gemm or MatMul of the model (alone or with the element-wise ops ONNX Runtime fused into it)
+also gets its GFLOP/s and their share of the FP32 FMA peak, counted as ``profile_model.py``
+counts alt-tvm's kernels (direct convolution, 2 FLOPs per multiply-add). The peak is measured
+before and after the runs (the best reading) unless ``--peak`` gives it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # count_flops, beside this script
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,7 +32,10 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--limit", type=int, default=25)
+    parser.add_argument("--peak", type=float, default=None, help="FP32 FMA peak in GFLOP/s (default: measured)")
     args = parser.parse_args(argv)
+    if args.peak is not None and args.peak <= 0:
+        parser.error(f"--peak must be positive, got {args.peak}")
     import numpy as np
     import onnxruntime as ort
 
@@ -37,6 +46,13 @@ def main(argv=None) -> int:
     # The trace goes to a folder of its own, not the working directory (an interrupted run left it there).
     trace_dir = tempfile.mkdtemp(prefix="alt_ort_profile_")
     options.profile_file_prefix = str(Path(trace_dir) / "ort")
+    from alt_tvm.deploy.model import use_runtime_threads
+    from alt_tvm.timing import PeakReadings
+
+    use_runtime_threads(args.threads)  # TVM's pool, for the peak readings (idle while ONNX Runtime runs)
+    peak = PeakReadings(threads=args.threads)
+    if args.peak is None:
+        peak.measure()
     session = ort.InferenceSession(str(args.model), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {}
@@ -55,11 +71,47 @@ def main(argv=None) -> int:
             times[(event["name"].removesuffix("_kernel_time"), event["args"].get("op_name", ""))].append(event["dur"])
     shutil.rmtree(trace_dir, ignore_errors=True)
     rows = sorted(((statistics.median(v) / 1e3, name, op) for (name, op), v in times.items()), reverse=True)
+    best = args.peak if args.peak is not None else peak.measure()
+    flops = kernel_flops(str(args.model), [name for _, name, _ in rows])
     print(f"{args.model.name}: ONNX Runtime {ort.__version__}, {args.threads} threads; "
-          f"sum of node medians {sum(r[0] for r in rows):.3f} ms")
+          f"sum of node medians {sum(r[0] for r in rows):.3f} ms; FP32 FMA peak {best:.0f} GFLOP/s")
+    print(f"{'ms':>8}     {'GFLOP/s':>7}  {'peak':>4}  {'op':<20} node")
     for ms, name, op in rows[: args.limit]:
-        print(f"{ms:8.3f} ms  {op:<20} {name}")
+        rate = f"{flops[name] / ms / 1e6:7.1f}  {100 * flops[name] / ms / 1e6 / best:3.0f}%" if name in flops \
+            else f"{'':7}  {'':4}"
+        print(f"{ms:8.3f} ms  {rate}  {op:<20} {name}")
     return 0
+
+
+#: ONNX ops ONNX Runtime fuses into the Conv, Gemm or MatMul before them: a node's name (its
+#: output tensor with ``_nchwc``) may be theirs.
+FUSED_AFTER = ("Relu", "Add", "Sum", "Clip", "Sigmoid", "Mul", "HardSigmoid", "HardSwish", "LeakyRelu", "Div",
+               "Erf", "Tanh")
+
+
+def kernel_flops(path: str, names: list[str]) -> dict[str, int]:
+    """The FLOPs of each ONNX Runtime node in ``names`` that computes a Conv, Gemm or MatMul
+    of the model at ``path``: found by its name (an ONNX node's, or the tensor it writes with
+    ``_nchwc`` after it), then back through fused element-wise ops to the nearest product."""
+    import onnx
+    from count_flops import node_flops
+
+    products = node_flops(path)
+    graph = onnx.load(path, load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    by_node = {node.name: node.output[0] for node in graph.node if node.name and node.output}
+    found = {}
+    for name in names:
+        tensor = name.removesuffix("_nchwc")
+        frontier = [tensor if tensor in producers else by_node.get(name)]
+        for _ in range(4):  # breadth first: the product nearest the node's output
+            hit = next((t for t in frontier if t in products), None)
+            if hit is not None:
+                found[name] = products[hit]
+                break
+            frontier = [i for t in frontier if t in producers and producers[t].op_type in FUSED_AFTER
+                        for i in producers[t].input]
+    return found
 
 
 if __name__ == "__main__":
