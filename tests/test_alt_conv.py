@@ -295,6 +295,44 @@ def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():
         assert "_lines[" in lines[hint] and "fused" in lines[hint], lines[hint]
 
 
+def _kernel_scripts(built) -> list[str]:
+    return [built.mod[next(g for g in built.mod.get_global_vars() if g.name_hint == k.name)].script()
+            for k in built.report.kernels if k.kind == "partition"]
+
+
+@pytest.mark.parametrize("out_channels, kernel, per_task", [(64, 7, True), (24, 3, False)],
+                         ids=["7x7-stem-per-task", "3x3-stem-own-pass"])
+def test_a_stem_with_a_large_window_copies_it_per_task(out_channels, kernel, per_task, tmp_path):
+    """An image's 3 channels padded for a 7x7 window x 64 channels: each parallel task pads its
+    own window (one parallel loop, no separate pass, no input prefetch). A 3x3 window x 24
+    channels, whose copy would be as large as its work, keeps the pass and the prefetch; so
+    does the 7x7 stem when a tuning record asks for the input prefetch."""
+    import alt_tvm
+    from alt_tvm.integration import extract_tasks
+    from alt_tvm.target import host
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, out_channels, kernel, stride=2, padding=kernel // 2),
+                                torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 64, 64)
+    built = alt_tvm.build(model, example_inputs=[x])
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    (script,) = _kernel_scripts(built)
+    assert script.count("T.parallel(") == (1 if per_task else 2), script
+    assert ("T.prefetch(" in script) is not per_task
+    (task,) = extract_tasks(model, target=host(), example_inputs=[x])
+    layout, loop = task.space.default()
+    assert loop["prefetch_input"] is not per_task
+    if per_task:
+        params = task.space.params(layout, dict(loop, prefetch_input=True))
+        log = one_record_log(tmp_path / "prefetch.jsonl", task, params)
+        tuned = alt_tvm.build(model, example_inputs=[x], records=log)
+        assert tuned.report.tuned == 1
+        np.testing.assert_allclose(tuned(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+        (script,) = _kernel_scripts(tuned)
+        assert script.count("T.parallel(") == 2 and "T.prefetch(" in script
+
+
 def test_an_input_prefetch_asked_of_a_depthwise_conv_is_refused_by_name(monkeypatch):
     """A depthwise conv reads its input through its per-tile window copy: a tiling that asks
     it for the input prefetch fails that partition with the reason, and the build goes on."""

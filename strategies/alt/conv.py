@@ -259,7 +259,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
                         channel_tile: int = 1, cores: int = 2,
                         parallel_channels: bool | None = None, two_level: bool = False,
                         unroll_window: bool = False, window_outer: bool = False,
-                        epilogue_in_block: bool = False, pad_in_tile: bool = False,
+                        epilogue_in_block: bool = False, pad_in_tile: bool = False, pad_per_task: bool = False,
                         reduction_outer: bool = False, prefetch: bool = False,
                         prefetch_input: bool = False) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
@@ -271,7 +271,9 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     the loop knobs of :class:`DefaultConvTiling`; ``pad_in_tile`` computes the pad stage
     per output channel tile. That suits depthwise convs, whose channel tile reads only its
     own input channels: 2x faster with stride 2, up to 1.2x with stride 1. A dense conv
-    would pad all input channels once per output channel tile: 1.3x slower.
+    would pad all input channels once per output channel tile: 1.3x slower. ``pad_per_task``
+    computes it once per parallel task instead, before the task's channel tiles: for a conv
+    with few input channels and a large window (:attr:`ConvGeometry.copies_window_per_task`).
 
     ``reduction_outer`` orders the loops ``parallel(channel tiles) . rc_o . spatial tiles .
     register blocks . window . rc_i`` (it needs a split reduction, one-level tiles and the
@@ -329,9 +331,12 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     if prefetch:
         raise ValueError("prefetch needs reduction_outer=True (the next weight block is fetched while the "
                          "spatial tiles use the current one)")
-    if prefetch_input and pad_in_tile:
-        raise ValueError("prefetch_input needs pad_in_tile=False: a per-tile window copy reads the input, not the "
-                         "conv")
+    if prefetch_input and (pad_in_tile or pad_per_task):
+        raise ValueError("prefetch_input needs pad_in_tile=False and pad_per_task=False: a per-tile window copy "
+                         "reads the input, not the conv")
+    if pad_per_task and (pad_in_tile or middle or source is None):
+        raise ValueError(f"pad_per_task needs a pad stage ({source is not None}), one-level tiles "
+                         f"(two_level={two_level}) and pad_in_tile=False ({pad_in_tile})")
     sch.reorder(n, *outer, *channel_outer, *middle, last_o, *reduce, *inner[:-1], last_i, oi)
     # Parallel over output tiles; with few spatial tiles (7x7 maps) also over channel tiles.
     tasks = 1
@@ -340,13 +345,14 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     if parallel_channels is None:
         parallel_channels = tasks < 4 * cores
     if not parallel_channels:
-        sch.parallel(sch.fuse(n, *outer))
+        task_loop = sch.fuse(n, *outer)
+        sch.parallel(task_loop)
     else:
         # Channel tiles outermost: each thread then runs all spatial tiles of one channel
         # tile in a row, so that tile's weights are read from memory once, not once per
         # spatial tile (7x7 maps have few spatial tiles and large weights).
         sch.reorder(*channel_outer, n, *outer)
-        oo = sch.fuse(*channel_outer, n, *outer)
+        oo = task_loop = sch.fuse(*channel_outer, n, *outer)
         sch.parallel(oo)
     # Accumulate the register block in a local buffer (registers after unrolling).
     write = sch.cache_write(block, 0, "local")
@@ -366,15 +372,16 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         final = sch.get_sblock(stages[-1].op.name)
         sch.reverse_compute_at(final, last_o if epilogue_in_block else (middle[-1] if middle else oo))
         sch.vectorize(sch.get_loops(final)[-1])
-    if source is not None and pad_in_tile:
+    if source is not None and (pad_in_tile or pad_per_task):
         # Pad each output tile's window right before it is read (it stays in L1): the
         # input is streamed once instead of copied whole first; its loops split where the
         # input's tiles end, so no copy divides by the tile.
         pad = sch.get_sblock(source.op.name)
-        sch.compute_at(pad, oo)
+        where = task_loop if pad_per_task else oo
+        sch.compute_at(pad, where)
         vectorize_lanes(sch, pad)
         pad_loops = sch.get_loops(pad)
-        at = [i for i, loop in enumerate(pad_loops) if sch.get(loop).same_as(sch.get(oo))]
+        at = [i for i, loop in enumerate(pad_loops) if sch.get(loop).same_as(sch.get(where))]
         if at:  # the window's rows and columns: the loops inside the tile loop, less the lanes
             partition_at_tile_edges(sch, pad, loops=pad_loops[at[0] + 1:-1])
     elif source is not None:
@@ -439,6 +446,13 @@ class _WeightPrefetch:
         return tvm.IRModule({"main": func})
 
 
+#: Input channels per group up to which a padded conv copies its input window per parallel
+#: task (:attr:`ConvGeometry.copies_window_per_task`): an image's channels.
+FEW_CHANNELS = 4
+#: Output channels times kernel taps from which that copy is small next to the task's work.
+WINDOW_WORK = 1024
+
+
 @dataclass(frozen=True)
 class ConvGeometry:
     """A conv partition's shapes and attributes, read from its Relax call (no TE built)."""
@@ -471,6 +485,20 @@ class ConvGeometry:
     def conv_strides(self) -> tuple[int, ...]:
         """Strides of the direct conv computed (a transposed conv runs stride 1 over its dilated input)."""
         return (1,) * self.rank if self.transposed else self.strides
+
+    @property
+    def copies_window_per_task(self) -> bool:
+        """Whether the pad stage is computed per parallel task (the output's spatial tile, before
+        its channel tiles) rather than in a pass of its own: a dense conv with a few input channels
+        (a network's stem), padded, with at least :data:`WINDOW_WORK` output channels times kernel
+        taps. Its window copy per task is then small next to the task's work and stays in L1,
+        where the pass wrote an unfolded copy of the input (2.4x the image for ResNet's 7x7 stem)
+        to read back. Inside the model: ResNet-50's and GoogLeNet's 7x7 stems (64 channels x 49
+        taps) 5-8% faster; ShuffleNet-V2's 3x3 stem (24 x 9) 19% slower, its copy as large as
+        its work (docs/cnn.md, twenty-first session)."""
+        taps = math.prod(self.weight_shape[2:])
+        return (not self.transposed and self.groups == 1 and self.in_per_group <= FEW_CHANNELS
+                and any(self.pads) and self.out_per_group * taps >= WINDOW_WORK)
 
     @classmethod
     def of(cls, anchor: Any, prologue: Sequence[Any] = ()) -> ConvGeometry:
@@ -557,11 +585,16 @@ class AltConvStrategy(Strategy):
 
     @staticmethod
     def default_tiling(geometry: ConvGeometry, target: HardwareTarget) -> DefaultConvTiling:
-        """The analytic tiling for ``target`` (the untuned build's choice)."""
-        return default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
-                                   in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
-                                   registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
-                                   l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape))
+        """The analytic tiling for ``target`` (the untuned build's choice). A conv that copies its
+        input window per task (:attr:`ConvGeometry.copies_window_per_task`) prefetches no input
+        tile: it reads the copy."""
+        tiling = default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
+                                     in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
+                                     registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
+                                     l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape))
+        if geometry.copies_window_per_task:
+            tiling = replace(tiling, prefetch_input=False)
+        return tiling
 
     def fuses_block(self, anchor, tail, target, options=None) -> bool:
         """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the
@@ -666,6 +699,8 @@ class AltConvStrategy(Strategy):
             two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
             window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block,
             pad_in_tile=is_depthwise(geometry.in_per_group, geometry.out_per_group),
+            pad_per_task=geometry.copies_window_per_task and loop_tiles is None and not tiling.two_level
+            and not (tiling.prefetch_input or tiling.reduction_outer),
             reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input)
 
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
