@@ -493,9 +493,9 @@ class ConvGeometry:
         (a network's stem), padded, with at least :data:`WINDOW_WORK` output channels times kernel
         taps. Its window copy per task is then small next to the task's work and stays in L1,
         where the pass wrote an unfolded copy of the input (2.4x the image for ResNet's 7x7 stem)
-        to read back. Inside the model: ResNet-50's and GoogLeNet's 7x7 stems (64 channels x 49
-        taps) 5-8% faster; ShuffleNet-V2's 3x3 stem (24 x 9) 19% slower, its copy as large as
-        its work (docs/cnn.md, twenty-first session)."""
+        to read back. Inside the model the 7x7 stems (64 channels x 49 taps) of ResNet-18/50,
+        GoogLeNet and DenseNet-121 ran 3-9% faster; ShuffleNet-V2's 3x3 stem (24 x 9) 19%
+        slower, its copy as large as its work (docs/cnn.md, twenty-first session)."""
         taps = math.prod(self.weight_shape[2:])
         return (not self.transposed and self.groups == 1 and self.in_per_group <= FEW_CHANNELS
                 and any(self.pads) and self.out_per_group * taps >= WINDOW_WORK)
