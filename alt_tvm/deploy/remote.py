@@ -112,9 +112,18 @@ class RemoteModel(LoadedModel):
         return self.vm.get_outputs("main")
 
     def profile(self, *arrays: Any, repeat: int = 5) -> KernelProfile:
-        raise NotImplementedError("per-kernel profiling needs the VM's Python instrument, which does not cross "
-                                  "RPC: profile on the board (alt_tvm.load there, then .profile), or time the "
-                                  "whole model with .time")
+        """Refused, always: the per-kernel instrument is a Python callback of the Relax VM, and a
+        VM on the board cannot call back into this process. Profile on the board itself, or
+        time the whole model here with :meth:`time`.
+
+        Raises
+        ------
+        RuntimeError
+            Naming both alternatives.
+        """
+        raise RuntimeError("per-kernel profiling needs the VM's Python instrument, which does not cross "
+                           "RPC: profile on the board (alt_tvm.load there, then .profile), or time the "
+                           "whole model with .time")
 
     def close(self) -> None:
         """End the session (the server frees the board)."""
