@@ -268,6 +268,12 @@ def test_prefetch_input_needs_the_one_level_spatial_order():
     assert streamed.parallel_channels and not streamed.prefetch_input  # its tasks are channel tiles
 
 
+def _kernel_scripts(built) -> dict[str, str]:
+    """Each partition kernel's TIR script, by kernel name, in the model's order."""
+    return {k.name: built.mod[next(g for g in built.mod.get_global_vars() if g.name_hint == k.name)].script()
+            for k in built.report.kernels if k.kind == "partition"}
+
+
 def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():
     """A 1x1 conv reads its input in place and a strided 3x3 conv its padded copy: each
     register block of a task fetches a share of the next task's input tile (a run in the
@@ -281,8 +287,7 @@ def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():
     x = torch.randn(1, 32, 56, 56)  # 28x28 out: enough spatial tiles to run them alone in parallel
     built = alt_tvm.build(model, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": False}})
     np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
-    scripts = {k.name: built.mod[next(g for g in built.mod.get_global_vars() if g.name_hint == k.name)].script()
-               for k in built.report.kernels if k.kind == "partition"}
+    scripts = _kernel_scripts(built)
     assert len(scripts) == 3, list(scripts)
     names = list(scripts)  # in the model's order: the 1x1, the depthwise and the 3x3 conv
     prefetching = [name for name in names if "T.prefetch(" in scripts[name]]
@@ -293,11 +298,6 @@ def test_a_dense_conv_prefetches_the_next_tasks_input_tile_in_the_model():
         reduction = next(i for i, line in enumerate(lines) if "rc_" in line and "T.grid" in line or "for rc" in line)
         assert hint < reduction, (name, hint, reduction)
         assert "_lines[" in lines[hint] and "fused" in lines[hint], lines[hint]
-
-
-def _kernel_scripts(built) -> list[str]:
-    return [built.mod[next(g for g in built.mod.get_global_vars() if g.name_hint == k.name)].script()
-            for k in built.report.kernels if k.kind == "partition"]
 
 
 @pytest.mark.parametrize("out_channels, kernel, per_task", [(64, 7, True), (24, 3, False)],
@@ -317,7 +317,7 @@ def test_a_stem_with_a_large_window_copies_it_per_task(out_channels, kernel, per
     x = torch.randn(1, 3, 64, 64)
     built = alt_tvm.build(model, example_inputs=[x])
     np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
-    (script,) = _kernel_scripts(built)
+    (script,) = _kernel_scripts(built).values()
     assert script.count("T.parallel(") == (1 if per_task else 2), script
     assert ("T.prefetch(" in script) is not per_task
     (task,) = extract_tasks(model, target=host(), example_inputs=[x])
@@ -329,7 +329,7 @@ def test_a_stem_with_a_large_window_copies_it_per_task(out_channels, kernel, per
         tuned = alt_tvm.build(model, example_inputs=[x], records=log)
         assert tuned.report.tuned == 1
         np.testing.assert_allclose(tuned(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
-        (script,) = _kernel_scripts(tuned)
+        (script,) = _kernel_scripts(tuned).values()
         assert script.count("T.parallel(") == 2 and "T.prefetch(" in script
 
 

@@ -70,7 +70,8 @@ def group_blocks(*, rows: int, mt: int, cores: int, max_blocks: int = 0) -> int:
         groups = -(-blocks // per_group)
         return -(-groups // cores) * per_group, groups
 
-    return min(range(1, max(1, min(blocks, max_blocks or blocks)) + 1), key=longest)
+    most = min(blocks, max_blocks) if max_blocks else blocks
+    return min(range(1, most + 1), key=longest)
 
 
 def group_cap(*, unit: int, row_bytes: int, l2_bytes: int) -> int:
