@@ -61,6 +61,7 @@ from .in_layout import (
     schedule_concat,
     schedule_in_layout,
 )
+from .inplace import write_in_place
 from .partition import consumers, plan_partitions, tail_pieces
 from .prepare import prepare
 
@@ -136,6 +137,9 @@ class BuildReport:
     kernels: list[Kernel] = field(default_factory=list)
     #: workload key -> why its strategy failed; the partition was left to TVM's legalization
     failed: dict[str, str] = field(default_factory=dict)
+    #: kernel calls that write their output over an operand they are the last use of
+    #: (:mod:`alt_tvm.graph.inplace`)
+    in_place: int = 0
 
     def tuning_summary(self) -> str:
         """How much of the model the log tuned, and why the rest was not ("" without a log)."""
@@ -166,6 +170,8 @@ class BuildReport:
         in_layout = sum(k.kind == "operator" for k in self.kernels)
         if in_layout:
             lines[0] += f", {in_layout} ops without a strategy computed in their operands' layouts"
+        if self.in_place:
+            lines[0] += f", {self.in_place} kernel calls writing over a dead operand"
         if self.log is not None:
             lines.append(self.tuning_summary())
         for op, reasons in sorted(self.fallbacks.items()):
@@ -427,7 +433,9 @@ def _tuning_log(records: Any, machine: HardwareTarget) -> TunedLog | None:
 def _lower(mod: tvm.IRModule, alt_pass: AltLayoutPass, machine: HardwareTarget, *, fast_math: bool) -> tvm.IRModule:
     """An imported module with every partition lowered by its strategy and the rest by TVM, scheduled."""
     with machine.to_tvm():
-        return lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math)
+        lowered = lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math)
+    lowered, alt_pass.report.in_place = write_in_place(lowered, attr=ALT_KERNEL_ATTR)
+    return lowered
 
 
 @relax.expr_functor.mutator
