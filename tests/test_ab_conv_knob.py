@@ -54,3 +54,25 @@ def test_per_kernel_mode_forces_one_kind_of_conv_and_times_its_kernels_apart(scr
     assert np.isfinite(result["changed_default_over_forced"]) and np.isfinite(result["unchanged_default_over_forced"])
     with pytest.raises(ValueError, match=r"convs must be one of .*'depthwise'.*got 'grouped'"):
         script.build_pair(str(path), knob="unroll_window", value=True, forced_first=False, convs="grouped")
+
+
+def test_the_in_place_pair_differs_in_the_residual_kernel_only_and_is_timed(tmp_path):
+    script = load_script("ab_in_place")
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList(torch.nn.Conv2d(16, 16, 1) for _ in range(3))
+
+        def forward(self, x):
+            shortcut = torch.relu(self.convs[0](x))
+            return torch.relu(self.convs[2](torch.relu(self.convs[1](shortcut))) + shortcut)
+
+    torch.manual_seed(0)
+    path = tmp_path / "residual.onnx"
+    torch.onnx.export(Residual().eval(), (torch.randn(1, 16, 28, 28),), str(path), dynamo=False, opset_version=17)
+    builds = script.build_pair(str(path), forced_first=True)
+    assert builds["default"].report.in_place == 1 and builds["forced"].report.in_place == 0
+    result = script.ab_conv_knob.compare_kernels(builds, rounds=2, repeat=1)
+    assert result["changed_kernels"] == 1  # the residual conv, same name in both builds
+    assert all(ms > 0 for ms in next(iter(result["kernels"].values())))
