@@ -10,7 +10,9 @@ The flow (what ``relay.build`` with registered op strategies was, on Relax):
    along the partition and to the next partitions, insert a conversion only where a
    consumer needs another layout and no pad stage can convert for it; kernels that come
    out structurally equal share one function;
-4. ``tvm.compile`` (TVM's own legalization for everything left) and the Relax VM.
+4. TVM's legalization for everything left (:func:`lower_fallbacks`); a kernel that is the
+   last use of an operand it reads element by element writes over it (:mod:`.inplace`);
+5. ``tvm.compile`` and the Relax VM.
 """
 
 from __future__ import annotations
@@ -396,7 +398,8 @@ def pipeline(*, target: HardwareTarget | str | None = None, records: Any = None,
     (``tir_pipeline`` keeps the kernels' small buffers on the stack, as :func:`build` does:
     :mod:`alt_tvm.lowering`.) It is what :func:`build` runs between import and code generation:
     :func:`prepare`, :class:`AltLayoutPass` (each partition lowered by the strategy the registry
-    selects, with the log's parameters), :func:`lower_fallbacks`, then TVM's default Relax pipeline. So the
+    selects, with the log's parameters), :func:`lower_fallbacks`, :func:`~alt_tvm.graph.inplace.write_in_place`,
+    then TVM's default Relax pipeline. So the
     executable equals ``build``'s, except that ``build`` also rebuilds without a kernel that
     fails to compile, which one pass cannot. Weights must be constants in ``mod``
     (``relax.frontend.detach_params`` + ``bind_params``, or ``keep_params_as_input=False``).
@@ -431,7 +434,8 @@ def _tuning_log(records: Any, machine: HardwareTarget) -> TunedLog | None:
 
 
 def _lower(mod: tvm.IRModule, alt_pass: AltLayoutPass, machine: HardwareTarget, *, fast_math: bool) -> tvm.IRModule:
-    """An imported module with every partition lowered by its strategy and the rest by TVM, scheduled."""
+    """An imported module with every partition lowered by its strategy and the rest by TVM,
+    scheduled; a kernel that is the last use of an operand it can overwrite writes in place."""
     with machine.to_tvm():
         lowered = lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math)
     lowered, alt_pass.report.in_place = write_in_place(lowered, attr=ALT_KERNEL_ATTR)
