@@ -140,26 +140,36 @@ def compare_kernels(builds: dict[str, Any], *, rounds: int, repeat: int, seed: i
                                  float(np.median(per_kernel[("forced", kernel)]))] for kernel in sorted(changed)}}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of an A/B of two builds per model: models, threads, rounds, orders, per kernel."""
     parser.add_argument("--models", nargs="+", required=True, help="ONNX files")
-    parser.add_argument("--knob", required=True, help="a DefaultConvTiling field, e.g. prefetch_input")
-    parser.add_argument("--value", required=True, type=parse_value, help="the value forced, e.g. false")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--both-orders", action="store_true", help="also build and time the pair the other way")
-    parser.add_argument("--convs", choices=CONV_KINDS, default="all", help="which untuned convs get the knob")
     parser.add_argument("--per-kernel", action="store_true",
                         help="time the changed kernels inside the models (the rest as the noise control)")
+
+
+def time_pair(builds: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``builds`` timed as ``args`` (:func:`add_pair_arguments`) asks: per kernel or whole."""
+    timing = compare_kernels if args.per_kernel else compare
+    return timing(builds, rounds=args.rounds, repeat=args.repeat)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_pair_arguments(parser)
+    parser.add_argument("--knob", required=True, help="a DefaultConvTiling field, e.g. prefetch_input")
+    parser.add_argument("--value", required=True, type=parse_value, help="the value forced, e.g. false")
+    parser.add_argument("--convs", choices=CONV_KINDS, default="all", help="which untuned convs get the knob")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     use_runtime_threads(args.threads)
     for model in args.models:
         for forced_first in ([False, True] if args.both_orders else [False]):
             builds = build_pair(model, knob=args.knob, value=args.value, forced_first=forced_first, convs=args.convs)
-            timing = compare_kernels if args.per_kernel else compare
-            result = timing(builds, rounds=args.rounds, repeat=args.repeat)
+            result = time_pair(builds, args)
             order = "forced built first" if forced_first else "default built first"
             print(json.dumps({"model": model, "knob": args.knob, "value": args.value, "convs": args.convs,
                               "order": order, **result}), flush=True)

@@ -45,21 +45,14 @@ def build_pair(model: str, *, forced_first: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", required=True, help="ONNX files")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--both-orders", action="store_true", help="also build and time the pair the other way")
-    parser.add_argument("--per-kernel", action="store_true",
-                        help="time the changed kernels inside the models (the rest as the noise control)")
+    ab_conv_knob.add_pair_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     use_runtime_threads(args.threads)
     for model in args.models:
         for forced_first in ([False, True] if args.both_orders else [False]):
             builds = build_pair(model, forced_first=forced_first)
-            timing = ab_conv_knob.compare_kernels if args.per_kernel else ab_conv_knob.compare
-            result = timing(builds, rounds=args.rounds, repeat=args.repeat)
+            result = ab_conv_knob.time_pair(builds, args)
             order = "without built first" if forced_first else "in-place built first"
             print(json.dumps({"model": model, "in_place_calls": builds["default"].report.in_place, "order": order,
                               **result}), flush=True)

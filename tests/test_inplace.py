@@ -173,7 +173,7 @@ class _Bottleneck(torch.nn.Module):
         return torch.relu(self.conv3(inner) + shortcut)
 
 
-def test_a_residual_block_built_by_alt_tvm_writes_over_its_shortcut_and_matches_torch():
+def test_a_residual_block_built_by_alt_tvm_writes_over_its_shortcut_and_matches_torch(tmp_path):
     import alt_tvm
 
     model, x = _Bottleneck().eval(), torch.rand(1, 8, 14, 14)
@@ -181,4 +181,8 @@ def test_a_residual_block_built_by_alt_tvm_writes_over_its_shortcut_and_matches_
     assert compiled.report.in_place == 1
     assert "1 kernel calls writing over a dead operand" in compiled.report.summary()
     with torch.no_grad():
-        np.testing.assert_allclose(compiled(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
+        expected = model(x).numpy()
+    np.testing.assert_allclose(compiled(x.numpy())[0], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(compiled(x.numpy())[0], expected, rtol=1e-4, atol=1e-4)  # the input is not consumed
+    loaded = alt_tvm.load(compiled.export(tmp_path / "bottleneck.alt"))  # the exported artifact runs in place too
+    np.testing.assert_allclose(loaded(x.numpy())[0], expected, rtol=1e-4, atol=1e-4)
