@@ -85,15 +85,15 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
     return builder.get(), sum(references[kernel] for kernel in chosen)
 
 
-def _rewrite_block(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, chosen: dict,
+def _rewrite_block(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, renamed: dict,
                    memo: dict) -> relax.DataflowBlock:
-    """``block`` with the calls of the ``chosen`` kernels (kernel -> its in-place global var and
+    """``block`` with the calls of the ``renamed`` kernels (kernel -> its in-place global var and
     the operand it overwrites) made in-place."""
     bindings = list(block.bindings)
     for position, (kernel, _) in _dead_operands(mod, block, attr, memo).items():
-        if kernel in chosen:
+        if kernel in renamed:
             binding = bindings[position]
-            in_place, index = chosen[kernel]
+            in_place, index = renamed[kernel]
             call = relax.call_tir_inplace(in_place, list(binding.value.args[1]), [index], binding.var.ty)
             bindings[position] = relax.VarBinding(binding.var, call)
     return relax.DataflowBlock(bindings, block.span)
@@ -158,7 +158,7 @@ def _overwritable(kernel: tvm.tirx.PrimFunc, index: int) -> bool:
     to its output (the last parameter), in one block, before writing it (module doc)."""
     names = [param.name for param in kernel.params]
     operand, output = names[index], names[-1]
-    if operand == output or kernel.params[index].ty.shape is None:
+    if operand == output or getattr(kernel.params[index].ty, "shape", None) is None:
         return False
     sch = tvm.s_tir.Schedule(kernel)
     writers, readers = [], []
