@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             before = PeakReadings(threads=threads).measure()
             profile = built.profile(x, repeat=args.repeat)
             after = PeakReadings(threads=threads).measure()
-            if min(before, after) >= 0.9 * max(before, after):
+            steady = min(before, after) >= 0.9 * max(before, after)
+            if steady:
                 break
         symbols = {str(func.attrs["global_symbol"]): func for _, func in built.mod.functions_items()
                    if func.attrs is not None and "global_symbol" in func.attrs}
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({**conv, "kernel": name, "ms": per_call, "share": share, "winograd": winograd})
         direct = [r for r in rows if not r["winograd"]]
         below = sorted((r for r in direct if r["share"] < args.below), key=lambda r: r["share"])
-        steady = "" if min(before, after) >= 0.9 * max(before, after) else " (disagree: the host changed phase)"
-        print(f"{model}: FMA peak {before:.0f} before, {after:.0f} after the profile{steady}; "
+        phase = "" if steady else " (disagree: the host changed phase)"
+        print(f"{model}: FMA peak {before:.0f} before, {after:.0f} after the profile{phase}; "
               f"{len(direct)} direct dense 1x1/3x3 conv kernels "
               f"({len(rows) - len(direct)} Winograd), {len(below)} under {args.below:.0f}% of the peak"
               + (f" (lowest {below[0]['share']:.0f}%)" if below else

@@ -55,11 +55,11 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
     functions = {gvar: func for gvar, func in mod.functions_items()
                  if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr)}
     memo: dict = {}
-    for func in functions.values():
-        for block in func.body.blocks:
-            if isinstance(block, relax.DataflowBlock):
-                for kernel, operands in _dead_operands(mod, block, attr, memo).values():
-                    sites.setdefault(kernel, []).append(operands)
+    dead = {(gvar, i): _dead_operands(mod, block, attr, memo) for gvar, func in functions.items()
+            for i, block in enumerate(func.body.blocks) if isinstance(block, relax.DataflowBlock)}
+    for found in dead.values():
+        for kernel, operands in found.values():
+            sites.setdefault(kernel, []).append(operands)
     references = _references(functions.values())
     chosen = {}
     for kernel, calls in sites.items():
@@ -77,20 +77,19 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
         renamed[kernel] = (builder.add_func(func.specialize({func.params[-1]: func.params[index]}), kernel.name_hint),
                            index)
     for gvar, func in functions.items():
-        blocks = [_rewrite_block(mod, block, attr, renamed, memo) if isinstance(block, relax.DataflowBlock) else block
-                  for block in func.body.blocks]
+        blocks = [_rewrite_block(block, dead[(gvar, i)], renamed) if (gvar, i) in dead else block
+                  for i, block in enumerate(func.body.blocks)]
         if any(not new.same_as(old) for new, old in zip(blocks, func.body.blocks)):
             builder.update_func(gvar, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
                                                      func.ret_ty, func.is_pure, func.attrs, func.span))
     return builder.get(), sum(references[kernel] for kernel in chosen)
 
 
-def _rewrite_block(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, renamed: dict,
-                   memo: dict) -> relax.DataflowBlock:
+def _rewrite_block(block: relax.DataflowBlock, found: dict, renamed: dict) -> relax.DataflowBlock:
     """``block`` with the calls of the ``renamed`` kernels (kernel -> its in-place global var and
-    the operand it overwrites) made in-place."""
+    the operand it overwrites) made in-place; ``found`` is :func:`_dead_operands` of the block."""
     bindings = list(block.bindings)
-    for position, (kernel, _) in _dead_operands(mod, block, attr, memo).items():
+    for position, (kernel, _) in found.items():
         if kernel in renamed:
             binding = bindings[position]
             in_place, index = renamed[kernel]
