@@ -25,7 +25,7 @@ import tvm
 from tvm import relax, te
 
 from alt_tvm.layout import Layout, rewrite
-from alt_tvm.layout.rewrite import TensorMap
+from alt_tvm.layout.rewrite import TensorMap, padding_reach
 from alt_tvm.target import HardwareTarget
 
 from .constants import const_value
@@ -412,6 +412,7 @@ class PartitionContext:
                     layouts[tensor] = current  # read the producer's layout directly
                 else:
                     layouts.pop(tensor, None)
+        _pad_constants(self.placeholders, layouts, output)
         result = rewrite([output], layouts=layouts)
         args = []
         relax_args = []
@@ -433,6 +434,33 @@ class PartitionContext:
         return LoweredPartition(mod["main"], relax_args, tuple(int(s) for s in result[output].shape),
                                 str(output.dtype), out_layout if out_layout and not out_layout.is_identity else None,
                                 strategy)
+
+
+def _pad_constants(placeholders: Sequence[tuple[relax.Expr, te.Tensor]], layouts: TensorMap,
+                   output: te.Tensor) -> None:
+    """Give each constant that broadcasts along a padded dimension of ``output``'s layout (a
+    per-channel bias of a conv whose channels fill 6.5 vectors) the same padding, with zeros.
+
+    Its reads then stay in bounds at the padding, so the epilogue is computed in whole vectors
+    and the padding selected to zero once, instead of every load being masked (ALT paper §4.1,
+    the ``pad`` primitive applied to the operand).
+    """
+    out_layout = layouts.get(output)
+    if out_layout is None or out_layout.is_bijective:
+        return
+    reach = padding_reach(out_layout)
+    out_shape = out_layout.orig_shape
+    for source, tensor in placeholders:
+        shape = tuple(int(d) for d in tensor.shape)
+        if tensor in layouts or const_value(source) is None or not 0 < len(shape) <= len(out_shape):
+            continue
+        layout = Layout(shape)
+        for d, extent in enumerate(shape):  # broadcast aligns trailing dimensions
+            out_d = len(out_shape) - len(shape) + d
+            if extent > 1 and extent == out_shape[out_d] and reach[out_d] != (0, 0):
+                layout = layout.pad(d, reach[out_d])
+        if not layout.is_identity:
+            layouts[tensor] = layout
 
 
 def tiles_for(extent: int, preferred: int) -> int:

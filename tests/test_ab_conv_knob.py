@@ -57,7 +57,7 @@ def test_per_kernel_mode_forces_one_kind_of_conv_and_times_its_kernels_apart(scr
 
 
 def test_the_in_place_pair_differs_in_the_residual_kernel_only_and_is_timed(tmp_path):
-    script = load_script("ab_in_place")
+    script = load_script("ab_rewrite")
 
     class Residual(torch.nn.Module):
         def __init__(self):
@@ -71,8 +71,45 @@ def test_the_in_place_pair_differs_in_the_residual_kernel_only_and_is_timed(tmp_
     torch.manual_seed(0)
     path = tmp_path / "residual.onnx"
     torch.onnx.export(Residual().eval(), (torch.randn(1, 16, 28, 28),), str(path), dynamo=False, opset_version=17)
-    builds = script.build_pair(str(path), forced_first=True)
+    builds = script.build_pair(str(path), rewrite="in-place", forced_first=True)
     assert builds["default"].report.in_place == 1 and builds["forced"].report.in_place == 0
     result = script.ab_conv_knob.compare_kernels(builds, rounds=2, repeat=1)
     assert result["changed_kernels"] == 1  # the residual conv, same name in both builds
     assert all(ms > 0 for ms in next(iter(result["kernels"].values())))
+
+
+def test_the_padded_operand_pair_differs_in_the_padded_conv_only(tmp_path):
+    script = load_script("ab_rewrite")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU(),  # 16 channels: no padding
+                                torch.nn.Conv2d(16, 104, 1), torch.nn.Hardswish()).eval()
+    path = tmp_path / "padded.onnx"
+    torch.onnx.export(model, (torch.randn(1, 16, 14, 14),), str(path), dynamo=False, opset_version=17)
+    builds = script.build_pair(str(path), rewrite="padded-operands", forced_first=False)
+    changed = script.ab_conv_knob.changed_kernels(builds)
+    assert len(changed) == 1
+    default, forced = (builds[n].mod[next(iter(changed))].script() for n in ("default", "forced"))
+    assert "if_then_else" in forced and "if_then_else" not in default  # guarded loads against one blend
+    result = script.ab_conv_knob.compare(builds, rounds=2, repeat=1)  # checks the two builds agree
+    assert result["rounds"] == 2
+    with pytest.raises(ValueError, match=r"unknown rewrite 'fused'; known: \['in-place', 'padded-operands'\]"):
+        script.build_pair(str(path), rewrite="fused", forced_first=False)
+
+
+def test_two_exported_builds_are_checked_and_profiled_kernel_by_kernel(tmp_path):
+    import alt_tvm
+
+    script = load_script("ab_artifacts")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 16, 14, 14)
+    for name, variant in (("a", "alt"), ("b", "alt-ol")):  # two builds that name their conv alike
+        alt_tvm.build(model, example_inputs=[x], variant=variant).export(tmp_path / name / "pw")
+    models = {name: alt_tvm.load(tmp_path / name / "pw") for name in ("a", "b")}
+    result = script.compare(models, rounds=2, repeat=1)
+    assert result["rounds"] == 2 and 0 <= result["rounds_b_faster"] <= 2
+    assert np.isfinite(result["b_over_a"]) and result["b_over_a"] > 0
+    conv = [k for k in result["kernels"] if k.startswith("alt_conv2d")]
+    assert conv and all(min(result["kernels"][k]) > 0 for k in conv)  # the same kernel in both, timed
+    with pytest.raises(ValueError, match=r"as 'a' and 'b', got \['b', 'a'\]"):
+        script.compare({"b": models["b"], "a": models["a"]}, rounds=1, repeat=1)

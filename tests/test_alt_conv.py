@@ -480,3 +480,28 @@ def test_an_unpadded_conv_reads_an_image_as_stored(tmp_path, channels, converted
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     kinds = [k.kind for k in built.report.kernels]
     assert kinds[0] == ("conversion" if converted else "partition")
+
+
+@pytest.mark.parametrize("activation", [torch.nn.Hardswish, torch.nn.SiLU])
+def test_an_epilogue_over_padded_channels_reads_a_padded_bias_unguarded(tmp_path, activation):
+    """104 channels stored in 7 vectors of 16: the bias is padded with them, so the epilogue
+    loads whole vectors (no ``if_then_else``, whose loads TVM masks) and one select writes the
+    padding's zeros. Checked against PyTorch through the ONNX export that spells hard-swish as
+    add, clip, divide and multiply."""
+    import alt_tvm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(48, 104, 1), activation(), torch.nn.Conv2d(104, 104, 1),
+                                activation()).eval()
+    x = torch.randn(1, 48, 14, 14)
+    path = tmp_path / "padded.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    built = alt_tvm.build(str(path))
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    convs = [built.mod[g] for g in built.mod.get_global_vars() if g.name_hint.startswith("alt_conv2d")]
+    assert len(convs) == 2
+    for func in convs:
+        script = func.script()
+        assert "if_then_else" not in script and "T.Select(v_i1_o * 16 + v_i1_i < 104" in script
+        assert 'T.Buffer((1, 112, 1, 1), "float32")' in script  # the bias, padded as the output

@@ -20,6 +20,7 @@ from tvm import te
 from alt_tvm import ops
 from alt_tvm.layout import Layout, convert_layout, create_prim_func, rewrite
 from alt_tvm.layout.examples import fig3_prim_func
+from alt_tvm.layout.rewrite import padding_reach
 from alt_tvm.layout.templates import (
     channels_last,
     conv_input_unfolded,
@@ -244,6 +245,39 @@ def test_padded_output_guards_only_when_reads_could_leave_the_buffer():
     x = np.arange(15, dtype=np.float32).reshape(5, 3)
     (got,) = run_with_layouts([a, out], {out: padded, a: padded}, [x])
     assert_close(got, 2 * x)
+
+
+def test_a_padded_output_holds_zeros_where_the_padding_of_its_inputs_is_nan():
+    """An output reached at its padding with in-bounds reads is selected to zero there (a vector
+    blend); the intermediate stage is not guarded, and a NaN in its padding goes no further."""
+    a = te.placeholder((5, 3), name="a")
+    scale = te.placeholder((5, 1), name="scale")  # padded with zeros: a / scale is NaN there
+    mid = te.compute((5, 3), lambda i, j: a[i, j] / scale[i, 0], name="mid")
+    out = te.compute((5, 3), lambda i, j: mid[i, j] + 1.0, name="out")
+    padded = Layout((5, 3)).pad(0, 3).split(0, [2, 4])
+    layouts = {a: padded, scale: Layout((5, 1)).pad(0, 3), mid: padded, out: padded}
+    result = rewrite([out], layouts=layouts)
+    func = te.create_prim_func(result.args([a, scale, out]))
+    text = func.script()
+    assert "if_then_else" not in text and text.count("T.Select") == 1  # on `out` only
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    s = np.arange(1, 6, dtype=np.float32).reshape(5, 1)
+    packed = padded.apply(x)
+    packed[1, 1:] = np.nan  # rows 5..7 of `a`: padding the kernel must not pass on
+    dev = tvm.cpu()
+    tensors = [tvm.runtime.tensor(v, dev) for v in (packed, np.pad(s, ((0, 3), (0, 0))), np.full(padded.shape, 7.0,
+                                                                                                  np.float32))]
+    tvm.compile(func, target=host_target()).jit()["main"](*tensors)
+    got = tensors[2].numpy()
+    np.testing.assert_array_equal(got[1, 1:], 0.0)
+    assert_close(padded.inverse_apply(got), x / s + 1)
+
+
+def test_padding_reach_says_how_far_a_layout_stores_beyond_each_dimension():
+    assert padding_reach(conv_output_tiled((1, 104, 28, 28), spatial_tiles=[2, 28], channel_tile=16)) == \
+        [(0, 0), (0, 8), (0, 0), (0, 0)]
+    assert padding_reach(Layout((5, 3)).pad(1, (2, 1)).reorder([1, 0])) == [(0, 0), (2, 1)]
+    assert padding_reach(Layout((6, 8)).split(1, [2, 4])) == [(0, 0), (0, 0)]
 
 
 def test_convert_layout_between_two_tiled_layouts():

@@ -10,8 +10,11 @@ For each operator ``Y = F(X, ...)`` whose output layout is ``S_Y``:
 Index expressions are simplified with TVM's analyzer under the new loop bounds, so
 ``(ho*4 + hi) // 4`` becomes ``ho``. Where a padded or overlapping output layout makes
 the rebuilt nest visit positions that do not exist in the original tensor, and some read
-could then leave its buffer, the body is guarded; otherwise those positions just compute
-a harmless value (their content is unspecified, as for any padding).
+could then leave its buffer, the body is guarded (``if_then_else``, which TVM's vector
+code turns into masked loads). When every read stays in bounds (the inputs are padded
+as well), an intermediate stage computes a value nobody reads at those positions, and an
+output of the graph selects zeros there: the padding of a stored tensor holds zeros, so
+a consumer that multiplies it by zero-padded weights never meets a NaN.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import te, tirx
 from tvm.sym import Analyzer, detect_linear_equation
 
@@ -189,8 +193,10 @@ class _Rewriter:
                 if isinstance(step.key, te.Tensor):
                     self.guests[step.key] = tensor
         self.new = TensorMap()
+        self.outputs = TensorMap()
 
     def run(self, outputs: Sequence[te.Tensor]) -> RewriteResult:
+        self.outputs = TensorMap((out, True) for out in outputs)
         order: list = []
         seen = TensorMap()
 
@@ -266,6 +272,7 @@ class _Rewriter:
             _bind(old_scope, iv.var, _int(iv.dom.extent))
         context = _WindowContext(old_scope, old_vars, [iv.var for iv in reduce_axes])
         mapped = rebuild(body, load=self._map_read(context))
+        output = tensor in self.outputs
 
         def fcompute(*new_vars):
             scope = Analyzer()
@@ -279,8 +286,13 @@ class _Rewriter:
             new_body = rebuild(mapped, vmap=vmap,
                                load=lambda t, idx: t(*[scope.simplify(i) for i in idx]))
             guard = _out_of_range_guard(scope, checks)
-            if guard is not None and not _reads_in_bounds(scope, new_body):
-                new_body = _guarded(new_body, guard)
+            if guard is None:
+                return new_body
+            if not _reads_in_bounds(scope, new_body):
+                return _guarded(new_body, guard)
+            if output and not isinstance(new_body, tirx.Reduce):
+                # A select of values already loaded: a vector blend, no masked loads.
+                return tirx.Select(guard, new_body, tirx.const(0, new_body.ty))
             return new_body
 
         names = _unique(layout.dim_names([str(v.name) for v in old_vars]))
@@ -308,7 +320,27 @@ def _out_of_range_guard(scope: Analyzer, checks: list) -> Any:
             conds.append(value >= 0)
         if bound.max_value >= extent:
             conds.append(value < extent)
-    return tirx.all(*conds) if conds else None
+    # Each step of a layout checks its own index; after simplifying, several are the same test.
+    unique = [c for k, c in enumerate(conds) if not any(tvm_ffi.structural_equal(c, d) for d in conds[:k])]
+    return tirx.all(*unique) if unique else None
+
+
+def padding_reach(layout: Layout) -> list[tuple[int, int]]:
+    """Per original dimension, how far ``layout``'s stored positions reach before its first
+    and past its last index: ``(0, 8)`` on the channels of 104 stored in 7 vectors of 16.
+
+    A constant read along those dimensions (a per-channel bias) padded by as much is read
+    in bounds everywhere, so the layout's padding needs no guarded loads.
+    """
+    scope = Analyzer()
+    stored = [tirx.Var(f"i{d}", "int32") for d in range(len(layout.shape))]
+    for var, extent in zip(stored, layout.shape):
+        _bind(scope, var, extent)
+    reach = []
+    for index, extent in zip(layout.backward(stored), layout.orig_shape):
+        bound = scope.const_int_bound(scope.simplify(index))
+        reach.append((max(0, -int(bound.min_value)), max(0, int(bound.max_value) + 1 - extent)))
+    return reach
 
 
 def _reads_in_bounds(scope: Analyzer, body: Any) -> bool:
@@ -344,4 +376,5 @@ def convert_layout(data: te.Tensor, *, src: Layout, dst: Layout, name: str = "la
     identity = te.compute(src.orig_shape, lambda *i: canonical(*i), name=name, tag="layout_convert")
     result = _Rewriter({canonical: src, identity: dst})
     result.new[canonical] = data
+    result.outputs[identity] = True
     return result._rebuild_compute(identity, dst)
