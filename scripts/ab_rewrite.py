@@ -1,4 +1,4 @@
-"""Whole models built with and without one of alt-tvm's rewrites, timed in one process.
+"""Whole models built with and without one of alt-tvm's rewrites or schedule steps, timed in one process.
 
 Each model is built twice: as ``alt_tvm.build`` does ("default") and with one rewrite turned
 off ("forced"). The rewrites:
@@ -8,6 +8,9 @@ off ("forced"). The rewrites:
 - ``padded-operands`` (``strategies.base._pad_constants``): a constant that broadcasts along a
   padded dimension of its kernel's output (a per-channel bias of 104 channels stored in 7
   vectors of 16) is padded as well, so the epilogue reads it in bounds, unguarded.
+
+- ``vector-pad`` (``strategies.alt.conv._schedule_whole_pad``): a conv's pad stage copied whole
+  before it is vectorized over its channel tile (an image's excepted).
 
 The two builds are checked against each other and timed as ``scripts/ab_conv_knob.py`` times
 a knob: whole models or, with ``--per-kernel``, the kernels the rewrite changed against the
@@ -31,22 +34,32 @@ from typing import Any
 
 import alt_tvm
 import alt_tvm.graph.build as graph_build
+import alt_tvm.strategies.alt.conv as conv_strategy
 import alt_tvm.strategies.base as strategy_base
 from alt_tvm.deploy.model import use_runtime_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ab_conv_knob, beside this script
 import ab_conv_knob  # noqa: E402
 
-#: rewrite name -> (module, the function that performs it, a stand-in that does nothing)
+
+class NothingToCompare(ValueError):
+    """The rewrite leaves every kernel of the model as it was."""
+
+
+_whole_pad = conv_strategy._schedule_whole_pad
+
+#: rewrite name -> (module, the function that performs it, a stand-in without the rewrite)
 REWRITES = {
     "in-place": (graph_build, "write_in_place", lambda mod, *, attr: (mod, 0)),
     "padded-operands": (strategy_base, "_pad_constants", lambda placeholders, layouts, output: None),
+    "vector-pad": (conv_strategy, "_schedule_whole_pad",
+                   lambda sch, source, *, lanes: _whole_pad(sch, source, lanes=False)),
 }
 
 
 def build_pair(model: str, *, rewrite: str, forced_first: bool) -> dict[str, Any]:
     """The default build and the one without ``rewrite`` (a key of :data:`REWRITES`), built in
-    the given order. Raises ValueError when the rewrite changes no kernel of ``model``."""
+    the given order. Raises :class:`NothingToCompare` when it changes no kernel of ``model``."""
     if rewrite not in REWRITES:
         raise ValueError(f"unknown rewrite {rewrite!r}; known: {sorted(REWRITES)}")
     module, attribute, off = REWRITES[rewrite]
@@ -59,7 +72,7 @@ def build_pair(model: str, *, rewrite: str, forced_first: bool) -> dict[str, Any
         finally:
             setattr(module, attribute, original)
     if not ab_conv_knob.changed_kernels(builds):
-        raise ValueError(f"{model}: the {rewrite} rewrite changes no kernel; nothing to compare")
+        raise NothingToCompare(f"{model}: the {rewrite} rewrite changes no kernel; nothing to compare")
     return builds
 
 
@@ -72,7 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     use_runtime_threads(args.threads)
     for model in args.models:
         for forced_first in ([False, True] if args.both_orders else [False]):
-            builds = build_pair(model, rewrite=args.rewrite, forced_first=forced_first)
+            try:
+                builds = build_pair(model, rewrite=args.rewrite, forced_first=forced_first)
+            except NothingToCompare as err:
+                print(json.dumps({"model": model, "rewrite": args.rewrite, "skipped": str(err)}), flush=True)
+                break
             result = ab_conv_knob.time_pair(builds, args)
             order = "without built first" if forced_first else "default built first"
             print(json.dumps({"model": model, "rewrite": args.rewrite, "order": order,

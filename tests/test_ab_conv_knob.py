@@ -92,24 +92,36 @@ def test_the_padded_operand_pair_differs_in_the_padded_conv_only(tmp_path):
     assert "if_then_else" in forced and "if_then_else" not in default  # guarded loads against one blend
     result = script.ab_conv_knob.compare(builds, rounds=2, repeat=1)  # checks the two builds agree
     assert result["rounds"] == 2
-    with pytest.raises(ValueError, match=r"unknown rewrite 'fused'; known: \['in-place', 'padded-operands'\]"):
+    with pytest.raises(ValueError, match=r"unknown rewrite 'fused'; known: \['in-place', 'padded-operands', 'vector-"):
         script.build_pair(str(path), rewrite="fused", forced_first=False)
 
 
-def test_two_exported_builds_are_checked_and_profiled_kernel_by_kernel(tmp_path):
+def test_two_exported_builds_are_checked_and_profiled_with_their_unchanged_kernels_as_control(tmp_path):
     import alt_tvm
 
     script = load_script("ab_artifacts")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU()).eval()
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 1)).eval()
     x = torch.randn(1, 16, 14, 14)
-    for name, variant in (("a", "alt"), ("b", "alt-ol")):  # two builds that name their conv alike
-        alt_tvm.build(model, example_inputs=[x], variant=variant).export(tmp_path / name / "pw")
-    models = {name: alt_tvm.load(tmp_path / name / "pw") for name in ("a", "b")}
+    built = {}
+    for name, fast_math in (("a", False), ("b", True)):  # the ReLU's NaN test goes: the first conv changes
+        built[name] = alt_tvm.build(model, example_inputs=[x], fast_math=fast_math)
+        built[name].export(tmp_path / name / "net")
+    models = {name: alt_tvm.load(tmp_path / name / "net") for name in ("a", "b")}
+    assert models["a"].kernel_info() == built["a"].kernel_info()  # the digests travel with the artifact
+    first, second = (k.name for k in built["a"].report.kernels if k.name.startswith("alt_conv2d"))
+    assert script.changed_kernels(models) == {first}
     result = script.compare(models, rounds=2, repeat=1)
     assert result["rounds"] == 2 and 0 <= result["rounds_b_faster"] <= 2
-    assert np.isfinite(result["b_over_a"]) and result["b_over_a"] > 0
-    conv = [k for k in result["kernels"] if k.startswith("alt_conv2d")]
-    assert conv and all(min(result["kernels"][k]) > 0 for k in conv)  # the same kernel in both, timed
+    assert result["changed_kernels"] == [first] and second in result["kernels"]
+    assert all(np.isfinite(result[k]) and result[k] > 0 for k in ("b_over_a", "changed_b_over_a", "unchanged_b_over_a"))
     with pytest.raises(ValueError, match=r"as 'a' and 'b', got \['b', 'a'\]"):
         script.compare({"b": models["b"], "a": models["a"]}, rounds=1, repeat=1)
+
+
+def test_an_artifact_without_kernel_digests_reads_as_unknown():
+    from alt_tvm.deploy.model import kernel_info_from_json
+
+    info = kernel_info_from_json({"k": {"kind": "partition", "ops": ["relax.add"], "layout": "", "flops": 1.0,
+                                        "bytes": 8}})
+    assert info["k"].digest == ""

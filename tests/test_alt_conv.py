@@ -505,3 +505,30 @@ def test_an_epilogue_over_padded_channels_reads_a_padded_bias_unguarded(tmp_path
         script = func.script()
         assert "if_then_else" not in script and "T.Select(v_i1_o * 16 + v_i1_i < 104" in script
         assert 'T.Buffer((1, 112, 1, 1), "float32")' in script  # the bias, padded as the output
+
+
+def test_a_whole_pad_copy_is_vectorized_over_its_channel_lanes_but_not_an_images():
+    """RegNetY's grouped 3x3 stride-2 conv copies its input (16-channel tiles from the 1x1
+    before it) into 8-channel tiles: the copy runs 8 lanes at a time. An image's pad stage reads
+    its 3 channels a plane apart and stays scalar. Both checked against PyTorch."""
+    import re
+
+    import alt_tvm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 48, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(48, 48, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=6), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 64, 64)
+    built = alt_tvm.build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+    def pad_loop(name):  # the loop right around the pad block, or None without one
+        found = re.search(r"for [\w, ]+ in (T\.\w+)\(([\d, ]+)\):\n\s+with T.sblock\(\"pad\"\)",
+                          built.mod[name].script())
+        return found.groups() if found else None
+
+    assert pad_loop("alt_conv2d_1") == ("T.grid", "1, 1, 5, 65, 3")  # the stem: lanes a plane apart
+    assert pad_loop("alt_conv2d_2") is None  # the 1x1 reads its input in place
+    assert pad_loop("alt_conv2d_3") == ("T.vectorized", "8")  # the grouped conv's 8-channel tiles

@@ -39,6 +39,10 @@ class KernelInfo:
         ``estimate_tir_flops`` of its body.
     bytes
         Bytes of its arguments and result: what it must read and write at least once.
+    digest
+        TVM's structural hash of the kernel's TIR, in hex ("" where unknown): a kernel of two
+        builds with the same name and digest is the same code, so it can serve as the noise
+        control when the two builds are timed against each other.
     """
 
     kind: str
@@ -46,6 +50,7 @@ class KernelInfo:
     layout: str = ""
     flops: float = 0.0
     bytes: int = 0
+    digest: str = ""
 
 
 @dataclass(frozen=True)

@@ -791,11 +791,12 @@ class CompiledModel(RunnableModel):
                 buffers = [param.ty for param in func.params if hasattr(param.ty, "shape")]
                 size = sum(int(np.prod([int(d) for d in buf.shape])) * tvm.DataType(buf.dtype).bits // 8
                            for buf in buffers if all(hasattr(d, "value") for d in buf.shape))
+                digest = f"{tvm_ffi.structural_hash(func) & (2**64 - 1):016x}"
                 if kernel is None:
                     info[name] = KernelInfo("tvm", (name.removeprefix("fused_").rstrip("0123456789").rstrip("_"),),
-                                            "", flops, size)
+                                            "", flops, size, digest)
                 else:
-                    info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size)
+                    info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size, digest)
             self._kernel_info = info
         return self._kernel_info
 

@@ -261,7 +261,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
                         unroll_window: bool = False, window_outer: bool = False,
                         epilogue_in_block: bool = False, pad_in_tile: bool = False, pad_per_task: bool = False,
                         reduction_outer: bool = False, prefetch: bool = False,
-                        prefetch_input: bool = False) -> tvm.IRModule:
+                        prefetch_input: bool = False, pad_lanes: bool = True) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
@@ -283,6 +283,8 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     ``reduction_outer`` only) adds :func:`.prefetch.prefetch_next_block` for the weights.
     ``prefetch_input`` adds :func:`.prefetch.prefetch_next_tile` for the input tile the conv
     reads (in place or padded) where the parallel loop runs spatial tiles alone.
+    ``pad_lanes`` vectorizes a pad stage copied whole over its channel tile; off for an
+    image read row-major, whose channels lie a plane apart.
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
@@ -324,7 +326,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         return _schedule_reduction_outer(sch, block, order=[*channel_outer, channel[0], n, *outer, last_o, *window,
                                                             channel[1], *inner[:-1], last_i, oi],
                                          channel_loops=len(channel_outer), unrolled=[*inner[:-1], last_i],
-                                         stages=stages, source=source,
+                                         stages=stages, source=source, pad_lanes=pad_lanes,
                                          prefetch=_WeightPrefetch(conv, spatial=[n, *outer, last_o],
                                                                   reads=[*window, channel[1]], vector=oi)
                                          if prefetch else None)
@@ -385,8 +387,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         if at:  # the window's rows and columns: the loops inside the tile loop, less the lanes
             partition_at_tile_edges(sch, pad, loops=pad_loops[at[0] + 1:-1])
     elif source is not None:
-        pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
-        sch.parallel(sch.fuse(*pad_loops[:2]))
+        _schedule_whole_pad(sch, source, lanes=pad_lanes)
     if prefetch_input and not parallel_channels:
         data = conv.op.input_tensors[0]  # the input as the conv reads it: in place, or its padded copy
         var = lambda rv: sch.get(rv).loop_var  # noqa: E731
@@ -397,8 +398,19 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     return sch.mod
 
 
+def _schedule_whole_pad(sch: tvm.s_tir.Schedule, source: te.Tensor, *, lanes: bool) -> None:
+    """The pad stage copied whole before the conv: parallel over its outer loops and, with
+    ``lanes``, vectorized over its channel tile. (RegNetY's grouped 3x3 stride-2 convs copy
+    16-channel tiles into 8-channel ones; lane by lane, its stage-1 conv took 0.44 ms in the
+    model, 0.31 ms with the copy vectorized.)"""
+    pad = sch.get_sblock(source.op.name)
+    sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+    if lanes:
+        vectorize_lanes(sch, pad)
+
+
 def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: list, channel_loops: int,
-                              unrolled: list, stages: list, source: te.Tensor | None,
+                              unrolled: list, stages: list, source: te.Tensor | None, pad_lanes: bool,
                               prefetch: Any = None) -> tvm.IRModule:
     """The loop order of :func:`schedule_tiled_conv`'s ``reduction_outer``: ``order`` starts with
     the ``channel_loops`` loops of output channel tiles and ends with the register tile's
@@ -419,8 +431,7 @@ def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: lis
         sch.reverse_compute_at(final, tile)
         sch.vectorize(sch.get_loops(final)[-1])
     if source is not None:
-        pad_loops = sch.get_loops(sch.get_sblock(source.op.name))
-        sch.parallel(sch.fuse(*pad_loops[:2]))
+        _schedule_whole_pad(sch, source, lanes=pad_lanes)
     if prefetch is not None:
         return prefetch.apply(sch, order[channel_loops])
     return sch.mod
@@ -701,7 +712,8 @@ class AltConvStrategy(Strategy):
             pad_in_tile=is_depthwise(geometry.in_per_group, geometry.out_per_group),
             pad_per_task=geometry.copies_window_per_task and loop_tiles is None and not tiling.two_level
             and not (tiling.prefetch_input or tiling.reduction_outer),
-            reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input)
+            reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input,
+            pad_lanes=geometry.data_shape[1] > ROW_MAJOR_CHANNELS)
 
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
         """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for
