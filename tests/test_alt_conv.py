@@ -260,8 +260,11 @@ def test_prefetch_input_needs_the_one_level_spatial_order():
     assert not DefaultConvTiling.from_json({k: v for k, v in tiling.to_json().items() if k != "prefetch_input"}) \
         .prefetch_input
     common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20)
-    dense = default_conv_tiling((1, 256, 56, 56), 64, 64, in_channels=64, weight_bytes=64 * 256 * 4, **common)
+    dense = default_conv_tiling((1, 256, 56, 56), 64, 256, in_channels=64, weight_bytes=64 * 256 * 4, **common)
     depthwise = default_conv_tiling((1, 64, 56, 56), 1, 1, in_channels=64, weight_bytes=64 * 9 * 4, **common)
+    # Groups of 8 in tiles of 8 (RegNetY): each tile pads its own window, as a depthwise conv does.
+    grouped = default_conv_tiling((1, 208, 14, 14), 8, 8, in_channels=208, weight_bytes=208 * 8 * 36, **common)
+    assert grouped.ot == 8 and not grouped.prefetch_input
     streamed = default_conv_tiling((1, 512, 7, 7), 512, 512, in_channels=512, weight_bytes=512 * 512 * 36,
                                    **common)
     assert dense.prefetch_input and not depthwise.prefetch_input
@@ -507,10 +510,11 @@ def test_an_epilogue_over_padded_channels_reads_a_padded_bias_unguarded(tmp_path
         assert 'T.Buffer((1, 112, 1, 1), "float32")' in script  # the bias, padded as the output
 
 
-def test_a_whole_pad_copy_is_vectorized_over_its_channel_lanes_but_not_an_images():
-    """RegNetY's grouped 3x3 stride-2 conv copies its input (16-channel tiles from the 1x1
-    before it) into 8-channel tiles: the copy runs 8 lanes at a time. An image's pad stage reads
-    its 3 channels a plane apart and stays scalar. Both checked against PyTorch."""
+def test_pad_copies_run_per_group_tile_or_whole_in_vectors_but_an_images_stays_scalar():
+    """A grouped 3x3 conv whose channel tile lies within a group (RegNetY's groups of 8) pads each
+    tile's window inside its own parallel loop, as a depthwise conv does; a dense strided 3x3 conv
+    copies its input whole first, 16 lanes at a time; an image's pad stage reads its 3 channels a
+    plane apart and stays scalar. All checked against PyTorch."""
     import re
 
     import alt_tvm
@@ -518,17 +522,21 @@ def test_a_whole_pad_copy_is_vectorized_over_its_channel_lanes_but_not_an_images
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 48, 3, stride=2, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(48, 48, 1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=6), torch.nn.ReLU()).eval()
+                                torch.nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=6), torch.nn.ReLU(),
+                                torch.nn.Conv2d(48, 32, 3, stride=2, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(1, 3, 64, 64)
     built = alt_tvm.build(model, example_inputs=[x])
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
-    def pad_loop(name):  # the loop right around the pad block, or None without one
-        found = re.search(r"for [\w, ]+ in (T\.\w+)\(([\d, ]+)\):\n\s+with T.sblock\(\"pad\"\)",
-                          built.mod[name].script())
-        return found.groups() if found else None
+    def pad_copy(name):  # (the loop right around the whole pad block, parallel loops, pad blocks)
+        script = built.mod[name].script()
+        found = re.search(r"for [\w, ]+ in (T\.\w+)\(([\d, ]+)\):\n\s+with T.sblock\(\"pad\"\)", script)
+        return (found.groups() if found else None), script.count("T.parallel"), script.count('T.sblock("pad')
 
-    assert pad_loop("alt_conv2d_1") == ("T.grid", "1, 1, 5, 65, 3")  # the stem: lanes a plane apart
-    assert pad_loop("alt_conv2d_2") is None  # the 1x1 reads its input in place
-    assert pad_loop("alt_conv2d_3") == ("T.vectorized", "8")  # the grouped conv's 8-channel tiles
+    assert pad_copy("alt_conv2d_1") == (("T.grid", "1, 1, 5, 65, 3"), 2, 1)  # the stem: a pass of its own
+    assert pad_copy("alt_conv2d_2") == (None, 1, 0)  # the 1x1 reads its input in place
+    grouped = pad_copy("alt_conv2d_3")  # the window padded per tile inside the conv's loop, split at its edges
+    assert grouped[:2] == (None, 1) and grouped[2] > 1
+    assert "T.vectorized(8)" in built.mod["alt_conv2d_3"].script()
+    assert pad_copy("alt_conv2d_4") == (("T.vectorized", "16"), 2, 1)  # dense: whole, in vectors

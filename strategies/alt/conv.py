@@ -51,7 +51,7 @@ from .block import (
     work_ratio,
 )
 from .prefetch import prefetch_next_block, prefetch_next_tile
-from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block
+from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block, window_per_channel_tile
 from .window import partition_at_tile_edges, vectorize_lanes
 from .winograd import (
     LANES,
@@ -398,6 +398,18 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     return sch.mod
 
 
+def pads_per_channel_tile(geometry: ConvGeometry, tiling: DefaultConvTiling, *, loop_tiles: Any = None) -> bool:
+    """Whether the conv pads each output tile's window inside its channel tile loop
+    (``pad_in_tile``, :func:`.tiling.window_per_channel_tile`). Always for a depthwise conv;
+    for a grouped one unless its tiling reads the input as the conv does (``prefetch_input``,
+    ``reduction_outer``: a tuning record may ask for those) or tiles it by loops (ALT-OL)."""
+    if is_depthwise(geometry.in_per_group, geometry.out_per_group):
+        return True
+    if tiling.prefetch_input or tiling.reduction_outer or geometry.transposed or loop_tiles is not None:
+        return False
+    return window_per_channel_tile(geometry.out_shape[1], geometry.in_per_group, geometry.out_per_group, tiling.ot)
+
+
 def _schedule_whole_pad(sch: tvm.s_tir.Schedule, source: te.Tensor, *, lanes: bool) -> None:
     """The pad stage copied whole before the conv: parallel over its outer loops and, with
     ``lanes``, vectorized over its channel tile. (RegNetY's grouped 3x3 stride-2 convs copy
@@ -709,7 +721,7 @@ class AltConvStrategy(Strategy):
             cores=context.target.num_cores, parallel_channels=tiling.parallel_channels,
             two_level=tiling.two_level and loop_tiles is None, unroll_window=tiling.unroll_window,
             window_outer=tiling.window_outer, epilogue_in_block=tiling.epilogue_in_block,
-            pad_in_tile=is_depthwise(geometry.in_per_group, geometry.out_per_group),
+            pad_in_tile=pads_per_channel_tile(geometry, tiling, loop_tiles=loop_tiles),
             pad_per_task=geometry.copies_window_per_task and loop_tiles is None and not tiling.two_level
             and not (tiling.prefetch_input or tiling.reduction_outer),
             reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input,

@@ -31,6 +31,17 @@ def is_depthwise(in_channels_per_group: int, out_channels_per_group: int) -> boo
     return in_channels_per_group == out_channels_per_group == 1
 
 
+def window_per_channel_tile(out_channels: int, in_channels_per_group: int, out_channels_per_group: int,
+                            ot: int) -> bool:
+    """Whether each output channel tile of ``ot`` channels reads the input channels of one group
+    only, so the conv's padded input window can be copied per tile, holding no channel another
+    tile needs: depthwise convs, and grouped convs whose tile lies within a group (RegNetY's
+    groups of 8 in tiles of 8)."""
+    if is_depthwise(in_channels_per_group, out_channels_per_group):
+        return True
+    return out_channels_per_group < out_channels and out_channels_per_group % ot == 0
+
+
 @dataclass(frozen=True)
 class DefaultConvTiling:
     """The layout and loop parameters of the conv template (analytic defaults or tuned).
@@ -185,10 +196,12 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # A dense conv's input tile of the next task is fetched while this one computes: inside a
     # model it comes from the L3 or memory, in an order (channel blocks of a few positions)
     # the hardware prefetchers do not follow. ResNet-50 2-10% faster (docs/cnn.md, seventeenth
-    # session). A depthwise conv reads its input through its per-tile window copy instead.
-    # With channel tiles in the parallel loop (streamed weights), the next task mostly reads the
-    # same input tile.
-    prefetch_input = not depthwise and not streams
+    # session). A depthwise conv, or a grouped one whose channel tile lies within a group, reads
+    # its input through a per-tile window copy instead (RegNetY's grouped convs 0.65-0.88x the
+    # time with it, docs/cnn.md, twenty-third session). With channel tiles in the parallel loop
+    # (streamed weights), the next task mostly reads the same input tile.
+    per_tile_window = window_per_channel_tile(out_shape[1], in_channels_per_group, out_channels_per_group, ot)
+    prefetch_input = not per_tile_window and not streams
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
                              epilogue_in_block=True, parallel_channels=True if streams else None,
                              prefetch_input=prefetch_input)
