@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ import numpy as np
 
 import alt_tvm
 from alt_tvm.deploy.model import use_runtime_threads
-from alt_tvm.graph.baselines import round_order
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ab_conv_knob, beside this script
+import ab_conv_knob  # noqa: E402
 
 
 def compare(models: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) -> dict[str, Any]:
@@ -49,22 +52,13 @@ def compare(models: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) 
     np.testing.assert_allclose(models["b"](x)[0], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
     for model in models.values():  # the first runs after loading are slower (page faults, a cold pool)
         model.profile(x, repeat=2)
-    totals: dict[str, list[float]] = {name: [] for name in names}
-    kernels: dict[str, dict[str, list[float]]] = {name: {} for name in names}
-    for index in range(rounds):
-        for name in (names[i] for i in round_order(2, index)):
-            profile = models[name].profile(x, repeat=repeat)
-            totals[name].append(statistics.median(profile.totals_ms))
-            for kernel in profile.times_ms:
-                kernels[name].setdefault(kernel, []).append(profile.median(kernel))
+    totals, kernels = ab_conv_knob.profile_pair(models, x, rounds=rounds, repeat=repeat)
     ratios = np.array(totals["b"]) / np.array(totals["a"])
     changed = changed_kernels(models)
-    parts = {}
-    if changed is not None:
-        for part, wanted in (("changed", True), ("unchanged", False)):
-            sums = {name: np.array([sum(samples[r] for kernel, samples in kernels[name].items()
-                                        if (kernel in changed) == wanted) for r in range(rounds)]) for name in names}
-            parts[f"{part}_b_over_a"] = float(np.median(sums["b"] / sums["a"])) if sums["a"].all() else float("nan")
+    parts = {} if changed is None else {
+        f"{part}_b_over_a": ab_conv_knob.summed_ratio(kernels, top="b", bottom="a", rounds=rounds,
+                                                       keep=lambda k, wanted=wanted: (k in changed) == wanted)
+        for part, wanted in (("changed", True), ("unchanged", False))}
     return {"a_ms": statistics.median(totals["a"]), "b_ms": statistics.median(totals["b"]),
             "b_over_a": float(np.median(ratios)), "rounds_b_faster": int((ratios < 1).sum()), "rounds": rounds,
             "changed_kernels": sorted(changed) if changed is not None else None, **parts,

@@ -109,35 +109,55 @@ def changed_kernels(builds: dict[str, Any]) -> set[str]:
             if name not in default or name not in forced or not tvm_ffi.structural_equal(default[name], forced[name])}
 
 
+def profile_pair(builds: dict[str, Any], x: np.ndarray, *, rounds: int, repeat: int
+                 ) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
+    """Profile the builds on ``x`` in interleaved rounds (a different one first each round):
+    per build, each round's median run total and each kernel's median time (ms)."""
+    names = list(builds)
+    totals: dict[str, list[float]] = {name: [] for name in names}
+    kernels: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    for index in range(rounds):
+        for name in (names[i] for i in round_order(len(names), index)):
+            profile = builds[name].profile(x, repeat=repeat)
+            totals[name].append(float(np.median(profile.totals_ms)))
+            for kernel in profile.times_ms:
+                kernels[name].setdefault(kernel, []).append(profile.median(kernel))
+    return totals, kernels
+
+
+def summed_times(kernels: dict[str, list[float]], *, rounds: int, keep: Any) -> np.ndarray:
+    """Per round, the summed time of the kernels ``keep(name)`` selects (one build's samples)."""
+    return np.array([sum(samples[r] for kernel, samples in kernels.items() if keep(kernel)) for r in range(rounds)])
+
+
+def summed_ratio(kernels: dict[str, dict[str, list[float]]], *, top: str, bottom: str, rounds: int,
+                 keep: Any) -> float:
+    """Median over rounds of the summed time of the kernels ``keep(name)`` selects in build
+    ``top`` over build ``bottom`` (NaN when ``bottom`` has none of them)."""
+    upper, lower = (summed_times(kernels[name], rounds=rounds, keep=keep) for name in (top, bottom))
+    return float(np.median(upper / lower)) if lower.all() else float("nan")
+
+
 def compare_kernels(builds: dict[str, Any], *, rounds: int, repeat: int, seed: int = 0) -> dict[str, Any]:
     """Check the two builds agree, then profile them in interleaved rounds: per round the summed
     time of the changed kernels and of the others (the control) in each build, default / forced."""
     x = checked_input(builds, seed=seed)
     changed = changed_kernels(builds)
-    names = list(builds)
-    sums = {(name, part): [] for name in names for part in ("changed", "unchanged")}
-    per_kernel = {(name, kernel): [] for name in names for kernel in changed}
-    for index in range(rounds):
-        for name in (names[i] for i in round_order(len(names), index)):
-            profile = builds[name].profile(x, repeat=repeat)
-            times = {kernel: profile.median(kernel) for kernel in profile.times_ms}
-            sums[(name, "changed")].append(sum(ms for kernel, ms in times.items() if kernel in changed))
-            sums[(name, "unchanged")].append(sum(ms for kernel, ms in times.items() if kernel not in changed))
-            for kernel in changed:
-                per_kernel[(name, kernel)].append(times.get(kernel, 0.0))
+    _, kernels = profile_pair(builds, x, rounds=rounds, repeat=repeat)
+    parts = {"changed": lambda k: k in changed, "unchanged": lambda k: k not in changed}
+
+    def median_ms(name: str, part: str) -> float:
+        return float(np.median(summed_times(kernels[name], rounds=rounds, keep=parts[part])))
 
     def ratio(part: str) -> float:
-        forced = np.array(sums[("forced", part)])
-        return float(np.median(np.array(sums[("default", part)]) / forced)) if forced.all() else float("nan")
+        return summed_ratio(kernels, top="default", bottom="forced", rounds=rounds, keep=parts[part])
 
     return {"changed_kernels": len(changed), "rounds": rounds,
-            "changed_default_ms": float(np.median(sums[("default", "changed")])),
-            "changed_forced_ms": float(np.median(sums[("forced", "changed")])),
+            "changed_default_ms": median_ms("default", "changed"), "changed_forced_ms": median_ms("forced", "changed"),
             "changed_default_over_forced": ratio("changed"),
-            "unchanged_ms": float(np.median(sums[("default", "unchanged")])),
-            "unchanged_default_over_forced": ratio("unchanged"),
-            "kernels": {kernel: [float(np.median(per_kernel[("default", kernel)])),
-                                 float(np.median(per_kernel[("forced", kernel)]))] for kernel in sorted(changed)}}
+            "unchanged_ms": median_ms("default", "unchanged"), "unchanged_default_over_forced": ratio("unchanged"),
+            "kernels": {kernel: [float(np.median(kernels["default"].get(kernel, [0.0]))),
+                                 float(np.median(kernels["forced"].get(kernel, [0.0])))] for kernel in sorted(changed)}}
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
