@@ -125,3 +125,17 @@ def test_an_artifact_without_kernel_digests_reads_as_unknown():
     info = kernel_info_from_json({"k": {"kind": "partition", "ops": ["relax.add"], "layout": "", "flops": 1.0,
                                         "bytes": 8}})
     assert info["k"].digest == ""
+
+
+def test_a_model_the_rewrite_leaves_unchanged_is_reported_skipped_and_the_run_goes_on(tmp_path, capsys):
+    import json
+
+    script = load_script("ab_rewrite")
+    torch.manual_seed(0)
+    path = tmp_path / "pw.onnx"  # a 1x1 conv: no pad stage for the vector-pad switch to change
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU()).eval(),
+                      (torch.randn(1, 16, 8, 8),), str(path), dynamo=False, opset_version=17)
+    script.main(["--rewrite", "vector-pad", "--both-orders", "--rounds", "1", "--repeat", "1",
+                 "--models", str(path), str(path)])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2 and all("changes no kernel" in line["skipped"] for line in lines)  # once per model
