@@ -341,6 +341,14 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
              5.0000001201e-1)
 
 
+#: Exp's input range: ``exp(88.72283)`` is the largest float below inf, ``exp(-87.33654)`` the
+#: smallest normal one.
+_EXP_RANGE = (-87.33654, 88.72283)
+#: 1.5 * 2^23: adding it to a float below 2^22 in magnitude rounds the float to an integer
+#: held in the sum's low mantissa bits, whose bit pattern is ``_ROUNDING_BITS + n``.
+_ROUNDING, _ROUNDING_BITS = 12582912.0, 0x4B400000
+
+
 def exp_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     """``exp(x)`` as a TIR expression that vectorises (float32; other dtypes: ``tirx.exp``).
 
@@ -353,27 +361,39 @@ def exp_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     if dtype_of(x) != "float32":
         return tvm.tirx.exp(x)
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
-    clamped = tvm.tirx.max(tvm.tirx.min(x, f32(88.72283)), f32(-87.33654))
-    n = tvm.tirx.floor(clamped * f32(1.4426950408889634) + f32(0.5))
-    r = clamped - n * f32(0.693359375) + n * f32(2.12194440e-4)  # ln 2 in two parts: r exact
+    value = _exp_in_range(ieee.clamp_expr(x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1]))
+    value = tvm.tirx.Select(x > f32(_EXP_RANGE[1]), f32(float("inf")), value)
+    return tvm.tirx.Select(x < f32(_EXP_RANGE[0]), f32(0.0), value)
+
+
+def _exp_in_range(x: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``exp(x)`` for float32 ``x`` within :data:`_EXP_RANGE` or NaN (NaN comes out NaN).
+
+    ``n = round(x / ln2)`` by the :data:`_ROUNDING` addition, which also leaves ``n`` in the
+    sum's bits for ``2^n``: no float-to-int conversion (undefined in LLVM for NaN) and no
+    floor, two vector instructions fewer than ``floor`` and a conversion.
+    """
+    f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
+    rounded = x * f32(1.4426950408889634) + f32(_ROUNDING)
+    n = tvm.tirx.reinterpret("float32", tvm.tirx.reinterpret("int32", rounded)) - f32(_ROUNDING)
+    r = x - n * f32(0.693359375) + n * f32(2.12194440e-4)  # ln 2 in two parts: r exact
     p = f32(_EXP_POLY[0])
     for coef in _EXP_POLY[1:]:
         p = p * r + f32(coef)
     poly = p * r * r + r + f32(1.0)
     # 2^n as 2 * 2^(n-1): n reaches 128 at the top of the range, beyond a float's exponent.
-    scale = tvm.tirx.reinterpret("float32", (n.astype("int32") + 126) << 23)
-    value = poly * scale * f32(2.0)
-    value = tvm.tirx.Select(x > f32(88.72283), f32(float("inf")), value)
-    value = tvm.tirx.Select(x < f32(-87.33654), f32(0.0), value)
-    return tvm.tirx.Select(ieee.is_nan(x), x, value)
+    bits = tvm.tirx.reinterpret("int32", rounded) + tvm.tirx.const(126 - _ROUNDING_BITS, "int32")
+    return poly * tvm.tirx.reinterpret("float32", bits << 23) * f32(2.0)
 
 
 def sigmoid_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
-    """``1 / (1 + exp(-x))`` with :func:`exp_expr` (float32; ``tirx.sigmoid`` otherwise)."""
+    """``1 / (1 + exp(-x))`` with :func:`exp_expr`'s polynomial (float32; ``tirx.sigmoid``
+    otherwise). ``-x`` is clamped to exp's range and no overflow test is needed: at its ends
+    the result is 1 and 3e-39 (0 beyond), and NaN comes out NaN."""
     if dtype_of(x) != "float32":
         return tvm.tirx.sigmoid(x)
     one = tvm.tirx.const(1.0, "float32")
-    return one / (one + exp_expr(-x))
+    return one / (one + _exp_in_range(ieee.clamp_expr(-x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1])))
 
 
 def tanh_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
