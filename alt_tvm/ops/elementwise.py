@@ -388,8 +388,11 @@ def _exp_in_range(x: tvm.ir.Expr) -> tvm.ir.Expr:
 
 def sigmoid_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     """``1 / (1 + exp(-x))`` with :func:`exp_expr`'s polynomial (float32; ``tirx.sigmoid``
-    otherwise). ``-x`` is clamped to exp's range and no overflow test is needed: at its ends
-    the result is 1 and 3e-39 (0 beyond), and NaN comes out NaN."""
+    otherwise). ``-x`` is clamped to exp's range, so no overflow test is needed: above
+    ``x = 87.3`` the result is 1, below ``x = -88.7`` it stays 3e-39 (the exact value is
+    smaller: denormal, then 0), and NaN comes out NaN. Without :func:`exp_expr`'s three
+    selects and with its rounding, a SiLU takes 4.9 instead of 6.3 ns per 16 lanes (one Zen 4
+    thread, a 256 KB array)."""
     if dtype_of(x) != "float32":
         return tvm.tirx.sigmoid(x)
     one = tvm.tirx.const(1.0, "float32")
