@@ -14,6 +14,7 @@ from torch import nn
 
 from alt_tvm.graph import canonical
 from alt_tvm.graph.build import build
+from alt_tvm.layout import Layout
 
 
 class _MaxPoolThenTwo1x1(nn.Module):  # ResNet's stem: pool feeding the block and its shortcut
@@ -595,3 +596,55 @@ def test_a_fused_reshape_reads_by_its_blocks_indices_not_flat_positions(tmp_path
     assert fused, [g.name_hint for g in built.mod.get_global_vars()]
     stores = [line for line in built.mod[fused[0]].script().splitlines() if "] = " in line]
     assert stores and not any("%" in line or "//" in line for line in stores), stores
+
+
+class _LateScale(nn.Module):  # EfficientNet's 7x7 stages: the scale is its own kernel (the weights outweigh the map)
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(32, 256, 1), nn.Conv2d(256, 128, 1)
+        self.reduce, self.expand = nn.Conv2d(256, 16, 1), nn.Conv2d(16, 256, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return self.b(y * torch.sigmoid(self.expand(torch.relu(self.reduce(y.mean((2, 3), keepdim=True))))))
+
+
+@pytest.mark.parametrize(("make", "channels", "lanes"), [
+    (lambda: _LateScale(), 32, None),  # the output's own tile
+    (lambda: _GroupedSqueezeExcite(256, 8), 256, 8),  # RegNet: 8-channel group tiles into wider ones
+], ids=["same_tiles", "narrower_input_tiles"])
+def test_a_standalone_scale_is_vectorized_over_whole_input_vectors(make, channels, lanes):
+    """A squeeze-excitation scale whose next conv's weights are larger than the map runs as
+    an element-wise kernel of its own. Its lane loop is vectorized (LLVM left it scalar:
+    EfficientNet-B0's 7x7 scales took 36 us a call, 5 vectorized), in vectors as wide as the
+    narrowest input tile, so that each load is one contiguous piece."""
+    import re
+
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(1, channels, 7, 7)
+    built = build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    (kernel,) = [k for k in built.report.kernels if k.kind == "elementwise"]
+    assert kernel.ops == ("relax.multiply",)
+    func = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name)
+    tiles = [int(p.ty.shape[-1]) for p in func.params]
+    assert re.findall(r"T\.vectorized\((\d+)\)", func.script()) == [str(lanes or tiles[-1])], tiles
+
+
+def test_elementwise_lanes_refuse_a_gather():
+    from alt_tvm.graph.in_layout import elementwise_lanes
+    from alt_tvm.layout.templates import conv_output_tiled
+
+    shape = [1, 64, 7, 7]
+    tiled = lambda tile: conv_output_tiled(shape, spatial_tiles=[7, 7], channel_tile=tile)  # noqa: E731
+    out = tiled(16)
+    assert elementwise_lanes(out, [(shape, tiled(16)), ([1, 64, 1, 1], None)]) == 16  # a per-channel vector
+    assert elementwise_lanes(out, [(shape, tiled(8)), ([64, 1, 1], None)]) == 8  # narrower tiles
+    assert elementwise_lanes(out, [(shape, tiled(32))]) == 16  # wider tiles: 16-lane pieces of them
+    assert elementwise_lanes(out, [(shape, None)]) == 0  # a row-major map: channels a plane apart
+    assert elementwise_lanes(conv_output_tiled([1, 48, 7, 7], spatial_tiles=[7, 7], channel_tile=16),
+                             [([1, 48, 7, 7], conv_output_tiled([1, 48, 7, 7], spatial_tiles=[7, 7],
+                                                                 channel_tile=12))]) == 0  # 12 into 16
+    assert elementwise_lanes(Layout(shape), [(shape, None)]) == 0  # no vector in the output

@@ -318,6 +318,33 @@ def _narrowest_tile(inputs: Sequence[Layout | None], dim: int, lanes: int) -> in
     return min([t for t in tiles if lanes % t == 0], default=lanes)
 
 
+def elementwise_lanes(output: Layout, inputs: Sequence[tuple[Sequence[int], Layout | None]]) -> int:
+    """Lanes to vectorize an element-wise kernel writing ``output`` with: its innermost tile,
+    narrowed to the narrowest tile of the same dim among ``inputs`` (``(shape, layout)``
+    pairs, NumPy-broadcast against the output), so every vector load is one contiguous
+    piece (RegNetY's squeeze-excitation scale reads 8-channel tiles into 16-channel ones).
+    0 when an input would be gathered: a stored layout ending in another dim or in a tile
+    that neither divides nor is a multiple of the output's, or a row-major operand whose lane
+    dim is not innermost."""
+    vector = output.innermost_dim if not output.is_identity else None
+    if vector is None:
+        return 0
+    dim, lanes = vector
+    rank = len(output.orig_shape)
+    for shape, layout in inputs:
+        at = dim - (rank - len(shape))  # the lane dim in this operand (< 0: broadcast along it)
+        if at < 0 or int(shape[at]) == 1:
+            continue
+        if layout is not None and not layout.is_identity:
+            inner = layout.innermost_dim
+            if inner is None or inner[0] != at or (vector[1] % inner[1] and inner[1] % vector[1]):
+                return 0
+            lanes = min(lanes, inner[1])
+        elif any(int(d) != 1 for d in shape[at + 1:]):
+            return 0
+    return lanes if lanes > 1 else 0
+
+
 def _stages_output(stmt, out_shape: Sequence[int] | None) -> bool:
     """Whether block ``stmt`` writes one buffer of the output's original shape ``out_shape``
     (an intermediate the output is computed from element by element; None: a symbolic one)."""
