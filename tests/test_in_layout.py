@@ -616,7 +616,7 @@ class _LateScale(nn.Module):  # EfficientNet's 7x7 stages: the scale is its own 
 def test_a_standalone_scale_is_vectorized_over_whole_input_vectors(make, channels, lanes):
     """A squeeze-excitation scale whose next conv's weights are larger than the map runs as
     an element-wise kernel of its own. Its lane loop is vectorized (LLVM left it scalar:
-    EfficientNet-B0's 7x7 scales took 36 us a call, 5 vectorized), in vectors as wide as the
+    EfficientNet-B0's 7x7 scales took 28-36 us a call, 5 vectorized), in vectors as wide as the
     narrowest input tile, so that each load is one contiguous piece."""
     import re
 

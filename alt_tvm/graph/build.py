@@ -616,7 +616,7 @@ class _Mutator(relax.PyExprMutator):
         inner = sch.get_loops(sch.get_sblock(result[out].op.name))[-1]
         if lanes and int(sch.get(inner).extent) % lanes == 0:
             # LLVM left the lane loop scalar: EfficientNet-B0's squeeze-excitation scale on its
-            # 7x7 maps took 36 us a call, 5 vectorized (in the model, 2 threads).
+            # 7x7 maps took 28-36 us a call, 5 vectorized (in the model, 2 threads).
             sch.vectorize(sch.split(inner, [None, lanes])[1] if int(sch.get(inner).extent) > lanes else inner)
         func = parallelize(sch.mod["main"], self.owner.target.num_cores)
         self.count += 1
