@@ -154,17 +154,12 @@ def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
 def band_rows(geometry: BlockGeometry, *, row_tile: int, cores: int, l2_bytes: int) -> int | None:
     """Output rows per parallel band: a multiple of the output layout's ``row_tile`` that
     divides the output height, leaves at least one band per core, and whose buffers fit
-    the L2 cache, with the least estimated time (FLOPs with recomputed rows, times the
-    rounds of bands over ``cores``). None when no band qualifies.
-
-    The whole L2, not half of it: fewer, larger bands recompute fewer expanded rows. In
-    MobileNet-V2's blocks alone (Zen 4, 1 MB L2, 2 threads), the `24 -> 144 -> 24` block on
-    56x56 took 0.30 ms in bands of 14 rows (986 KB of buffers) against 0.34 in bands of 4,
-    the `32 -> 192 -> 32` on 28x28 0.113 against 0.146."""
+    half the L2 cache, with the least estimated time (FLOPs with recomputed rows, times the
+    rounds of bands over ``cores``). None when no band qualifies."""
     best = None
     for rows in range(row_tile, geometry.oh + 1, row_tile):
         bands = geometry.n * geometry.oh // rows
-        if geometry.oh % rows or bands < cores or geometry.band_bytes(rows) > l2_bytes:
+        if geometry.oh % rows or bands < cores or geometry.band_bytes(rows) > l2_bytes // 2:
             continue
         rounds = -(-bands // cores)
         cost = rounds * geometry.flops(rows)
@@ -239,7 +234,7 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
     ------
     ValueError
         If ``project_tiling`` is two-level (the block stores one level) or no band of rows
-        fits the L2 cache: :meth:`AltConvStrategy.fuses_block` then does not fuse.
+        fits half the L2 cache: :meth:`AltConvStrategy.fuses_block` then does not fuse.
     """
     g = geometry
     if project_tiling.two_level:
@@ -249,7 +244,7 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
     budget = block_register_budget(target.vector_registers or 16)
     rows = band_rows(g, row_tile=project_tiling.spatial[0], cores=target.num_cores, l2_bytes=target.l2_bytes)
     if rows is None:
-        raise ValueError(f"no band of output rows of {g} fits the L2 cache ({target.l2_bytes} B)")
+        raise ValueError(f"no band of output rows of {g} fits half the L2 cache ({target.l2_bytes} B)")
     # Padded only where the divisor fills at most a quarter of a vector (ShuffleNet's 58
     # channels: 2 lanes): padding guards every epilogue (MobileNet-V3's 200 channels: 1.4x
     # slower padded to 208 than in tiles of 8).
