@@ -45,7 +45,7 @@ import numpy as np
 
 from alt_tvm.deploy.model import aligned, seeded_inputs
 from alt_tvm.deploy.profile import KernelProfile
-from alt_tvm.graph.baselines import round_order
+from alt_tvm.graph.baselines import run_interleaved
 from alt_tvm.graph.build import CompiledModel, build
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import strategy_named
@@ -412,23 +412,16 @@ def profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray]
     profiler = profiler or _profile_once
     for model in models:  # a model's first runs after a build are slower (page faults, a cold pool)
         profiler(model, arrays)
-    times: dict[str, list[list[float]]] = {key: [[] for _ in models] for key in keys}
-    for r in range(rounds):
-        for v in round_order(len(models), r):
-            per_workload = profiler(models[v], arrays).by_workload(models[v].report.kernels)
-            for key in keys:
-                times[key][v].append(statistics.median(per_workload.get(key, (math.nan,))))
-    return times
+    runs = run_interleaved(len(models), rounds=rounds,
+                           run=lambda v: profiler(models[v], arrays).by_workload(models[v].report.kernels))
+    return {key: [[statistics.median(per_workload.get(key, (math.nan,))) for per_workload in runs[v]]
+                  for v in range(len(models))] for key in keys}
 
 
 def _time_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], rounds: int,
                  model_timer: ModelTimer) -> list[list[float]]:
     """Whole-model times of ``models``, interleaved, a different one first each round."""
-    samples: list[list[float]] = [[] for _ in models]
-    for r in range(rounds):
-        for v in round_order(len(models), r):
-            samples[v].append(model_timer(models[v], arrays))
-    return samples
+    return run_interleaved(len(models), rounds=rounds, run=lambda v: model_timer(models[v], arrays))
 
 
 def _decide(key: str, found: Sequence[Choice], times: Sequence[Sequence[float]], margin: float) -> WorkloadDecision:

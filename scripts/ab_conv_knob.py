@@ -36,7 +36,7 @@ import tvm_ffi
 import alt_tvm
 import alt_tvm.strategies.alt.conv as conv_strategy
 from alt_tvm.deploy.model import use_runtime_threads
-from alt_tvm.graph.baselines import round_order, time_interleaved
+from alt_tvm.graph.baselines import run_interleaved, time_interleaved
 from alt_tvm.strategies.alt.tiling import DefaultConvTiling, is_depthwise
 
 #: Which untuned convs the knob is forced in.
@@ -114,12 +114,11 @@ def profile_pair(builds: dict[str, Any], x: np.ndarray, *, rounds: int, repeat: 
     """Profile the builds on ``x`` in interleaved rounds (a different one first each round):
     per build, each round's median run total and each kernel's median time (ms)."""
     names = list(builds)
-    totals: dict[str, list[float]] = {name: [] for name in names}
+    runs = run_interleaved(len(names), rounds=rounds, run=lambda i: builds[names[i]].profile(x, repeat=repeat))
+    totals = {name: [float(np.median(p.totals_ms)) for p in profiles] for name, profiles in zip(names, runs)}
     kernels: dict[str, dict[str, list[float]]] = {name: {} for name in names}
-    for index in range(rounds):
-        for name in (names[i] for i in round_order(len(names), index)):
-            profile = builds[name].profile(x, repeat=repeat)
-            totals[name].append(float(np.median(profile.totals_ms)))
+    for name, profiles in zip(names, runs):
+        for profile in profiles:
             for kernel in profile.times_ms:
                 kernels[name].setdefault(kernel, []).append(profile.median(kernel))
     return totals, kernels

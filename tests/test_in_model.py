@@ -226,3 +226,12 @@ def test_the_model_check_reports_the_per_round_ratio_it_decided_on():
     assert "(medians; tuned / untuned per round 0.900) -> kept" in result.summary()
     reverted = InModelResult([], untuned_ms=2.0, tuned_ms=2.0, kept=False)
     assert reverted.speedup == 1.0 and reverted.paired_ratio == pytest.approx(1.0)
+
+
+def test_runs_interleave_with_a_different_runner_first_each_round():
+    from alt_tvm.graph.baselines import run_interleaved
+
+    calls = []
+    results = run_interleaved(3, rounds=4, run=lambda i: calls.append(i) or 10 * i)
+    assert results == [[0] * 4, [10] * 4, [20] * 4]  # grouped per runner, in round order
+    assert calls == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # each round starts one runner later

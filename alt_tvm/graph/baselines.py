@@ -271,6 +271,17 @@ def round_order(count: int, round_index: int) -> list[int]:
     return list(range(shift, count)) + list(range(shift))
 
 
+def run_interleaved(count: int, *, rounds: int, run: Callable[[int], Any]) -> list[list[Any]]:
+    """``run(i)`` for each of ``count`` runners in ``rounds`` rounds, a different one first each
+    round (:func:`round_order`); per runner, its results in round order. The one interleaving
+    loop of every comparison here (timings, profiles, A/B builds)."""
+    results: list[list[Any]] = [[] for _ in range(count)]
+    for r in range(rounds):
+        for i in round_order(count, r):
+            results[i].append(run(i))
+    return results
+
+
 def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]], *, rounds: int = 7,
                      repeat: int = 10, warmup: int = 3, pause_s: float = 0.02) -> dict[str, tuple[float, list[float]]]:
     """Time several runners in interleaved rounds, so drifts of the machine's load hit all alike.
@@ -304,10 +315,10 @@ def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[An
         fn, args = runners[label]
         for _ in range(warmup):
             fn(*args)
-    samples: dict[str, list[float]] = {label: [] for label in labels}
-    for r in range(rounds):
-        for label in (labels[i] for i in round_order(len(labels), r)):
-            fn, args = runners[label]
-            time.sleep(pause_s)
-            samples[label].append(time_callable(fn, args, warmup=1, repeat=repeat)[1])
-    return {label: (statistics.median(values), values) for label, values in samples.items()}
+    def one(i: int) -> float:
+        fn, args = runners[labels[i]]
+        time.sleep(pause_s)
+        return time_callable(fn, args, warmup=1, repeat=repeat)[1]
+
+    samples = run_interleaved(len(labels), rounds=rounds, run=one)
+    return {label: (statistics.median(values), values) for label, values in zip(labels, samples)}
