@@ -400,12 +400,13 @@ def sigmoid_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
 
 
 def tanh_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
-    """``tanh(x) = 1 - 2 / (exp(2x) + 1)`` with :func:`exp_expr` (absolute error about 1e-7;
-    float32, ``tirx.tanh`` otherwise)."""
+    """``tanh(x) = 1 - 2 / (exp(2x) + 1)`` with :func:`exp_expr`'s polynomial (absolute error
+    about 1e-7; float32, ``tirx.tanh`` otherwise). As in :func:`sigmoid_expr`, ``2x`` is
+    clamped to exp's range and no overflow test is needed: the result is then 1 or -1."""
     if dtype_of(x) != "float32":
         return tvm.tirx.tanh(x)
     one, two = tvm.tirx.const(1.0, "float32"), tvm.tirx.const(2.0, "float32")
-    return one - two / (exp_expr(two * x) + one)
+    return one - two / (_exp_in_range(ieee.clamp_expr(two * x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1])) + one)
 
 
 def erf_gelu(data: te.Tensor, *, name: str = "gelu") -> te.Tensor:
