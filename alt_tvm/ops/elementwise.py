@@ -361,20 +361,22 @@ def exp_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     if dtype_of(x) != "float32":
         return tvm.tirx.exp(x)
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
-    value = _exp_in_range(ieee.clamp_expr(x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1]))
+    value = _exp_clamped(x)
     value = tvm.tirx.Select(x > f32(_EXP_RANGE[1]), f32(float("inf")), value)
     return tvm.tirx.Select(x < f32(_EXP_RANGE[0]), f32(0.0), value)
 
 
-def _exp_in_range(x: tvm.ir.Expr) -> tvm.ir.Expr:
-    """``exp(x)`` for float32 ``x`` within :data:`_EXP_RANGE` or NaN (NaN comes out NaN).
+def _exp_clamped(x: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``exp`` of float32 ``x`` clamped to :data:`_EXP_RANGE` (NaN stays NaN, ``ieee.clamp_expr``).
 
     ``n = round(x / ln2)`` by the :data:`_ROUNDING` addition, which also leaves ``n`` in the
     sum's bits for ``2^n``: no float-to-int conversion (undefined in LLVM for NaN) and no
     floor, two vector instructions fewer than ``floor`` and a conversion.
     """
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
+    x = ieee.clamp_expr(x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1])
     rounded = x * f32(1.4426950408889634) + f32(_ROUNDING)
+    # (Through two reinterpret casts: TVM's simplifier folds ``(v + c) - c`` to ``v``.)
     n = tvm.tirx.reinterpret("float32", tvm.tirx.reinterpret("int32", rounded)) - f32(_ROUNDING)
     r = x - n * f32(0.693359375) + n * f32(2.12194440e-4)  # ln 2 in two parts: r exact
     p = f32(_EXP_POLY[0])
@@ -396,7 +398,7 @@ def sigmoid_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     if dtype_of(x) != "float32":
         return tvm.tirx.sigmoid(x)
     one = tvm.tirx.const(1.0, "float32")
-    return one / (one + _exp_in_range(ieee.clamp_expr(-x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1])))
+    return one / (one + _exp_clamped(-x))
 
 
 def tanh_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
@@ -406,7 +408,7 @@ def tanh_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     if dtype_of(x) != "float32":
         return tvm.tirx.tanh(x)
     one, two = tvm.tirx.const(1.0, "float32"), tvm.tirx.const(2.0, "float32")
-    return one - two / (_exp_in_range(ieee.clamp_expr(two * x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1])) + one)
+    return one - two / (_exp_clamped(two * x) + one)
 
 
 def erf_gelu(data: te.Tensor, *, name: str = "gelu") -> te.Tensor:
