@@ -246,10 +246,13 @@ _CONV_OPS = {
     "relax.nn.conv1d_transpose": (1, True), "relax.nn.conv2d_transpose": (2, True),
     "relax.nn.conv3d_transpose": (3, True),
 }
-#: Input channels up to which an unpadded conv reads a row-major input (an image) in place:
-#: its unfolded copy would cost a pass over the image and buys no vector loads (SqueezeNet's
-#: 3 -> 64 stride-2 stem with its pool and 1x1: 0.56 -> 0.51 ms, Zen 4, 2 threads).
-ROW_MAJOR_CHANNELS = 4
+#: Input channels up to which a conv's input is treated as an image
+#: (:attr:`ConvGeometry.image_channels`). Unpadded and row-major, it is read in place: its
+#: unfolded copy would cost a pass over the image and buys no vector loads (SqueezeNet's
+#: 3 -> 64 stride-2 stem with its pool and 1x1: 0.56 -> 0.51 ms, Zen 4, 2 threads). Padded, its
+#: copy is not vectorized over its channels, and a large window is copied per task
+#: (:attr:`ConvGeometry.copies_window_per_task`).
+IMAGE_CHANNELS = 4
 _CANONICAL = {1: ("NCW", "OIW"), 2: ("NCHW", "OIHW"), 3: ("NCDHW", "OIDHW")}
 _CANONICAL_T = {1: ("NCW", "IOW"), 2: ("NCHW", "IOHW"), 3: ("NCDHW", "IODHW")}
 
@@ -469,10 +472,8 @@ class _WeightPrefetch:
         return tvm.IRModule({"main": func})
 
 
-#: Input channels per group up to which a padded conv copies its input window per parallel
-#: task (:attr:`ConvGeometry.copies_window_per_task`): an image's channels.
-FEW_CHANNELS = 4
-#: Output channels times kernel taps from which that copy is small next to the task's work.
+#: Output channels times kernel taps from which a stem's per-task window copy
+#: (:attr:`ConvGeometry.copies_window_per_task`) is small next to the task's work.
 WINDOW_WORK = 1024
 
 
@@ -510,6 +511,11 @@ class ConvGeometry:
         return (1,) * self.rank if self.transposed else self.strides
 
     @property
+    def image_channels(self) -> bool:
+        """Whether the data has at most :data:`IMAGE_CHANNELS` channels, as an image has."""
+        return self.data_shape[1] <= IMAGE_CHANNELS
+
+    @property
     def copies_window_per_task(self) -> bool:
         """Whether the pad stage is computed per parallel task (the output's spatial tile, before
         its channel tiles) rather than in a pass of its own: a dense conv with a few input channels
@@ -520,7 +526,7 @@ class ConvGeometry:
         GoogLeNet and DenseNet-121 ran 3-9% faster; ShuffleNet-V2's 3x3 stem (24 x 9) 19%
         slower, its copy as large as its work (docs/cnn.md, twenty-first session)."""
         taps = math.prod(self.weight_shape[2:])
-        return (not self.transposed and self.groups == 1 and self.in_per_group <= FEW_CHANNELS
+        return (not self.transposed and self.groups == 1 and self.image_channels
                 and any(self.pads) and self.out_per_group * taps >= WINDOW_WORK)
 
     @classmethod
@@ -725,7 +731,7 @@ class AltConvStrategy(Strategy):
             pad_per_task=geometry.copies_window_per_task and loop_tiles is None and not tiling.two_level
             and not (tiling.prefetch_input or tiling.reduction_outer),
             reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input,
-            pad_lanes=geometry.data_shape[1] > ROW_MAJOR_CHANNELS)
+            pad_lanes=not geometry.image_channels)
 
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
         """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for
@@ -843,7 +849,7 @@ class AltConvStrategy(Strategy):
             layouts[packed] = chosen.weight  # (the same tensor, or the one the scaled weights read)
         if source.same_as(data):
             current = context.input_layouts.get(context.source_of(data))
-            image = current is None and geometry.data_shape[1] <= ROW_MAJOR_CHANNELS and not geometry.transposed
+            image = current is None and geometry.image_channels and not geometry.transposed
             readable = current is not None and current.stores_each_once \
                 and current.shape[-1] == chosen.source.shape[-1]
             if not (image or readable):
