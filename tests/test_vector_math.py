@@ -66,11 +66,15 @@ def _run(make, x: np.ndarray) -> np.ndarray:
 
 def test_sigmoid_and_tanh_are_one_rational_function_without_an_exponential():
     """Both are ``x A(x^2) / B(x^2)`` between two clamps (tanh with the input clamped at half
-    the sigmoid's bound and the coefficients scaled by powers of 2): no exponential."""
+    the sigmoid's bound and the coefficients scaled by powers of 2): no exponential. The input,
+    the clamped input, its square and the ratio are bound once each (``T.Let``): written out,
+    the clamps' compares and selects and the polynomials' powers copied the input into the
+    expression about 270 times, and EfficientNet-B0's build took 51 s instead of 13."""
     a = te.placeholder((16,), name="a")
     for make, clamp in ((elementwise.sigmoid, "19.0"), (elementwise.tanh, "9.5")):
         script = te.create_prim_func([a, make(a)]).script()
         assert "12582912" not in script and "T.exp(" not in script
+        assert script.count("a[v_i0]") <= 2
         assert f"T.float32({clamp})" in script and f"T.float32(-{clamp})" in script
 
 
@@ -109,3 +113,22 @@ def test_sigmoid_coefficients_come_from_the_fitting_script():
     worst = script.check(a=np.array(elementwise._SIGMOID_NUMERATOR), b=np.array(elementwise._SIGMOID_DENOMINATOR),
                          clamp=elementwise._SIGMOID_CLAMP, stride=4096)
     assert worst["relative"] < 4e-7 and worst["sigmoid_ulps"] <= 3.5 and worst["past_half_at_clamp"] >= 1e-7
+
+
+def test_a_sigmoid_inlined_twice_and_unrolled_compiles_to_the_same_values():
+    """The ``T.Let`` bindings survive being copied: a sigmoid stage inlined into a consumer that
+    reads it at two positions, its loop unrolled and vectorized (each copy binds the same
+    variables to other values), still compiles and matches NumPy."""
+    x = np.random.default_rng(2).standard_normal(257).astype("float32") * 8
+    a = te.placeholder(x.shape, name="a")
+    s = elementwise.sigmoid(a)
+    out = te.compute((x.size - 1,), lambda i: s[i] * s[i + 1], name="pairs")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, out]))
+    sch.compute_inline(sch.get_sblock(s.op.name))
+    outer, unrolled, lanes = sch.split(sch.get_loops(sch.get_sblock("pairs"))[0], [None, 2, 16])
+    sch.unroll(unrolled)
+    sch.vectorize(lanes)
+    got = tvm.runtime.tensor(np.zeros(x.size - 1, "float32"))
+    tvm.compile(sch.mod, target=host_target()).jit()["main"](tvm.runtime.tensor(x), got)
+    sigmoid = 1 / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got.numpy(), sigmoid[:-1] * sigmoid[1:], rtol=1e-6, atol=1e-7)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tvm
 from tvm import te
@@ -414,16 +414,31 @@ def _centred_sigmoid(x: tvm.ir.Expr, *, scale: float) -> tvm.ir.Expr:
     3.9 ns per 16 lanes against 5.0 for ``1 / (1 + exp(-x))`` (one Zen 4 thread, L2).
     """
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
-    x = ieee.clamp_expr(x, lo=-_SIGMOID_CLAMP / scale, hi=_SIGMOID_CLAMP / scale)
-    x2 = x * x
-    p = q = None
-    for k in reversed(range(len(_SIGMOID_NUMERATOR))):
-        coef = f32(_SIGMOID_NUMERATOR[k] * scale ** (2 * k + 2))
-        p = coef if p is None else p * x2 + coef
-    for k in reversed(range(len(_SIGMOID_DENOMINATOR))):
-        coef = f32(_SIGMOID_DENOMINATOR[k] * scale ** (2 * k))
-        q = coef if q is None else q * x2 + coef
-    return ieee.clamp_expr(x * p / q, lo=-scale / 2, hi=scale / 2)
+
+    def rational(x: tvm.tirx.Var) -> tvm.ir.Expr:
+        return _let(x * x, "x2", lambda x2: _let(x * _horner(x2, numerator) / _horner(x2, denominator), "ratio",
+                                                 lambda r: ieee.clamp_expr(r, lo=-scale / 2, hi=scale / 2)))
+
+    numerator = [f32(c * scale ** (2 * k + 2)) for k, c in enumerate(_SIGMOID_NUMERATOR)]
+    denominator = [f32(c * scale ** (2 * k)) for k, c in enumerate(_SIGMOID_DENOMINATOR)]
+    bound = _SIGMOID_CLAMP / scale
+    return _let(x, "x", lambda x: _let(ieee.clamp_expr(x, lo=-bound, hi=bound), "clamped", rational))
+
+
+def _horner(x: tvm.ir.Expr, coefficients: Sequence[tvm.ir.Expr]) -> tvm.ir.Expr:
+    """``sum c_k x^k`` (``coefficients`` lowest power first) by Horner's rule."""
+    value = coefficients[-1]
+    for coef in coefficients[-2::-1]:
+        value = value * x + coef
+    return value
+
+
+def _let(value: tvm.ir.Expr, name: str, body: Callable[[tvm.tirx.Var], tvm.ir.Expr]) -> tvm.ir.Expr:
+    """``body(v)`` with ``v`` bound to ``value`` once: an operand used several times (a clamp's
+    compare and select, a polynomial's powers) would otherwise be copied into the expression
+    each time, and an epilogue inlined into a conv made TVM's passes take minutes."""
+    var = tvm.tirx.Var(name, dtype_of(value))
+    return tvm.tirx.Let(var, value, body(var))
 
 
 def sigmoid_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
