@@ -324,16 +324,16 @@ def erf_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     """
     if dtype_of(x) != "float32":
         return tvm.tirx.erf(x)
-    c = tvm.tirx.const
-    original, x = x, tvm.tirx.max(tvm.tirx.min(x, c(4.0, "float32")), c(-4.0, "float32"))
-    x2 = x * x
-    p = c(_ERF_NUMERATOR[0], "float32")
-    for coef in _ERF_NUMERATOR[1:]:
-        p = p * x2 + c(coef, "float32")
-    q = c(_ERF_DENOMINATOR[0], "float32")
-    for coef in _ERF_DENOMINATOR[1:]:
-        q = q * x2 + c(coef, "float32")
-    return tvm.tirx.Select(ieee.is_nan(original), original, x * p / q)
+    f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
+    numerator = [f32(c) for c in reversed(_ERF_NUMERATOR)]
+    denominator = [f32(c) for c in reversed(_ERF_DENOMINATOR)]
+
+    def rational(original: tvm.tirx.Var, x: tvm.tirx.Var) -> tvm.ir.Expr:
+        return _let(x * x, "x2", lambda x2: tvm.tirx.Select(
+            ieee.is_nan(original), original, x * _horner(x2, numerator) / _horner(x2, denominator)))
+
+    return _let(x, "x", lambda x: _let(tvm.tirx.max(tvm.tirx.min(x, f32(4.0)), f32(-4.0)), "clamped",
+                                       lambda clamped: rational(x, clamped)))
 
 
 #: Cephes' ``expf`` polynomial for exp(r) - 1 - r over r^2, |r| <= ln(2)/2 (highest power first).
@@ -361,9 +361,8 @@ def exp_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     if dtype_of(x) != "float32":
         return tvm.tirx.exp(x)
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
-    value = _exp_clamped(x)
-    value = tvm.tirx.Select(x > f32(_EXP_RANGE[1]), f32(float("inf")), value)
-    return tvm.tirx.Select(x < f32(_EXP_RANGE[0]), f32(0.0), value)
+    return _let(x, "x", lambda x: tvm.tirx.Select(x < f32(_EXP_RANGE[0]), f32(0.0), tvm.tirx.Select(
+        x > f32(_EXP_RANGE[1]), f32(float("inf")), _exp_clamped(x))))
 
 
 def _exp_clamped(x: tvm.ir.Expr) -> tvm.ir.Expr:
@@ -371,21 +370,26 @@ def _exp_clamped(x: tvm.ir.Expr) -> tvm.ir.Expr:
 
     ``n = round(x / ln2)`` by the :data:`_ROUNDING` addition, which also leaves ``n`` in the
     sum's bits for ``2^n``: no float-to-int conversion (undefined in LLVM for NaN) and no
-    floor, two vector instructions fewer than ``floor`` and a conversion.
+    floor, two vector instructions fewer than ``floor`` and a conversion. Each intermediate
+    is bound once (:func:`_let`).
     """
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
-    x = ieee.clamp_expr(x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1])
-    rounded = x * f32(1.4426950408889634) + f32(_ROUNDING)
-    # (Through two reinterpret casts: TVM's simplifier folds ``(v + c) - c`` to ``v``.)
-    n = tvm.tirx.reinterpret("float32", tvm.tirx.reinterpret("int32", rounded)) - f32(_ROUNDING)
-    r = x - n * f32(0.693359375) + n * f32(2.12194440e-4)  # ln 2 in two parts: r exact
-    p = f32(_EXP_POLY[0])
-    for coef in _EXP_POLY[1:]:
-        p = p * r + f32(coef)
-    poly = p * r * r + r + f32(1.0)
-    # 2^n as 2 * 2^(n-1): n reaches 128 at the top of the range, beyond a float's exponent.
-    bits = tvm.tirx.reinterpret("int32", rounded) + tvm.tirx.const(126 - _ROUNDING_BITS, "int32")
-    return poly * tvm.tirx.reinterpret("float32", bits << 23) * f32(2.0)
+    poly = [f32(c) for c in reversed(_EXP_POLY)]
+
+    def scaled(x: tvm.tirx.Var, rounded: tvm.tirx.Var, n: tvm.tirx.Var) -> tvm.ir.Expr:
+        # 2^n as 2 * 2^(n-1): n reaches 128 at the top of the range, beyond a float's exponent.
+        bits = tvm.tirx.reinterpret("int32", rounded) + tvm.tirx.const(126 - _ROUNDING_BITS, "int32")
+        return _let(x - n * f32(0.693359375) + n * f32(2.12194440e-4), "r",  # ln 2 in two parts: r exact
+                    lambda r: (_horner(r, poly) * r * r + r + f32(1.0))
+                    * tvm.tirx.reinterpret("float32", bits << 23) * f32(2.0))
+
+    def reduced(x: tvm.tirx.Var, rounded: tvm.tirx.Var) -> tvm.ir.Expr:
+        # (Through two reinterpret casts: TVM's simplifier folds ``(v + c) - c`` to ``v``.)
+        n = tvm.tirx.reinterpret("float32", tvm.tirx.reinterpret("int32", rounded)) - f32(_ROUNDING)
+        return _let(n, "n", lambda n: scaled(x, rounded, n))
+
+    return _let(ieee.clamp_expr(x, lo=_EXP_RANGE[0], hi=_EXP_RANGE[1]), "clamped", lambda x: _let(
+        x * f32(1.4426950408889634) + f32(_ROUNDING), "rounded", lambda rounded: reduced(x, rounded)))
 
 
 #: ``sigmoid(x) - 1/2 = x A(x^2) / B(x^2)`` on [-18, 18] (lowest power first): fitted by
