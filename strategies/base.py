@@ -86,13 +86,17 @@ class Partition:
         return [op_name(b.value) for b in (self.anchor, *norms, *self.epilogue, *self.tail)]
 
 
-def split_block_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding, list]:
+def split_block_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding | None,
+                                                                   list]:
     """``(depthwise, its epilogue, project, its epilogue)`` of a block tail
-    (:meth:`Strategy.fuses_block`): the one place that reads the tail's structure."""
+    (:meth:`Strategy.fuses_block`), with ``project`` None and ``[]`` for a tail that ends at
+    the depthwise conv: the one place that reads the tail's structure."""
     convs = [i for i, b in enumerate(tail) if op_name(b.value) == "relax.nn.conv2d"]
-    if len(convs) != 2 or convs[0] != 0:
-        raise ValueError(f"a block tail is [depthwise, *epilogue, conv1x1, *epilogue], got "
+    if len(convs) not in (1, 2) or convs[0] != 0:
+        raise ValueError(f"a block tail is [depthwise, *epilogue, (conv1x1, *epilogue)], got "
                          f"{[op_name(b.value) for b in tail]}")
+    if len(convs) == 1:
+        return tail[0], list(tail[1:]), None, []
     k = convs[1]
     return tail[0], list(tail[1:k]), tail[k], list(tail[k + 1:])
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import one_record_log
-from test_block_fusion import ALWAYS, _fused, _InvertedResidual, _Stem
+from test_block_fusion import ALWAYS, _fused, _InvertedResidual, _MBConv, _Stem
 
 import alt_tvm
 from alt_tvm.integration import extract_tasks
@@ -41,6 +41,11 @@ def stem():  # a network's first conv (3x3, stride 2, on the image) as the expan
     return _block_task(lambda: _Stem(m=32, o=16), (1, 3, 32, 32))
 
 
+@pytest.fixture(scope="module")
+def short():  # a block that ends at its depthwise conv (a squeeze-excitation reads that map)
+    return _block_task(lambda: _MBConv(), SHAPE)
+
+
 def _activations(task, rng):
     """Random canonical activations for the task's kernel (its input map)."""
     lowered = task.lower(None)
@@ -49,7 +54,7 @@ def _activations(task, rng):
     return [rng.standard_normal(shape).astype("float32") for shape in shapes]
 
 
-@pytest.mark.parametrize("which", ["block", "stem"])
+@pytest.mark.parametrize("which", ["block", "stem", "short"])
 def test_the_default_point_is_the_untuned_kernel(which, request):
     _, _, task = request.getfixturevalue(which)
     space = task.space
@@ -57,7 +62,7 @@ def test_the_default_point_is_the_untuned_kernel(which, request):
     assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
 
 
-@pytest.mark.parametrize("which", ["block", "stem"])
+@pytest.mark.parametrize("which", ["block", "stem", "short"])
 def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(which, request):
     _, _, task = request.getfixturevalue(which)
     space = task.space

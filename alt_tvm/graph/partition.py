@@ -177,10 +177,11 @@ def _dense(binding: relax.VarBinding | None) -> bool:
 def _block_tail(part: Partition, later: list, users: dict, taken: set,
                 is_anchor: Callable[[relax.VarBinding], bool]) -> list[relax.VarBinding]:
     """``[depthwise, *its epilogue, 1x1 conv, *its epilogue]`` when the conv ``part``'s value
-    is read only by a depthwise conv2d whose value is read only by a 1x1 conv2d, else ``[]``:
-    the expand -> depthwise -> project chain of an inverted-residual block (MobileNetV2
-    §3.3), or a network's first conv -> depthwise -> pointwise (MobileNet-V2's and MNASNet's
-    stem and first block), where ``part`` is a dense conv of any kernel."""
+    is read only by a depthwise conv2d whose value is read only by a 1x1 conv2d: the expand ->
+    depthwise -> project chain of an inverted-residual block (MobileNetV2 §3.3), or a
+    network's first conv -> depthwise -> pointwise (MobileNet-V2's and MNASNet's stem and first
+    block), where ``part`` is a dense conv of any kernel. ``[depthwise, *its epilogue]`` when
+    the depthwise map has other readers (EfficientNet's squeeze-excitation blocks); else ``[]``."""
     if not _dense(part.anchor):
         return []
     by_var = {b.var: b for b in later if isinstance(b, relax.VarBinding)}
@@ -200,9 +201,12 @@ def _block_tail(part: Partition, later: list, users: dict, taken: set,
     dw_value = (dw_epilogue[-1] if dw_epilogue else depthwise).var
     project = only_reader(dw_value)
     if not _pointwise(project) or not project.value.args[0].same_as(dw_value):
-        return []
-    project_epilogue = _epilogue(project, later[later.index(project) + 1:], users, taken, is_anchor)
-    tail = [depthwise, *dw_epilogue, project, *project_epilogue]
+        # The depthwise map is read by more than a 1x1 conv (a squeeze-excitation's mean and
+        # scale): the tail ends there, and the fused kernel writes that map.
+        tail = [depthwise, *dw_epilogue]
+    else:
+        project_epilogue = _epilogue(project, later[later.index(project) + 1:], users, taken, is_anchor)
+        tail = [depthwise, *dw_epilogue, project, *project_epilogue]
     return [] if any(b.var in taken for b in tail) else tail
 
 
@@ -257,8 +261,9 @@ def tail_pieces(partition: Partition) -> list[Partition]:
     if not partition.tail or op_name(partition.tail[0].value) != "relax.nn.conv2d":
         return []
     depthwise, dw_epilogue, project, project_epilogue = split_block_tail(partition.tail)
-    return [Partition(partition.anchor, list(partition.epilogue), list(partition.prologue)),
-            Partition(depthwise, dw_epilogue), Partition(project, project_epilogue)]
+    pieces = [Partition(partition.anchor, list(partition.epilogue), list(partition.prologue)),
+              Partition(depthwise, dw_epilogue)]
+    return pieces if project is None else [*pieces, Partition(project, project_epilogue)]
 
 
 def _attention_tail(part: Partition, later: list, users: dict, taken: set) -> list[relax.VarBinding]:

@@ -41,8 +41,8 @@ from alt_tvm.target import HardwareTarget
 
 from .tiling import DefaultConvTiling, channel_tile, register_block
 
-__all__ = ["MAX_WORK_RATIO", "BlockGeometry", "BlockTiling", "band_rows", "default_block_tiling", "implement_block",
-           "work_ratio"]
+__all__ = ["MAX_SHORT_WORK_RATIO", "MAX_WORK_RATIO", "BlockGeometry", "BlockTiling", "band_rows",
+           "default_block_tiling", "implement_block", "work_ratio"]
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,13 @@ class BlockGeometry:
     expand_pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: the input's height and width (None: the expanded map's, as for a 1x1 expand conv)
     in_hw: tuple[int, int] | None = None
+    #: whether a 1x1 project conv follows; False: the kernel ends at the depthwise map (``o = m``)
+    project: bool = True
 
     @classmethod
     def of(cls, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding]) -> BlockGeometry:
         depthwise, _, project, _ = split_block_tail(tail)
+        last = depthwise if project is None else project
         n, c, ih, iw = static_shape(anchor.value.args[0])
         _, m, h, w = static_shape(anchor.var)
         attrs = attrs_dict(depthwise.value.attrs)
@@ -85,8 +88,8 @@ class BlockGeometry:
                 raise ValueError(f"block fusion needs an undilated {what} conv, got dilation {conv['dilation']}")
         if int(expand.get("groups", 1)) != 1:
             raise ValueError(f"block fusion needs a dense expand conv, got groups={expand['groups']}")
-        _, o, oh, ow = static_shape(project.var)
-        return cls(n=n, c=c, m=m, o=o, h=h, w=w, oh=oh, ow=ow,
+        _, o, oh, ow = static_shape(last.var)
+        return cls(n=n, c=c, m=m, o=o, h=h, w=w, oh=oh, ow=ow, project=project is not None,
                    kernel=tuple(static_shape(depthwise.value.args[1])[2:]),
                    stride=tuple(int(s) for s in attrs.get("strides", [1, 1])),
                    pads=tuple(int(p) for p in attrs.get("padding", [0, 0, 0, 0])),
@@ -118,10 +121,10 @@ class BlockGeometry:
         return 4 * self.n * self.m * self.h * self.w
 
     def band_bytes(self, rows: int) -> int:
-        """The band's expanded (padded) and depthwise buffers, and a stem's copy of the input
-        rows they read, in bytes."""
+        """The band's expanded (padded) and depthwise buffers (none for the depthwise map where
+        the kernel ends there), and a stem's copy of the input rows they read, in bytes."""
         padded_w = self.padded_w
-        buffers = self.m * (self.expanded_rows(rows) * padded_w + rows * self.ow)
+        buffers = self.m * (self.expanded_rows(rows) * padded_w + (rows * self.ow if self.project else 0))
         if not self.pointwise_expand:
             (kh, kw), (sy, sx) = self.expand_kernel, self.expand_stride
             buffers += self.c * ((self.expanded_rows(rows) - 1) * sy + kh) * ((padded_w - 1) * sx + kw)
@@ -131,7 +134,7 @@ class BlockGeometry:
         """FLOPs of one band of ``rows`` output rows, its expanded rows recomputed."""
         expand = 2 * self.c * self.expand_taps * self.m * self.w * min(self.expanded_rows(rows), self.h)
         depthwise = 2 * self.kernel[0] * self.kernel[1] * self.m * rows * self.ow
-        project = 2 * self.m * self.o * rows * self.ow
+        project = 2 * self.m * self.o * rows * self.ow if self.project else 0
         return float(expand + depthwise + project)
 
 
@@ -140,6 +143,11 @@ class BlockGeometry:
 #: 2 cores: blocks at 1.05-1.54x the work ran 1.14-1.85x faster fused; the 7x7 blocks, whose
 #: bands are single rows (1.89x and 2.25x the work), ran 0.84-0.93x as fast.
 MAX_WORK_RATIO = 1.6
+#: The same bound for a block that ends at its depthwise conv, which saves one map's trip
+#: through memory instead of two. Measured in EfficientNet-B0 on 2 cores: its stem and
+#: depthwise conv (1.11x the work) ran 0.91x the two kernels' time, its 112x112 expand with a
+#: stride-2 depthwise conv (1.11x) 0.97x, and its two 56x56 blocks (1.35x and 1.48x) 1.29x.
+MAX_SHORT_WORK_RATIO = 1.15
 
 
 def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
@@ -147,7 +155,7 @@ def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
     g = geometry
     bands = g.n * g.oh // rows
     unfused = g.n * (2 * g.c * g.expand_taps * g.m * g.h * g.w + 2 * g.kernel[0] * g.kernel[1] * g.m * g.oh * g.ow
-                     + 2 * g.m * g.o * g.oh * g.ow)
+                     + (2 * g.m * g.o * g.oh * g.ow if g.project else 0))
     return -(-bands // cores) * cores * g.flops(rows) / unfused
 
 
@@ -176,7 +184,8 @@ class BlockTiling:
     unfused project conv stores them, and ``mt``, the channel vector of the expanded and
     depthwise maps (and of the expand and depthwise weights). Loops: ``band_rows`` output
     rows per parallel task, and the register blocks (positions per block along a row) of
-    the three stages.
+    the three stages. In a block that ends at its depthwise conv, that conv is the output
+    stage: ``project_reg`` is its register block, ``dw_reg`` is 0 and ``ot`` is ``mt``.
     """
 
     spatial: tuple[int, int]
@@ -210,7 +219,14 @@ class BlockTiling:
                              f"a multiple of the row tile {self.spatial[0]}")
         if min(self.ot, self.mt) < 1:
             raise ValueError(f"block tiling: channel tiles ot={self.ot} and mt={self.mt} must be at least 1")
-        for name, extent in (("expand_reg", g.padded_w), ("dw_reg", g.ow), ("project_reg", self.spatial[1])):
+        stages = (("expand_reg", g.padded_w), ("dw_reg", g.ow), ("project_reg", self.spatial[1]))
+        if not g.project:
+            if self.dw_reg != 0 or self.ot != self.mt:
+                raise ValueError(f"block tiling: a block that ends at its depthwise conv writes that map from its "
+                                 f"channel vectors with project_reg's blocks: dw_reg must be 0 (got {self.dw_reg}) "
+                                 f"and ot equal mt (got ot={self.ot}, mt={self.mt})")
+            stages = (stages[0], stages[2])
+        for name, extent in stages:
             if not 1 <= getattr(self, name) <= extent:
                 raise ValueError(f"block tiling: {name}={getattr(self, name)} must be in [1, {extent}]")
         if self.spatial[0] == self.project_reg == self.ot == 1:
@@ -229,6 +245,8 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
                          target: HardwareTarget) -> BlockTiling:
     """The untuned build's tiling: the output stored as the unfused project conv's analytic
     ``project_tiling`` stores it, :func:`band_rows` bands, register blocks of 3/4 of the registers.
+    In a block that ends at its depthwise conv, ``project_tiling`` is that conv's, whose
+    spatial tiles the output keeps, in the expanded map's channel vectors.
 
     Raises
     ------
@@ -250,14 +268,20 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
     # slower padded to 208 than in tiles of 8).
     mt = channel_tile(g.m, lanes, max_waste=0)
     mt_vectors = -(-mt // lanes)
+    expand_reg = register_block(g.padded_w, budget // mt_vectors)
+    if not g.project:
+        spatial = tuple(project_tiling.spatial)
+        return BlockTiling(spatial=spatial, ot=mt, mt=mt, band_rows=rows, expand_reg=expand_reg, dw_reg=0,
+                           project_reg=register_block(spatial[1], budget // (spatial[0] * mt_vectors)))
     return BlockTiling(spatial=tuple(project_tiling.spatial), ot=project_tiling.ot, mt=mt, band_rows=rows,
-                       expand_reg=register_block(g.padded_w, budget // mt_vectors),
-                       dw_reg=register_block(g.ow, budget // mt_vectors), project_reg=project_tiling.reg)
+                       expand_reg=expand_reg, dw_reg=register_block(g.ow, budget // mt_vectors),
+                       project_reg=project_tiling.reg)
 
 
 def implement_block(anchor: relax.VarBinding, context: Any, *, tiling: BlockTiling, strategy: str) -> Any:
-    """Lower the partition ``context.partition`` (a 1x1 conv with a block tail) to one kernel
-    with ``tiling`` (:func:`default_block_tiling` untuned).
+    """Lower the partition ``context.partition`` (a dense conv with a block tail) to one kernel
+    with ``tiling`` (:func:`default_block_tiling` untuned). A tail that ends at the depthwise
+    conv makes that conv the output stage: its map is written in ``tiling``'s output layout.
 
     Raises
     ------
@@ -273,7 +297,7 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, tiling: BlockTili
     data = context.te_input(anchor.value.args[0], "data")
     expand_w = context.te_input(anchor.value.args[1], "expand_weight")
     dw_w = context.te_input(depthwise.value.args[1], "depthwise_weight")
-    project_w = context.te_input(project.value.args[1], "project_weight")
+    project_w = None if project is None else context.te_input(project.value.args[1], "project_weight")
     # The expand conv and its epilogue run over the depthwise conv's padded domain, at clamped
     # (always valid) positions of the expanded map; the last stage zeroes the border. So the
     # depthwise conv reads the expanded rows as they are written, with no pad stage between.
@@ -286,30 +310,34 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, tiling: BlockTili
     dw = ops.conv(padded, dw_w, strides=g.stride, dilation=1, groups=g.m, name="depthwise")
     first = len(context.partition.epilogue)
     dw_stages = context.epilogue_te(dw, anchor=depthwise, epilogue=dw_epilogue, first=first)
-    pw = ops.conv(dw_stages[-1] if dw_stages else dw, project_w, strides=1, dilation=1, name="project")
-    pw_stages = context.epilogue_te(pw, anchor=project, epilogue=project_epilogue, first=first + len(dw_epilogue))
-
     mt = tiling.mt
     layouts = TensorMap()
-    for conv, stages in ((expand, [*expand_stages, padded]), (dw, dw_stages)):
+    if project is None:
+        buffered, out = [(expand, [*expand_stages, padded])], (dw, dw_stages)
+    else:
+        pw = ops.conv(dw_stages[-1] if dw_stages else dw, project_w, strides=1, dilation=1, name="project")
+        pw_stages = context.epilogue_te(pw, anchor=project, epilogue=project_epilogue,
+                                        first=first + len(dw_epilogue))
+        buffered, out = [(expand, [*expand_stages, padded]), (dw, dw_stages)], (pw, pw_stages)
+        layouts[project_w] = conv_weight_tiled([g.o, g.m, 1, 1], out_tile=tiling.ot, in_tile=1)
+    for conv, stages in buffered:
         shape = [int(s) for s in conv.shape]
         rows_of_vectors = conv_output_tiled(shape, spatial_tiles=[1, shape[3]], channel_tile=mt)
         layouts.update((t, rows_of_vectors) for t in [conv, *stages])
-    out_shape = [int(s) for s in pw.shape]
-    output = conv_output_tiled(out_shape, spatial_tiles=list(tiling.spatial), channel_tile=tiling.ot)
-    layouts.update((t, output) for t in [pw, *pw_stages])
+    output = conv_output_tiled([int(s) for s in out[0].shape], spatial_tiles=list(tiling.spatial),
+                               channel_tile=tiling.ot)
+    layouts.update((t, output) for t in [out[0], *out[1]])
     layouts[expand_w] = conv_weight_tiled([g.m, g.c, *g.expand_kernel], out_tile=mt, in_tile=1)
     layouts[dw_w] = conv_weight_tiled([g.m, 1, *g.kernel], out_tile=mt, in_tile=1)
-    layouts[project_w] = conv_weight_tiled([g.o, g.m, 1, 1], out_tile=tiling.ot, in_tile=1)
     params = dict(band=tiling.band_rows // tiling.spatial[0], expand_reg=tiling.expand_reg, channel_vector=mt,
                   dw_reg=tiling.dw_reg, project_reg=tiling.project_reg)
 
     def schedule(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
         return schedule_block(func, expand_input=expand_input, pointwise=g.pointwise_expand,
                               expand=(expand, [*expand_stages, padded]),
-                              depthwise=(dw, dw_stages), project=(pw, pw_stages), **params)
+                              depthwise=(dw, dw_stages) if project is not None else None, project=out, **params)
 
-    return context.finish(output=pw_stages[-1] if pw_stages else pw, layouts=layouts, strategy=strategy,
+    return context.finish(output=out[1][-1] if out[1] else out[0], layouts=layouts, strategy=strategy,
                           schedule=schedule)
 
 
@@ -357,7 +385,7 @@ def _registers(sch: tvm.s_tir.Schedule, block: Any, stages: list, *, at: Any, po
 
 
 def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwise: bool, expand: tuple,
-                   depthwise: tuple, project: tuple, band: int, expand_reg: int, dw_reg: int, project_reg: int,
+                   depthwise: tuple | None, project: tuple, band: int, expand_reg: int, dw_reg: int, project_reg: int,
                    channel_vector: int) -> tvm.IRModule:
     """Loops (outer to inner)::
 
@@ -366,24 +394,33 @@ def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwis
           padded expanded rows . M/mt . Wp/reg . C . (Kh . Kw) . reg . mt  (+ epilogue per register block)
           depthwise rows . M/mt . OW/reg . Kh . Kw . reg . mt      (+ epilogue)
           band rows . OW/wt . O/ot . wt/reg . M/mt . ht . reg . mt . ot (+ epilogue)
+
+    ``depthwise`` None: the block ends at the depthwise conv, which ``project`` then holds; its
+    band rows run ``OW/wt . M/mt . wt/reg . Kh . Kw . ht . reg . mt`` from the expanded rows.
     """
     sch = tvm.s_tir.Schedule(func)
     if pointwise:
         sch.compute_inline(sch.get_sblock(expand_input.op.name))
-    # The project conv: the output layout's loops, rows grouped into bands.
+    # The output stage (the project conv, or the depthwise conv): the output layout's loops,
+    # rows grouped into bands.
     pw, pw_stages = project
     block = sch.get_sblock(pw.op.name)
     n, ho, wo, oo, hi, wi, oi, rc, *window = sch.get_loops(block)
     bands, ho = sch.split(ho, [None, band])
     wio, wii = sch.split(wi, [None, project_reg])
-    rco, rci = sch.split(rc, [None, channel_vector])  # the depthwise map's channel vectors
-    sch.reorder(n, bands, ho, wo, oo, wio, rco, *window, rci, hi, wii, oi)
+    if depthwise is None:  # one input channel per group: the window is the reduction
+        sch.reorder(n, bands, ho, wo, oo, wio, rc, *window, hi, wii, oi)
+        reduction = rc
+    else:
+        reduction, rci = sch.split(rc, [None, channel_vector])  # the depthwise map's channel vectors
+        sch.reorder(n, bands, ho, wo, oo, wio, reduction, *window, rci, hi, wii, oi)
     task = sch.fuse(n, bands)
     sch.parallel(task)
     sch.unroll(hi)
-    _registers(sch, block, pw_stages, at=wio, positions=wii, vector=oi, reduction=rco)
+    _registers(sch, block, pw_stages, at=wio, positions=wii, vector=oi, reduction=reduction)
     # The depthwise conv and the expand conv: rows of channel vectors, per band.
-    for (conv, stages), reg in ((depthwise, dw_reg), (expand, expand_reg)):
+    buffered = [(expand, expand_reg)] if depthwise is None else [(depthwise, dw_reg), (expand, expand_reg)]
+    for (conv, stages), reg in buffered:
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
         final = sch.cache_write(sch.get_sblock(conv.op.name), 0, "local")

@@ -43,6 +43,7 @@ from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
 from .block import (
+    MAX_SHORT_WORK_RATIO,
     MAX_WORK_RATIO,
     BlockGeometry,
     BlockTiling,
@@ -628,8 +629,10 @@ class AltConvStrategy(Strategy):
     def fuses_block(self, anchor, tail, target, options=None) -> bool:
         """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the
         L2 cache with a band per core and, by default, the recomputed rows leave the fused
-        kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work. The
-        option ``fuse_blocks``: True (that rule), False (never), ``"always"`` (wherever a band fits)."""
+        kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work
+        (:data:`.block.MAX_SHORT_WORK_RATIO` times the two kernels' for a block that ends at
+        its depthwise conv). The option ``fuse_blocks``: True (that rule), False (never),
+        ``"always"`` (wherever a band fits)."""
         fuse = fusion_option(options, "fuse_blocks")
         if fuse is False or target.to_tvm().kind.name != "llvm":
             return False
@@ -638,7 +641,8 @@ class AltConvStrategy(Strategy):
             rows = self._default_block_tiling(geometry, tail, target).band_rows
         except ValueError:  # not a block the kernel computes, or no band fits
             return False
-        return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= MAX_WORK_RATIO
+        bound = MAX_WORK_RATIO if geometry.project else MAX_SHORT_WORK_RATIO
+        return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= bound
 
     def space(self, anchor, context) -> Any:
         """The tuning space of this partition (the defaults are the untuned build's choice):
@@ -662,8 +666,9 @@ class AltConvStrategy(Strategy):
                          levels=levels, winograd=self.winograd_tile(geometry, context))
 
     def _default_block_tiling(self, geometry: BlockGeometry, tail: Any, target: HardwareTarget) -> BlockTiling:
-        project = split_block_tail(tail)[2]
-        return default_block_tiling(geometry, self.default_tiling(ConvGeometry.of(project), target), target=target)
+        depthwise, _, project, _ = split_block_tail(tail)
+        last = depthwise if project is None else project
+        return default_block_tiling(geometry, self.default_tiling(ConvGeometry.of(last), target), target=target)
 
     def layout_params(self, geometry: ConvGeometry, context: Any) -> tuple[DefaultConvTiling, str]:
         """The tiling the layouts come from, and the variant they follow (``"alt"`` or ``"alt-ol"``)."""

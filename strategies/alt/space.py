@@ -174,7 +174,8 @@ class ConvSpace(Space):
 class BlockSpace(Space):
     """The fused inverted-residual block (:mod:`.block`): the output's tiles ``s0, s1, ot``
     and the expanded maps' channel vector ``mt``; loops: rows per parallel band and the
-    three stages' register blocks.
+    three stages' register blocks. A block that ends at its depthwise conv has no ``ot``
+    (its map is written in ``mt`` vectors) and no ``dw_reg`` beyond 0.
 
     Parameters
     ----------
@@ -201,9 +202,11 @@ class BlockSpace(Space):
         def tiles(extent: int, default_tile: int) -> tuple[int, ...]:
             return tuple(sorted({d for d in divisors(extent, cap=4 * lanes) if 4 * d > lanes} | {default_tile}))
 
+        # A block that ends at its depthwise conv writes that map in its channel vectors: ot is mt.
+        output_tile = (Knob("ot", tiles(g.o, default.ot), g.o),) if g.project else ()
         self._layout = (Knob("s0", tuple(sorted({*divisors(g.oh, cap=4), default.spatial[0]})), g.oh),
                         Knob("s1", tuple(sorted({*divisors(g.ow, cap=64), default.spatial[1]})), g.ow),
-                        Knob("ot", tiles(g.o, default.ot), g.o), Knob("mt", tiles(g.m, default.mt), g.m))
+                        *output_tile, Knob("mt", tiles(g.m, default.mt), g.m))
 
     @property
     def layout_knobs(self) -> tuple[Knob, ...]:
@@ -215,10 +218,11 @@ class BlockSpace(Space):
         rows = [r for r in range(layout["s0"], g.oh + 1, layout["s0"])
                 if not g.oh % r and g.n * g.oh // r >= self.cores and g.band_bytes(r) <= self.l2_bytes]
         maps = budget // -(-layout["mt"] // self.lanes)  # accumulators per position: mt's vectors
-        output = budget // (layout["s0"] * -(-layout["ot"] // self.lanes))  # per column: rows x ot's vectors
+        output = budget // (layout["s0"] * -(-layout.get("ot", layout["mt"]) // self.lanes))  # rows x ot's vectors
+        # A block that ends at its depthwise conv has no depthwise rows buffered (dw_reg 0).
         return (Knob("band_rows", tuple(rows) or (layout["s0"],)),
                 Knob("expand_reg", register_blocks(g.padded_w, maps)),
-                Knob("dw_reg", register_blocks(g.ow, maps)),
+                Knob("dw_reg", register_blocks(g.ow, maps) if g.project else (0,)),
                 Knob("project_reg", register_blocks(layout["s1"], output)))
 
     def check(self, layout: dict[str, Any], loop: dict[str, Any]) -> str | None:
@@ -232,7 +236,9 @@ class BlockSpace(Space):
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
         d = self._default
-        layout = {"s0": d.spatial[0], "s1": d.spatial[1], "ot": d.ot, "mt": d.mt}
+        layout = {"s0": d.spatial[0], "s1": d.spatial[1], "mt": d.mt}
+        if self.geometry.project:
+            layout["ot"] = d.ot
         loop = {"band_rows": d.band_rows, "expand_reg": d.expand_reg, "dw_reg": d.dw_reg,
                 "project_reg": d.project_reg}
         for knob in self.loop_knobs(layout):  # the analytic choice is in the space unless a cap cut it
@@ -244,7 +250,7 @@ class BlockSpace(Space):
 
     @staticmethod
     def _tiling(layout: dict[str, Any], loop: dict[str, Any]) -> BlockTiling:
-        return BlockTiling(spatial=(layout["s0"], layout["s1"]), ot=layout["ot"], mt=layout["mt"],
+        return BlockTiling(spatial=(layout["s0"], layout["s1"]), ot=layout.get("ot", layout["mt"]), mt=layout["mt"],
                            band_rows=loop["band_rows"], expand_reg=loop["expand_reg"], dw_reg=loop["dw_reg"],
                            project_reg=loop["project_reg"])
 
