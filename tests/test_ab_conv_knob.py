@@ -33,9 +33,17 @@ def test_a_forced_knob_changes_only_its_convs_and_the_pair_is_timed(script, tmp_
 
 
 def test_per_kernel_mode_forces_one_kind_of_conv_and_times_its_kernels_apart(script, tmp_path):
+    class PointwiseDepthwise(torch.nn.Module):  # the add reads the 1x1 map too: no fused block
+        def __init__(self):
+            super().__init__()
+            self.pw, self.dw = torch.nn.Conv2d(16, 32, 1), torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+
+        def forward(self, x):
+            y = torch.relu(self.pw(x))
+            return torch.relu(self.dw(y)) + y
+
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU()).eval()
+    model = PointwiseDepthwise().eval()
     path = tmp_path / "pw_dw.onnx"
     torch.onnx.export(model, (torch.randn(1, 16, 28, 28),), str(path), dynamo=False, opset_version=17)
     builds = script.build_pair(str(path), knob="unroll_window", value=True, forced_first=False, convs="depthwise")
