@@ -18,6 +18,11 @@ conv's epilogue, e.g. the residual add). The band's intermediates live in cache.
 bands recompute the ``K - S`` expanded rows their windows share with the next band: the
 band is chosen to keep that recomputation small while its buffers fit in the L2 cache.
 
+Where other ops read the depthwise map too (EfficientNet's squeeze-excitation reads it for
+its mean and its scale), the kernel ends at the depthwise conv and writes that map: it saves
+the expanded map's trip through memory only, so it is fused where little is recomputed
+(:data:`MAX_SHORT_WORK_RATIO`).
+
 Layouts (ALT paper §5.1): the expanded and depthwise maps are stored per band as rows of
 channel vectors (``N H 1 M/mt 1 W mt``: a depthwise tap reads one vector, a 1x1 conv reads
 the channels of one position contiguously); the output is stored as the unfused project
@@ -47,7 +52,8 @@ __all__ = ["MAX_SHORT_WORK_RATIO", "MAX_WORK_RATIO", "BlockGeometry", "BlockTili
 
 @dataclass(frozen=True)
 class BlockGeometry:
-    """The shapes of an expand -> depthwise -> project chain (NCHW, batch ``n``).
+    """The shapes of an expand -> depthwise -> project chain, or of expand -> depthwise
+    (``project`` False) (NCHW, batch ``n``).
 
     The expand conv is a 1x1 conv by default; a network's first conv (MobileNet-V2's 3x3,
     stride 2, on the image) has its kernel, stride and padding in the ``expand_*`` fields
