@@ -317,3 +317,24 @@ def test_a_short_tails_tiling_writes_the_map_from_its_channel_vectors():
     for edit, message in ((dict(dw_reg=4), "dw_reg must be 0 \\(got 4\\)"), (dict(ot=16), "ot=16, mt=32")):
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(tiling, **edit).check(SHORT_112)
+
+
+def test_a_stem_blocks_first_conv_takes_fewer_positions_per_register_block():
+    """A stem's expand stage (27 taps per position) runs blocks of at most
+    :data:`block.STEM_EXPAND_POSITIONS` positions; a 1x1 expand stage of the same block
+    keeps the register budget's wider blocks."""
+    from alt_tvm.strategies.alt.conv import ConvGeometry
+    from alt_tvm.strategies.base import split_block_tail
+
+    torch.manual_seed(0)
+    model = _Stem(m=32, o=16).eval()
+    x = torch.randn(1, 3, 64, 64)
+    plan = _plan(model, x, ALWAYS)
+    (fused,) = [p for p in plan.partitions if p.tail]
+    strategy, target = plan.strategy_of(fused), resolve(None)
+    geometry = block.BlockGeometry.of(fused.anchor, fused.tail)
+    project_tiling = strategy.default_tiling(ConvGeometry.of(split_block_tail(fused.tail)[2]), target)
+    stem = block.default_block_tiling(geometry, project_tiling, target=target)
+    pointwise = block.default_block_tiling(_pointwise_like(geometry, 27), project_tiling, target=target)
+    assert stem.expand_reg <= block.STEM_EXPAND_POSITIONS < pointwise.expand_reg
+    assert strategy._default_block_tiling(geometry, fused.tail, target) == stem
