@@ -87,6 +87,9 @@ def main() -> None:
                         help="coefficients in the numerator and the denominator")
     parser.add_argument("--stride", type=int, default=1, help="check every k-th float32 (1: all of them)")
     args = parser.parse_args()
+    if args.stride < 1 or min(args.terms) < 1 or not 0 < args.bound <= args.clamp:
+        parser.error(f"need --stride >= 1 (got {args.stride}), --terms of at least 1 (got {args.terms}) and "
+                     f"0 < --bound <= --clamp (got {args.bound} and {args.clamp})")
     a, b, error = fit(bound=args.bound, terms=tuple(args.terms))
     print(f"fit: largest relative error {error:.3g} (float64)")
     print("numerator  ", ", ".join(repr(float(c)) for c in a))

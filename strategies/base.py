@@ -101,6 +101,13 @@ def split_block_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding
     return tail[0], list(tail[1:k]), tail[k], list(tail[k + 1:])
 
 
+def block_output_conv(tail: Sequence[relax.VarBinding]) -> relax.VarBinding:
+    """The conv whose map a fused block writes: the project conv, or the depthwise conv of a
+    tail that ends there (:func:`split_block_tail`)."""
+    depthwise, _, project, _ = split_block_tail(tail)
+    return depthwise if project is None else project
+
+
 def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding,
                                                                        relax.VarBinding | None]:
     """``(softmax, guard, product, heads)`` of an attention tail: the softmax, the bindings

@@ -41,7 +41,7 @@ from tvm import relax, te
 from alt_tvm import ops
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.layout.templates import conv_output_tiled, conv_weight_tiled
-from alt_tvm.strategies.base import attrs_dict, split_block_tail, static_shape
+from alt_tvm.strategies.base import attrs_dict, block_output_conv, split_block_tail, static_shape
 from alt_tvm.target import HardwareTarget
 
 from .tiling import DefaultConvTiling, channel_tile, register_block
@@ -84,7 +84,6 @@ class BlockGeometry:
     @classmethod
     def of(cls, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding]) -> BlockGeometry:
         depthwise, _, project, _ = split_block_tail(tail)
-        last = depthwise if project is None else project
         n, c, ih, iw = static_shape(anchor.value.args[0])
         _, m, h, w = static_shape(anchor.var)
         attrs = attrs_dict(depthwise.value.attrs)
@@ -94,7 +93,7 @@ class BlockGeometry:
                 raise ValueError(f"block fusion needs an undilated {what} conv, got dilation {conv['dilation']}")
         if int(expand.get("groups", 1)) != 1:
             raise ValueError(f"block fusion needs a dense expand conv, got groups={expand['groups']}")
-        _, o, oh, ow = static_shape(last.var)
+        _, o, oh, ow = static_shape(block_output_conv(tail).var)
         return cls(n=n, c=c, m=m, o=o, h=h, w=w, oh=oh, ow=ow, project=project is not None,
                    kernel=tuple(static_shape(depthwise.value.args[1])[2:]),
                    stride=tuple(int(s) for s in attrs.get("strides", [1, 1])),

@@ -33,9 +33,9 @@ from alt_tvm.strategies.base import (
     OpInfo,
     Strategy,
     attrs_dict,
+    block_output_conv,
     equivalent,
     fusion_option,
-    split_block_tail,
     static_shape,
 )
 from alt_tvm.strategies.constants import const_value
@@ -666,9 +666,8 @@ class AltConvStrategy(Strategy):
                          levels=levels, winograd=self.winograd_tile(geometry, context))
 
     def _default_block_tiling(self, geometry: BlockGeometry, tail: Any, target: HardwareTarget) -> BlockTiling:
-        depthwise, _, project, _ = split_block_tail(tail)
-        last = depthwise if project is None else project
-        return default_block_tiling(geometry, self.default_tiling(ConvGeometry.of(last), target), target=target)
+        output_conv = ConvGeometry.of(block_output_conv(tail))
+        return default_block_tiling(geometry, self.default_tiling(output_conv, target), target=target)
 
     def layout_params(self, geometry: ConvGeometry, context: Any) -> tuple[DefaultConvTiling, str]:
         """The tiling the layouts come from, and the variant they follow (``"alt"`` or ``"alt-ol"``)."""

@@ -218,7 +218,7 @@ class BlockSpace(Space):
         rows = [r for r in range(layout["s0"], g.oh + 1, layout["s0"])
                 if not g.oh % r and g.n * g.oh // r >= self.cores and g.band_bytes(r) <= self.l2_bytes]
         maps = budget // -(-layout["mt"] // self.lanes)  # accumulators per position: mt's vectors
-        output = budget // (layout["s0"] * -(-layout.get("ot", layout["mt"]) // self.lanes))  # rows x ot's vectors
+        output = budget // (layout["s0"] * -(-self._output_tile(layout) // self.lanes))  # rows x ot's vectors
         # A block that ends at its depthwise conv has no depthwise rows buffered (dw_reg 0).
         return (Knob("band_rows", tuple(rows) or (layout["s0"],)),
                 Knob("expand_reg", register_blocks(g.padded_w, maps)),
@@ -249,8 +249,12 @@ class BlockSpace(Space):
         return self._tiling(layout, loop).to_json()
 
     @staticmethod
-    def _tiling(layout: dict[str, Any], loop: dict[str, Any]) -> BlockTiling:
-        return BlockTiling(spatial=(layout["s0"], layout["s1"]), ot=layout.get("ot", layout["mt"]), mt=layout["mt"],
+    def _output_tile(layout: dict[str, Any]) -> int:
+        """``ot``: a layout knob, or ``mt`` for a block that ends at its depthwise conv."""
+        return layout.get("ot", layout["mt"])
+
+    def _tiling(self, layout: dict[str, Any], loop: dict[str, Any]) -> BlockTiling:
+        return BlockTiling(spatial=(layout["s0"], layout["s1"]), ot=self._output_tile(layout), mt=layout["mt"],
                            band_rows=loop["band_rows"], expand_reg=loop["expand_reg"], dw_reg=loop["dw_reg"],
                            project_reg=loop["project_reg"])
 
