@@ -124,7 +124,10 @@ def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
     tiles = {c: channel_tile(c, 16) for c in (3, 12, 20, 24, 40, 48, 56, 58, 72, 88, 104, 116, 120, 232, 440, 512,
                                              1000)}
     # Divisors where they use the lanes as well, or padding would waste more than 1/12.
-    assert tiles[3] == 3 and tiles[12] == 12 and tiles[24] == 12 and tiles[72] == 12 and tiles[20] == 10
+    assert tiles[3] == 3 and tiles[12] == 12 and tiles[20] == 10
+    # Three quarters of a vector (8 + 4 lanes) doubles where that divides: 24 and 72 in tiles
+    # of 24 (three 8-lane pieces); 36 stays in tiles of 12.
+    assert tiles[24] == 24 and tiles[72] == 24 and channel_tile(36, 16) == 12 and channel_tile(12, 8) == 12
     # A divisor LLVM would split into a piece under a quarter vector (10 = 8 + 2, 14 = 8 + 4 + 2,
     # 11, 15) gives way to a half vector: 40, 56 and 88 in 8-lane tiles; 120 then pads to 128.
     assert tiles[40] == 8 and tiles[56] == 8 and tiles[88] == 8 and tiles[120] == 32
@@ -135,6 +138,59 @@ def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
     assert channel_tile(200, 16, max_waste=0) == 8 and channel_tile(58, 16, max_waste=0) == 32
     # A reduction over 104 channels stored in padded tiles of 16 runs in blocks of 8.
     assert reduction_block(104, 16) == 8 and reduction_block(512, 32) == 32
+
+
+def test_a_tile_of_one_and_a_half_vectors_is_vectorized_in_half_vectors():
+    from alt_tvm.strategies.alt.tiling import default_conv_tiling
+    from alt_tvm.strategies.alt.vectors import vector_piece, vector_registers
+
+    assert [vector_piece(t, 16) for t in (8, 12, 16, 24, 32, 40, 48)] == [8, 12, 16, 8, 32, 8, 16]
+    assert [vector_registers(t, 16) for t in (8, 12, 16, 24, 32)] == [1, 1, 1, 3, 2]
+    # Three registers per position: the register block holds 8 positions (24 of 28 accumulators).
+    tiling = default_conv_tiling((1, 24, 56, 56), 144, 24, lanes=16, registers=32)
+    assert tiling.ot == 24 and tiling.spatial[0] * tiling.reg * 3 <= 28
+
+
+def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch():
+    """1x1 convs to and from 3/2-vector tiles, and a fused block with such a middle map, vectorize
+    in half-vector pieces (no vector of 3/2 lanes, which LLVM compiles 4-15x slower)."""
+    import alt_tvm
+    from alt_tvm.target import host
+
+    lanes = host().vector_lanes("float32")
+    c = 3 * lanes // 2  # 24 channels with AVX-512, 12 with AVX2
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, c, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(c, 3 * c, 1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(3 * c, 3 * c, 3, padding=1, groups=3 * c), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(3 * c, c, 1)).eval()
+    x = torch.randn(1, 16, 28, 28)
+    for fuse in (False, True):
+        built = alt_tvm.build(model, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": fuse}})
+        ref = model(x).detach().numpy()
+        np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+        scripts = _kernel_scripts(built)
+        assert len(scripts) == (2 if fuse else 4), list(scripts)
+        for name, script in scripts.items():
+            assert f"T.vectorized({c})" not in script and f"T.vectorized({lanes // 2})" in script, (fuse, name)
+
+
+@pytest.mark.parametrize("data, weight, groups, outer", [
+    ((1, 48, 56, 56), (48, 8, 3, 3), 6, True),  # RegNetY: 8 channels per group, one tile
+    ((1, 8, 14, 14), (64, 8, 3, 3), 1, True),  # 8 channels: one tile
+    ((1, 64, 14, 14), (64, 64, 3, 3), 1, False),  # two 32-channel blocks: a split reduction
+    ((1, 3, 224, 224), (64, 3, 7, 7), 1, False),  # an image stem
+    ((1, 48, 28, 28), (48, 1, 3, 3), 48, False),  # depthwise: no channel loop
+])
+def test_a_conv_reading_one_channel_tile_runs_its_window_outside_the_channels(data, weight, groups, outer):
+    from alt_tvm.strategies.alt.conv import AltConvStrategy, ConvGeometry
+    from alt_tvm.target import host
+
+    pad = (weight[2] - 1) // 2
+    out = (1, weight[0], data[2] + 2 * pad - weight[2] + 1, data[3] + 2 * pad - weight[3] + 1)
+    geometry = ConvGeometry(rank=2, transposed=False, data_shape=data, weight_shape=weight, out_shape=out,
+                            strides=(1, 1), dilation=(1, 1), pads=(pad,) * 4, groups=groups, transposed_input=False)
+    assert AltConvStrategy.default_tiling(geometry, host()).window_outer is outer
 
 
 def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():

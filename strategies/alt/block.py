@@ -45,6 +45,7 @@ from alt_tvm.strategies.base import attrs_dict, block_output_conv, split_block_t
 from alt_tvm.target import HardwareTarget
 
 from .tiling import DefaultConvTiling, channel_tile, register_block
+from .vectors import vector_registers, vectorize_channels
 
 __all__ = ["MAX_SHORT_WORK_RATIO", "MAX_WORK_RATIO", "STEM_EXPAND_POSITIONS", "BlockGeometry", "BlockTiling",
            "band_rows", "default_block_tiling", "implement_block", "work_ratio"]
@@ -282,7 +283,7 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
     # channels: 2 lanes): padding guards every epilogue (MobileNet-V3's 200 channels: 1.4x
     # slower padded to 208 than in tiles of 8).
     mt = channel_tile(g.m, lanes, max_waste=0)
-    mt_vectors = -(-mt // lanes)
+    mt_vectors = vector_registers(mt, lanes)
     expand_budget = budget if g.pointwise_expand else min(budget, STEM_EXPAND_POSITIONS)
     expand_reg = register_block(g.padded_w, max(1, expand_budget // mt_vectors))
     if not g.project:
@@ -346,7 +347,8 @@ def implement_block(anchor: relax.VarBinding, context: Any, *, tiling: BlockTili
     layouts[expand_w] = conv_weight_tiled([g.m, g.c, *g.expand_kernel], out_tile=mt, in_tile=1)
     layouts[dw_w] = conv_weight_tiled([g.m, 1, *g.kernel], out_tile=mt, in_tile=1)
     params = dict(band=tiling.band_rows // tiling.spatial[0], expand_reg=tiling.expand_reg, channel_vector=mt,
-                  dw_reg=tiling.dw_reg, project_reg=tiling.project_reg)
+                  dw_reg=tiling.dw_reg, project_reg=tiling.project_reg,
+                  lanes=context.target.vector_lanes("float32"))
 
     def schedule(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
         return schedule_block(func, expand_input=expand_input, pointwise=g.pointwise_expand,
@@ -384,7 +386,7 @@ def _expand_te(data: te.Tensor, weight: te.Tensor, g: BlockGeometry) -> tuple[te
 
 
 def _registers(sch: tvm.s_tir.Schedule, block: Any, stages: list, *, at: Any, positions: Any, vector: Any,
-               reduction: Any) -> Any:
+               reduction: Any, lanes: int) -> Any:
     """Accumulate ``block`` in registers, written back (through ``stages``, its epilogue,
     inlined) once per register block at loop ``at``; returns the write-back block."""
     for stage in stages[:-1]:
@@ -393,16 +395,16 @@ def _registers(sch: tvm.s_tir.Schedule, block: Any, stages: list, *, at: Any, po
     if stages:
         sch.reverse_compute_inline(sch.get_sblock(stages[-1].op.name))
     sch.reverse_compute_at(write, at)
-    sch.vectorize(vector)
+    vectorize_channels(sch, vector, lanes=lanes)
     sch.unroll(positions)
     sch.decompose_reduction(block, reduction)
-    sch.vectorize(sch.get_loops(write)[-1])
+    vectorize_channels(sch, sch.get_loops(write)[-1], lanes=lanes)
     return write
 
 
 def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwise: bool, expand: tuple,
                    depthwise: tuple | None, project: tuple, band: int, expand_reg: int, dw_reg: int, project_reg: int,
-                   channel_vector: int) -> tvm.IRModule:
+                   channel_vector: int, lanes: int = 0) -> tvm.IRModule:
     """Loops (outer to inner)::
 
         parallel(n, bands)
@@ -413,6 +415,8 @@ def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwis
 
     ``depthwise`` None: the block ends at the depthwise conv, which ``project`` then holds; its
     band rows run ``OW/wt . M/mt . wt/reg . Kh . Kw . ht . reg . mt`` from the expanded rows.
+    ``lanes`` (the target's; 0: each channel tile as one vector) sets the pieces a channel tile
+    is vectorized in (:func:`.vectors.vector_piece`).
     """
     sch = tvm.s_tir.Schedule(func)
     if pointwise:
@@ -433,7 +437,7 @@ def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwis
     task = sch.fuse(n, bands)
     sch.parallel(task)
     sch.unroll(hi)
-    _registers(sch, block, pw_stages, at=wio, positions=wii, vector=oi, reduction=reduction)
+    _registers(sch, block, pw_stages, at=wio, positions=wii, vector=oi, reduction=reduction, lanes=lanes)
     # The depthwise conv and the expand conv: rows of channel vectors, per band.
     buffered = [(expand, expand_reg)] if depthwise is None else [(depthwise, dw_reg), (expand, expand_reg)]
     for (conv, stages), reg in buffered:
@@ -449,11 +453,11 @@ def schedule_block(func: tvm.tirx.PrimFunc, *, expand_input: te.Tensor, pointwis
         wo_, wi_ = sch.split(w, [None, reg])
         channels, window = reduce[0], reduce[1:]
         sch.reorder(h, mo, wo_, channels, *window, wi_, mi)
-        sch.vectorize(mi)
+        vectorize_channels(sch, mi, lanes=lanes)
         sch.unroll(wi_)
         sch.decompose_reduction(conv_block, channels)
         sch.reverse_compute_at(final, wo_)
-        sch.vectorize(sch.get_loops(final)[-1])
+        vectorize_channels(sch, sch.get_loops(final)[-1], lanes=lanes)
     if not pointwise:  # a stem's zero-padded input rows, copied per band
         copy = sch.get_sblock(expand_input.op.name)
         sch.compute_at(copy, task, preserve_unit_loops=True)

@@ -53,6 +53,7 @@ from .block import (
 )
 from .prefetch import prefetch_next_block, prefetch_next_tile
 from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block, window_per_channel_tile
+from .vectors import vectorize_channels
 from .window import partition_at_tile_edges, vectorize_lanes
 from .winograd import (
     LANES,
@@ -265,7 +266,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
                         unroll_window: bool = False, window_outer: bool = False,
                         epilogue_in_block: bool = False, pad_in_tile: bool = False, pad_per_task: bool = False,
                         reduction_outer: bool = False, prefetch: bool = False,
-                        prefetch_input: bool = False, pad_lanes: bool = True) -> tvm.IRModule:
+                        prefetch_input: bool = False, pad_lanes: bool = True, lanes: int = 0) -> tvm.IRModule:
     """Schedule a conv in the tiled template (any spatial rank) with its epilogue fused.
 
     With ``loop_tiles`` the tiling is done by loop splits instead of the layout (the
@@ -288,7 +289,9 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     ``prefetch_input`` adds :func:`.prefetch.prefetch_next_tile` for the input tile the conv
     reads (in place or padded) where the parallel loop runs spatial tiles alone.
     ``pad_lanes`` vectorizes a pad stage copied whole over its channel tile; off for an
-    image read row-major, whose channels lie a plane apart.
+    image read row-major, whose channels lie a plane apart. ``lanes`` (the target's; 0: the
+    channel tile as one vector) sets the pieces the output channel tile is vectorized in
+    (:func:`.vectors.vector_piece`).
     """
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(conv.op.name)
@@ -330,7 +333,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         return _schedule_reduction_outer(sch, block, order=[*channel_outer, channel[0], n, *outer, last_o, *window,
                                                             channel[1], *inner[:-1], last_i, oi],
                                          channel_loops=len(channel_outer), unrolled=[*inner[:-1], last_i],
-                                         stages=stages, source=source, pad_lanes=pad_lanes,
+                                         stages=stages, source=source, pad_lanes=pad_lanes, lanes=lanes,
                                          prefetch=_WeightPrefetch(conv, spatial=[n, *outer, last_o],
                                                                   reads=[*window, channel[1]], vector=oi)
                                          if prefetch else None)
@@ -363,7 +366,7 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
     # Accumulate the register block in a local buffer (registers after unrolling).
     write = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write, last_o)
-    sch.vectorize(oi)
+    vectorize_channels(sch, oi, lanes=lanes)
     sch.unroll(last_i)
     for loop in inner[:-1]:
         sch.unroll(loop)
@@ -371,13 +374,13 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         for loop in window:
             sch.unroll(loop)
     sch.decompose_reduction(block, reduce[0])
-    sch.vectorize(sch.get_loops(write)[-1])
+    vectorize_channels(sch, sch.get_loops(write)[-1], lanes=lanes)
     if stages:
         for stage in stages[:-1]:
             sch.compute_inline(sch.get_sblock(stage.op.name))
         final = sch.get_sblock(stages[-1].op.name)
         sch.reverse_compute_at(final, last_o if epilogue_in_block else (middle[-1] if middle else oo))
-        sch.vectorize(sch.get_loops(final)[-1])
+        vectorize_channels(sch, sch.get_loops(final)[-1], lanes=lanes)
     if source is not None and (pad_in_tile or pad_per_task):
         # Pad each output tile's window right before it is read (it stays in L1): the
         # input is streamed once instead of copied whole first; its loops split where the
@@ -385,13 +388,13 @@ def schedule_tiled_conv(func: tvm.tirx.PrimFunc, *, conv: te.Tensor, stages: lis
         pad = sch.get_sblock(source.op.name)
         where = task_loop if pad_per_task else oo
         sch.compute_at(pad, where)
-        vectorize_lanes(sch, pad)
+        vectorize_lanes(sch, pad, lanes=lanes)
         pad_loops = sch.get_loops(pad)
         at = [i for i, loop in enumerate(pad_loops) if sch.get(loop).same_as(sch.get(where))]
         if at:  # the window's rows and columns: the loops inside the tile loop, less the lanes
             partition_at_tile_edges(sch, pad, loops=pad_loops[at[0] + 1:-1])
     elif source is not None:
-        _schedule_whole_pad(sch, source, lanes=pad_lanes)
+        _schedule_whole_pad(sch, source, vectorized=pad_lanes, lanes=lanes)
     if prefetch_input and not parallel_channels:
         data = conv.op.input_tensors[0]  # the input as the conv reads it: in place, or its padded copy
         var = lambda rv: sch.get(rv).loop_var  # noqa: E731
@@ -414,20 +417,21 @@ def pads_per_channel_tile(geometry: ConvGeometry, tiling: DefaultConvTiling, *, 
     return window_per_channel_tile(geometry.out_shape[1], geometry.in_per_group, geometry.out_per_group, tiling.ot)
 
 
-def _schedule_whole_pad(sch: tvm.s_tir.Schedule, source: te.Tensor, *, lanes: bool) -> None:
-    """The pad stage copied whole before the conv: parallel over its outer loops and, with
-    ``lanes``, vectorized over its channel tile. (Vectorized, RegNetY's grouped stride-2 convs,
-    which copy 16-channel tiles into 8-channel ones, ran 0.44-0.74x the time in the model; they
-    now pad per tile, :func:`pads_per_channel_tile`, unless a record asks for the prefetch.)"""
+def _schedule_whole_pad(sch: tvm.s_tir.Schedule, source: te.Tensor, *, vectorized: bool, lanes: int) -> None:
+    """The pad stage copied whole before the conv: parallel over its outer loops and, if
+    ``vectorized``, vectorized over its channel tile (for the target's ``lanes``). (Vectorized,
+    RegNetY's grouped stride-2 convs, which copy 16-channel tiles into 8-channel ones, ran
+    0.44-0.74x the time in the model; they now pad per tile, :func:`pads_per_channel_tile`,
+    unless a record asks for the prefetch.)"""
     pad = sch.get_sblock(source.op.name)
     sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
-    if lanes:
-        vectorize_lanes(sch, pad)
+    if vectorized:
+        vectorize_lanes(sch, pad, lanes=lanes)
 
 
 def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: list, channel_loops: int,
                               unrolled: list, stages: list, source: te.Tensor | None, pad_lanes: bool,
-                              prefetch: Any = None) -> tvm.IRModule:
+                              lanes: int = 0, prefetch: Any = None) -> tvm.IRModule:
     """The loop order of :func:`schedule_tiled_conv`'s ``reduction_outer``: ``order`` starts with
     the ``channel_loops`` loops of output channel tiles and ends with the register tile's
     ``unrolled`` loops and its vector loop. The register block accumulates straight into the conv's output,
@@ -436,7 +440,7 @@ def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: lis
     sch.reorder(*order)
     tile = sch.fuse(*order[:channel_loops])
     sch.parallel(tile)
-    sch.vectorize(order[-1])
+    vectorize_channels(sch, order[-1], lanes=lanes)
     for loop in unrolled:
         sch.unroll(loop)
     sch.decompose_reduction(block, order[channel_loops])
@@ -445,9 +449,9 @@ def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: lis
             sch.compute_inline(sch.get_sblock(stage.op.name))
         final = sch.get_sblock(stages[-1].op.name)
         sch.reverse_compute_at(final, tile)
-        sch.vectorize(sch.get_loops(final)[-1])
+        vectorize_channels(sch, sch.get_loops(final)[-1], lanes=lanes)
     if source is not None:
-        _schedule_whole_pad(sch, source, lanes=pad_lanes)
+        _schedule_whole_pad(sch, source, vectorized=pad_lanes, lanes=lanes)
     if prefetch is not None:
         return prefetch.apply(sch, order[channel_loops])
     return sch.mod
@@ -617,13 +621,23 @@ class AltConvStrategy(Strategy):
     def default_tiling(geometry: ConvGeometry, target: HardwareTarget) -> DefaultConvTiling:
         """The analytic tiling for ``target`` (the untuned build's choice). A conv that copies its
         input window per task (:attr:`ConvGeometry.copies_window_per_task`) prefetches no input
-        tile: it reads the copy."""
+        tile: it reads the copy.
+
+        A dense conv whose input channels (per group) fit one channel tile runs the window loops
+        outside the channel loop (``window_outer``), reading the tile whole at each window
+        position, as a split reduction reads each block. In the model (Zen 4, 2 threads, both
+        orders): RegNetY-400MF's grouped 3x3 convs (8 channels per group) 0.51-0.85x the time,
+        GoogLeNet's 3x3 24 -> 64 conv 0.58-0.76x; an image's stem (GoogLeNet's 7x7) ran 3-4%
+        slower that way and keeps the channel loop outside.
+        """
         tiling = default_conv_tiling(geometry.out_shape, geometry.in_per_group, geometry.out_per_group,
                                      in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
                                      registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
                                      l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape))
         if geometry.copies_window_per_task:
             tiling = replace(tiling, prefetch_input=False)
+        if not geometry.image_channels and 1 < geometry.in_per_group <= tiling.it:
+            tiling = replace(tiling, window_outer=True)
         return tiling
 
     def fuses_block(self, anchor, tail, target, options=None) -> bool:
@@ -735,7 +749,7 @@ class AltConvStrategy(Strategy):
             pad_per_task=geometry.copies_window_per_task and loop_tiles is None and not tiling.two_level
             and not (tiling.prefetch_input or tiling.reduction_outer),
             reduction_outer=tiling.reduction_outer, prefetch=tiling.prefetch, prefetch_input=tiling.prefetch_input,
-            pad_lanes=not geometry.image_channels)
+            pad_lanes=not geometry.image_channels, lanes=context.target.vector_lanes("float32"))
 
     def winograd_tile(self, geometry: ConvGeometry, context: Any) -> int:
         """The Winograd output tile ``m`` (:mod:`.winograd`) this conv is lowered with, or 0 for

@@ -18,6 +18,7 @@ from alt_tvm.strategies.space import Knob, Space, divisors
 
 from .block import BlockGeometry, BlockTiling
 from .tiling import RESERVED_REGISTERS, DefaultConvTiling, is_depthwise, reduction_block
+from .vectors import vector_registers
 
 
 def register_blocks(extent: int, cap: int) -> tuple[int, ...]:
@@ -40,7 +41,7 @@ class ConvSpace(Space):
     registers
         Vector registers: register blocks above all but ``RESERVED_REGISTERS`` of them are not offered.
     lanes
-        Vector lanes (a block of ``ot`` needs ``ceil(ot / lanes)`` registers per position).
+        Vector lanes (a block of ``ot`` needs :func:`.vectors.vector_registers` per position).
     levels
         1: the one-level template; 2: the two-level one (adds ``s<d>_outer`` and
         ``ot_outer``, tiles of tiles stored contiguously; 1 = no outer tiling).
@@ -91,7 +92,7 @@ class ConvSpace(Space):
     def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
         last = layout[f"s{self.rank - 1}"]
         outer = int(np.prod([layout[f"s{d}"] for d in range(self.rank - 1)])) if self.rank > 1 else 1
-        vectors = -(-layout["ot"] // self.lanes)
+        vectors = vector_registers(layout["ot"], self.lanes)
         budget = max(1, self.registers - RESERVED_REGISTERS) // max(1, outer * vectors)
         # Even blocks with a partial last one (register_block) as well as the divisors.
         return (Knob("reg", register_blocks(last, budget)),
@@ -217,8 +218,8 @@ class BlockSpace(Space):
         budget = max(1, self.registers - RESERVED_REGISTERS)
         rows = [r for r in range(layout["s0"], g.oh + 1, layout["s0"])
                 if not g.oh % r and g.n * g.oh // r >= self.cores and g.band_bytes(r) <= self.l2_bytes]
-        maps = budget // -(-layout["mt"] // self.lanes)  # accumulators per position: mt's vectors
-        output = budget // (layout["s0"] * -(-self._output_tile(layout) // self.lanes))  # rows x ot's vectors
+        maps = budget // vector_registers(layout["mt"], self.lanes)  # accumulators per position: mt's vectors
+        output = budget // (layout["s0"] * vector_registers(self._output_tile(layout), self.lanes))  # rows x ot's
         # A block that ends at its depthwise conv has no depthwise rows buffered (dw_reg 0).
         return (Knob("band_rows", tuple(rows) or (layout["s0"],)),
                 Knob("expand_reg", register_blocks(g.padded_w, maps)),

@@ -22,6 +22,7 @@ from tvm import tirx
 from tvm.sym.pattern import detect_linear_equation
 
 from .prefetch import find_realize, substitute, uses_var
+from .vectors import vectorize_channels
 
 __all__ = ["MAX_PIECES", "partition_at_tile_edges", "tile_edges", "vectorize_lanes"]
 
@@ -88,12 +89,13 @@ def partition_at_tile_edges(sch: tvm.s_tir.Schedule, block: Any, *, loops: Seque
     return len(plans)
 
 
-def vectorize_lanes(sch: tvm.s_tir.Schedule, block: Any, *, most: int = 64) -> bool:
+def vectorize_lanes(sch: tvm.s_tir.Schedule, block: Any, *, lanes: int = 0, most: int = 64) -> bool:
     """Vectorize ``block``'s innermost loop where it is a short lane axis (a channel tile of
-    at most ``most`` lanes, not a row of a row-major map); returns whether it did."""
+    at most ``most`` lanes, not a row of a row-major map), in the pieces of
+    :func:`.vectors.vectorize_channels` for the target's ``lanes``; returns whether it did."""
     inner = sch.get_loops(block)[-1]
     extent = sch.get(inner).extent
     if isinstance(extent, tirx.IntImm) and 1 < int(extent) <= most:
-        sch.vectorize(inner)
+        vectorize_channels(sch, inner, lanes=lanes)
         return True
     return False
