@@ -125,17 +125,19 @@ def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
                                              1000)}
     # Divisors where they use the lanes as well, or padding would waste more than 1/12.
     assert tiles[3] == 3 and tiles[12] == 12 and tiles[20] == 10
-    # Three quarters of a vector (8 + 4 lanes) doubles where that divides: 24 and 72 in tiles
-    # of 24 (three 8-lane pieces); 36 stays in tiles of 12.
-    assert tiles[24] == 24 and tiles[72] == 24 and channel_tile(36, 16) == 12 and channel_tile(12, 8) == 12
+    # A tile under a vector grows to three or five half vectors where they divide: 24 and 72 in
+    # tiles of 24, 40 in tiles of 40 (8-lane pieces); 36 stays in tiles of 12, 56 in tiles of 8.
+    assert tiles[24] == 24 and tiles[72] == 24 and tiles[40] == 40 and channel_tile(36, 16) == 12
+    assert channel_tile(56, 16) == 8 and channel_tile(12, 8) == 12 and channel_tile(80, 16) == 16
     # A divisor LLVM would split into a piece under a quarter vector (10 = 8 + 2, 14 = 8 + 4 + 2,
-    # 11, 15) gives way to a half vector: 40, 56 and 88 in 8-lane tiles; 120 then pads to 128.
-    assert tiles[40] == 8 and tiles[56] == 8 and tiles[88] == 8 and tiles[120] == 32
+    # 11, 15) gives way to a half vector: 56 and 88 in 8-lane tiles; 120 then pads to 128.
+    assert tiles[56] == 8 and tiles[88] == 8 and tiles[120] == 32
     assert tiles[48] == 16 and tiles[512] == 32
     # Padded: 58 -> 64 and 116 -> 128 (two vectors: one would pad as much), 104 -> 112 and
     # 232 -> 240 (one vector), 440 -> 448 and 1000 -> 1024 (two vectors waste under 1/16).
     assert (tiles[58], tiles[116], tiles[104], tiles[232], tiles[440], tiles[1000]) == (32, 32, 16, 16, 32, 32)
-    assert channel_tile(200, 16, max_waste=0) == 8 and channel_tile(58, 16, max_waste=0) == 32
+    assert channel_tile(200, 16, max_waste=0) == 40 and channel_tile(58, 16, max_waste=0) == 32
+    assert channel_tile(184, 16, max_waste=0) == 8
     # A reduction over 104 channels stored in padded tiles of 16 runs in blocks of 8.
     assert reduction_block(104, 16) == 8 and reduction_block(512, 32) == 32
 
@@ -145,7 +147,7 @@ def test_a_tile_of_one_and_a_half_vectors_is_vectorized_in_half_vectors():
     from alt_tvm.strategies.alt.vectors import vector_piece, vector_registers
 
     assert [vector_piece(t, 16) for t in (8, 12, 16, 24, 32, 40, 48)] == [8, 12, 16, 8, 32, 8, 16]
-    assert [vector_registers(t, 16) for t in (8, 12, 16, 24, 32)] == [1, 1, 1, 3, 2]
+    assert [vector_registers(t, 16) for t in (8, 12, 16, 24, 32, 40)] == [1, 1, 1, 3, 2, 5]
     # Three registers per position: the register block holds 8 positions (24 of 28 accumulators).
     tiling = default_conv_tiling((1, 24, 56, 56), 144, 24, lanes=16, registers=32)
     assert tiling.ot == 24 and tiling.spatial[0] * tiling.reg * 3 <= 28

@@ -264,12 +264,9 @@ def channel_tile(channels: int, lanes: int, *, max_waste: float = 1 / 12) -> int
     4% faster. Divisors of whole pieces (12 lanes) stay: 24 channels in 8-lane tiles made
     ShuffleNet-V2 2-4% slower (its stem pool).
 
-    A tile of three quarters of a vector (12 of 16 lanes: an 8- and a 4-lane FMA for 12
-    lanes) is doubled where that divides the channels: 24 and 72 channels in 24-lane tiles,
-    vectorized as three half vectors (:func:`.vectors.vector_piece`). In the model (Zen 4, 2
-    threads, both builds in one process, both orders): EfficientNet-B0's 1x1 convs to 24
-    channels 0.75-0.86x the time, MobileNet-V3-Large's 24 -> 72 conv 0.79x, ShuffleNet-V2's
-    stem and its pool 0.85-0.89x and 0.72-0.82x.
+    A divisor under a vector gives way to an odd multiple of half a vector that divides the
+    channels (:func:`_odd_pieces`): 24 and 72 channels in 24-lane tiles, 40 in 40-lane tiles,
+    vectorized as three or five half vectors (:func:`.vectors.vector_piece`).
     """
     if channels >= WIDE_CHANNELS and channels % (2 * lanes) == 0:
         return 2 * lanes
@@ -277,14 +274,37 @@ def channel_tile(channels: int, lanes: int, *, max_waste: float = 1 / 12) -> int
     half = lanes // 2
     if divisor > half and channels % half == 0 and not _whole_pieces(divisor, lanes):
         divisor = half  # 40 channels: 8-lane tiles, not 10 (8 + 2 lanes, the 2 nearly scalar)
-    if 4 * divisor == 3 * lanes and channels % (2 * divisor) == 0:
-        return 2 * divisor
     one, two = _ceil_to(channels, lanes), _ceil_to(channels, 2 * lanes)
     if channels * lanes <= divisor * one:  # the divisor uses the vectors as well
-        return divisor
+        return _odd_pieces(channels, divisor, lanes)
     if 4 * divisor > lanes and one - channels > max_waste * channels:
-        return divisor
+        return _odd_pieces(channels, divisor, lanes)
     return 2 * lanes if two == one or 16 * (two - channels) <= channels else lanes
+
+
+#: Most half vectors in one channel tile: a register block holds a register per piece and
+#: position, so five leave five positions of 28 accumulators.
+MAX_TILE_PIECES = 5
+
+
+def _odd_pieces(channels: int, divisor: int, lanes: int) -> int:
+    """``divisor`` (a channel tile under a vector), or the largest odd multiple of half a
+    vector, up to :data:`MAX_TILE_PIECES` halves, that divides ``channels`` and is wider.
+
+    A 12-lane tile (of 16) is an 8- and a 4-lane FMA for 12 lanes, and an 8-lane tile one FMA
+    per input broadcast; in tiles of three or five 8-lane pieces, which issue at the full rate
+    of lanes on Zen 4, each broadcast feeds three or five. In the model (Zen 4, 2 threads, both
+    builds in one process, both orders): EfficientNet-B0's 1x1 convs to 24 channels 0.75-0.86x
+    the time and to 40 channels 0.81-0.89x, MobileNet-V3-Large's 24 -> 72 conv 0.79x and its
+    1x1s to 40 channels 0.82-0.93x, ShuffleNet-V2's stem and its pool 0.85-0.89x and 0.72-0.82x.
+    """
+    half = lanes // 2
+    if divisor >= lanes or half < 2:
+        return divisor
+    for pieces in range(MAX_TILE_PIECES, 2, -1):
+        if pieces % 2 and pieces * half > divisor and channels % (pieces * half) == 0:
+            return pieces * half
+    return divisor
 
 
 def _whole_pieces(tile: int, lanes: int) -> bool:
