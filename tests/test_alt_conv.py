@@ -177,6 +177,29 @@ def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch():
             assert f"T.vectorized({c})" not in script and f"T.vectorized({lanes // 2})" in script, (fuse, name)
 
 
+def test_a_reduction_outer_record_prefetches_weights_read_in_half_vector_pieces(tmp_path):
+    """A tuned record with the reduction-outer order and the weight prefetch on a 3/2-vector
+    output tile: the prefetch counts the loop over the pieces among the weight reads."""
+    import alt_tvm
+    from alt_tvm.integration import extract_tasks
+    from alt_tvm.target import host
+
+    c = 3 * host().vector_lanes("float32") // 2
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(96, c, 1).eval()
+    x = torch.randn(1, 96, 28, 28)
+    (task,) = extract_tasks(model, example_inputs=[x])
+    layout, loop = task.space.default()
+    assert layout["ot"] == c
+    params = task.space.params(layout, dict(loop, reduction_outer=True, prefetch=True, epilogue_in_block=False,
+                                            prefetch_input=False, window_outer=False))
+    built = alt_tvm.build(model, example_inputs=[x], records=one_record_log(tmp_path / "log.jsonl", task, params))
+    assert built.report.tuned == 1
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    (script,) = _kernel_scripts(built).values()
+    assert "T.prefetch(" in script and f"T.vectorized({c})" not in script
+
+
 @pytest.mark.parametrize("data, weight, groups, outer", [
     ((1, 48, 56, 56), (48, 8, 3, 3), 6, True),  # RegNetY: 8 channels per group, one tile
     ((1, 8, 14, 14), (64, 8, 3, 3), 1, True),  # 8 channels: one tile

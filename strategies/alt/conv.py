@@ -440,7 +440,9 @@ def _schedule_reduction_outer(sch: tvm.s_tir.Schedule, block: Any, *, order: lis
     sch.reorder(*order)
     tile = sch.fuse(*order[:channel_loops])
     sch.parallel(tile)
-    vectorize_channels(sch, order[-1], lanes=lanes)
+    pieces, vector = vectorize_channels(sch, order[-1], lanes=lanes)
+    if prefetch is not None and pieces is not None:  # the weight read is a loop of pieces of vectors
+        prefetch = replace(prefetch, reads=[*prefetch.reads, pieces], vector=vector)
     for loop in unrolled:
         sch.unroll(loop)
     sch.decompose_reduction(block, order[channel_loops])

@@ -296,7 +296,7 @@ def _odd_pieces(channels: int, divisor: int, lanes: int) -> int:
     of lanes on Zen 4, each broadcast feeds three or five. In the model (Zen 4, 2 threads, both
     builds in one process, both orders): EfficientNet-B0's 1x1 convs to 24 channels 0.75-0.86x
     the time and to 40 channels 0.81-0.89x, MobileNet-V3-Large's 24 -> 72 conv 0.79x and its
-    1x1s to 40 channels 0.82-0.93x, ShuffleNet-V2's stem and its pool 0.85-0.89x and 0.72-0.82x.
+    1x1s to 40 channels 0.82-0.94x, ShuffleNet-V2's stem and its pool 0.85-0.89x and 0.72-0.82x.
     """
     half = lanes // 2
     if divisor >= lanes or half < 2:

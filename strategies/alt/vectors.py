@@ -35,14 +35,16 @@ def vector_registers(tile: int, lanes: int) -> int:
     return -(-tile // min(vector_piece(tile, lanes), lanes))
 
 
-def vectorize_channels(sch: tvm.s_tir.Schedule, loop: Any, *, lanes: int) -> None:
+def vectorize_channels(sch: tvm.s_tir.Schedule, loop: Any, *, lanes: int) -> tuple[Any, Any]:
     """Vectorize ``loop`` (a channel tile), in pieces of :func:`vector_piece` lanes with the
-    loop over the pieces unrolled. ``lanes`` 0: the whole loop as one vector."""
+    loop over the pieces unrolled. ``lanes`` 0: the whole loop as one vector. Returns the
+    loop over the pieces (None when there is one) and the vectorized loop."""
     extent = int(sch.get(loop).extent)
     piece = vector_piece(extent, lanes) if lanes else extent
     if piece == extent:
         sch.vectorize(loop)
-        return
+        return None, loop
     pieces, inner = sch.split(loop, [None, piece])
     sch.unroll(pieces)
     sch.vectorize(inner)
+    return pieces, inner
