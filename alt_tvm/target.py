@@ -72,6 +72,10 @@ class HardwareTarget:
         Cache line size.
     cross_compiler : str or None
         gcc driver that links shared objects for this target (``None``: host or CUDA).
+    half_vectors_full_rate : bool
+        Whether an operation on half a vector register issues at the full rate of lanes, as on
+        Zen 4, which executes a 512-bit operation as two 256-bit halves. Elsewhere (Zen 5,
+        Intel's AVX-512 cores, AVX2, NEON) a half vector takes a whole vector's issue slot.
     """
 
     name: str
@@ -85,6 +89,7 @@ class HardwareTarget:
     l3_bytes: int
     cache_line_bytes: int
     cross_compiler: str | None = None
+    half_vectors_full_rate: bool = False
 
     def vector_lanes(self, dtype: str = "float32") -> int:
         """Elements of ``dtype`` in one vector register (at least 1).
@@ -179,6 +184,11 @@ def _vector_width(machine: str, flags: set[str]) -> tuple[int, int]:
     return 128, 16
 
 
+#: LLVM CPU names whose 512-bit operations run as two 256-bit halves (so a 256-bit one issues at
+#: the full rate of lanes): AMD Zen 4.
+_DOUBLE_PUMPED_CPUS = frozenset({"znver4"})
+
+
 def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | str = _CPUINFO) -> HardwareTarget:
     """Describe the machine this process runs on (uncached; see :func:`host`).
 
@@ -227,6 +237,7 @@ def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | 
         l3_bytes=l3,
         cache_line_bytes=line or _DEFAULT_LINE,
         cross_compiler=None,
+        half_vectors_full_rate=mcpu in _DOUBLE_PUMPED_CPUS,
     )
 
 

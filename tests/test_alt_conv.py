@@ -112,10 +112,31 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
     assert tiling(512, 7).parallel_channels is True  # 9.4 MB of weights
     assert tiling(256, 14).parallel_channels is True  # 2.4 MB
     assert tiling(128, 28).parallel_channels is None  # 0.6 MB: the schedule decides from the task count
-    # The reduction-outer order is the tuner's: by default every conv keeps the one-level order,
-    # with the epilogue in the register block.
+    # With a 2 MiB L2 every channel tile's slab of weights (at most 590 KiB) stays in it: each conv
+    # keeps the one-level order, with the epilogue in the register block.
     for t in (tiling(512, 7), tiling(256, 14), tiling(128, 28)):
         assert not (t.reduction_outer or t.prefetch) and t.epilogue_in_block
+
+
+@pytest.mark.parametrize("l1_kib,outer", [(48, True), (32, False)])
+def test_a_slab_of_weights_over_half_the_l2_runs_the_reduction_outermost_where_a_block_fits_the_l1(l1_kib, outer):
+    from alt_tvm.strategies.alt.tiling import default_conv_tiling, reads_weight_blocks_from_l1
+
+    def tiling(out, inp, size, window):
+        return default_conv_tiling((1, out, size, size), inp, out, lanes=16, registers=32, l1_bytes=l1_kib << 10,
+                                   l2_bytes=1 << 20, weight_bytes=out * inp * window * 4)
+
+    # 512 -> 512 3x3: a 590 KiB slab per 32-channel tile, blocks of 32 input channels of 36 KiB.
+    big = tiling(512, 512, 7, 9)
+    assert (big.reduction_outer, big.prefetch, big.epilogue_in_block) == (outer, outer, not outer)
+    assert big.parallel_channels and not big.prefetch_input
+    # A 295 KiB slab (256 -> 512 3x3) and a 128 KiB one (1024 -> 2048 1x1) stay in the L2.
+    assert not tiling(512, 256, 7, 9).reduction_outer and not tiling(2048, 1024, 7, 1).reduction_outer
+    # Unknown caches, or no split reduction (every input channel in one block): never.
+    assert not reads_weight_blocks_from_l1(in_channels_per_group=512, window=9, ot=32, it=32, l1_bytes=0,
+                                           l2_bytes=1 << 20)
+    assert not reads_weight_blocks_from_l1(in_channels_per_group=32, window=49 * 9, ot=32, it=32,
+                                           l1_bytes=1 << 30, l2_bytes=1 << 20)
 
 
 def test_channel_tiles_pad_to_whole_vectors_when_that_uses_the_lanes_better():
@@ -153,13 +174,18 @@ def test_a_tile_of_one_and_a_half_vectors_is_vectorized_in_half_vectors():
     assert tiling.ot == 24 and tiling.spatial[0] * tiling.reg * 3 <= 28
 
 
-def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch():
+@pytest.mark.parametrize("full_rate", [True, False])
+def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch(full_rate):
     """1x1 convs to and from 3/2-vector tiles, and a fused block with such a middle map, vectorize
-    in half-vector pieces (no vector of 3/2 lanes, which LLVM compiles 4-15x slower)."""
+    in half-vector pieces (no vector of 3/2 lanes, which LLVM compiles 4-15x slower). Where half
+    vectors take a whole vector's issue slot, the 9/2-vector middle map is padded to whole vectors."""
+    import dataclasses
+
     import alt_tvm
     from alt_tvm.target import host
 
-    lanes = host().vector_lanes("float32")
+    machine = dataclasses.replace(host(), half_vectors_full_rate=full_rate)
+    lanes = machine.vector_lanes("float32")
     c = 3 * lanes // 2  # 24 channels with AVX-512, 12 with AVX2
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(16, c, 1), torch.nn.ReLU(),
@@ -168,13 +194,20 @@ def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch():
                                 torch.nn.Conv2d(3 * c, c, 1)).eval()
     x = torch.randn(1, 16, 28, 28)
     for fuse in (False, True):
-        built = alt_tvm.build(model, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": fuse}})
+        built = alt_tvm.build(model, machine, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": fuse}})
         ref = model(x).detach().numpy()
         np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
         scripts = _kernel_scripts(built)
         assert len(scripts) == (2 if fuse else 4), list(scripts)
+        tiles = {}  # each kernel's output tile (its stored layout's innermost extent)
         for name, script in scripts.items():
-            assert f"T.vectorized({c})" not in script and f"T.vectorized({lanes // 2})" in script, (fuse, name)
+            signature = script.split("def ")[1].split("\n")[0]
+            tiles[name] = int(signature.split("T.Buffer((")[-1].split(")")[0].split(", ")[-1])
+            assert f"T.vectorized({c})" not in script, (fuse, name)
+            if tiles[name] == c:  # a 3/2-vector tile is written in half-vector pieces
+                assert f"T.vectorized({lanes // 2})" in script, (fuse, name)
+        # The middle map (3c channels): 3/2-vector tiles, or padded to whole vectors.
+        assert sorted(tiles.values()) == ([c, c] if fuse else [c, c, c, c] if full_rate else [lanes, lanes, c, c])
 
 
 def test_a_reduction_outer_record_prefetches_weights_read_in_half_vector_pieces(tmp_path):
@@ -316,6 +349,11 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
     assert hints and all(tiles < i < reduction for i in hints), (tiles, hints, reduction)
     assert "weight[o_o_fused, ((rc_0 + 1) *" in lines[hints[0]], lines[hints[0]]
     assert any("for prefetch_j in range(" in line for line in lines[tiles:reduction])
+
+    # With a 1 MiB L2 and a 48 KiB L1 (Zen 5) the untuned build takes that order itself.
+    zen5 = dataclasses.replace(machine, l1d_bytes=48 << 10, l2_bytes=1 << 20)
+    script = kernel_script(alt_tvm.build(model, zen5, example_inputs=[x]))
+    assert "rc_0, n, h_o" in script and "T.prefetch(" in script
 
 
 def test_prefetch_needs_the_reduction_outer_order():

@@ -140,8 +140,13 @@ class DefaultConvTiling:
 
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
                         lanes: int, registers: int, in_channels: int | None = None,
-                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0) -> DefaultConvTiling:
+                        l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0,
+                        half_vectors_full_rate: bool = False) -> DefaultConvTiling:
     """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
+
+    Channel tiles are :func:`channel_tile`'s, padding up to :data:`CHANNEL_MAX_WASTE` of the
+    channels where half vectors issue at the full rate of lanes (``half_vectors_full_rate``,
+    Zen 4) and up to :data:`HALF_RATE_MAX_WASTE` elsewhere.
 
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
     contiguous); the innermost spatial tile is up to 32 wide, outer ones up to 4 (2-D)
@@ -155,17 +160,21 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     ``parallel_channels``: the parallel loop then runs channel tiles outermost, so each
     channel tile's weights are read from memory once rather than once per spatial tile
     (ResNet-18's 512-channel 3x3 convs, 9.4 MB of weights on a 7x7 map: 1.9x faster).
-    The reduction-outer loop order (``reduction_outer``, ``prefetch``) is left to the tuner:
-    with the per-task tiles on the stack and the epilogue in the register block, the one-level
-    order ran the convs that had it by default 3-22% faster inside ResNet-18/50, MobileNet-V2,
-    MNASNet and DenseNet-121 (docs/cnn.md, twentieth session).
+    The reduction-outer loop order (``reduction_outer``, ``prefetch``) is mostly left to the
+    tuner: with the per-task tiles on the stack and the epilogue in the register block, the
+    one-level order ran the convs that had it by default 3-22% faster inside ResNet-18/50,
+    MobileNet-V2, MNASNet and DenseNet-121 (docs/cnn.md, twentieth session). It is the default
+    where :func:`reads_weight_blocks_from_l1` holds: ResNet's 512-channel 3x3 convs on 7x7 maps
+    ran 1.27-1.38x faster with it inside ResNet-18/50 on Zen 5 (twenty-seventh session).
     """
 
     spatial = list(out_shape[2:])
     # With one output channel per group (depthwise), input channel o reads channel o:
     # a vector may span groups. Otherwise stay inside a group so reads stay contiguous.
-    ot = channel_tile(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes)
-    it = channel_tile(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes)
+    waste = CHANNEL_MAX_WASTE if half_vectors_full_rate else HALF_RATE_MAX_WASTE
+    ot = channel_tile(out_shape[1] if out_channels_per_group == 1 else out_channels_per_group, lanes, max_waste=waste)
+    it = channel_tile(in_channels_per_group if in_channels_per_group > 1 else (in_channels or 1), lanes,
+                      max_waste=waste)
     budget = max(1, registers - RESERVED_REGISTERS)  # accumulators that fit the register file
     # The spatial tiles depend on the spatial extents only (not on the channel tile), so
     # a producer and a 1x1 consumer of the same map agree and no conversion is needed.
@@ -204,9 +213,34 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # (streamed weights), the next task mostly reads the same input tile.
     per_tile_window = window_per_channel_tile(out_shape[1], in_channels_per_group, out_channels_per_group, ot)
     prefetch_input = not per_tile_window and not streams
+    outer = streams and not depthwise and reads_weight_blocks_from_l1(
+        in_channels_per_group=in_channels_per_group, window=weight_bytes // (4 * out_shape[1] * in_channels_per_group),
+        ot=ot, it=it, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
     return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
-                             epilogue_in_block=True, parallel_channels=True if streams else None,
-                             prefetch_input=prefetch_input)
+                             epilogue_in_block=not outer, parallel_channels=True if streams else None,
+                             reduction_outer=outer, prefetch=outer, prefetch_input=prefetch_input)
+
+
+def reads_weight_blocks_from_l1(*, in_channels_per_group: int, window: int, ot: int, it: int,
+                                l1_bytes: int, l2_bytes: int) -> bool:
+    """Whether a dense conv whose weights stream from memory runs its reduction's channel
+    blocks outermost (``reduction_outer`` with ``prefetch``) by default.
+
+    In the one-level order each register block reads the channel tile's whole slab of weights
+    (every input channel and tap of ``ot`` outputs). Over half the L2 it does not stay there
+    beside the input, so every register block fetches it again from the L3 or memory. The
+    reduction-outer order reads one block (``it`` input channels) once and reuses it from the
+    L1 for every row of the tile: that pays where the block fits the L1 with a quarter left
+    for the input rows and the partial sums. ResNet's 512-channel 3x3 convs on 7x7 maps
+    (590 KiB slabs, 36 KiB blocks) ran 1.27-1.38x faster inside ResNet-18/50 that way on
+    Zen 5's 48 KiB L1; on Zen 4's 32 KiB L1 the block does not fit and the one-level order
+    stays. ``window``: taps per channel; 0 in ``l1_bytes`` or ``l2_bytes`` (unknown): False.
+    """
+    block = reduction_block(in_channels_per_group, it)
+    if not (l1_bytes and l2_bytes) or not 1 < block < in_channels_per_group:
+        return False  # no split reduction to run outermost
+    slab = 4 * in_channels_per_group * window * ot
+    return slab > l2_bytes // 2 and 4 * block * window * ot <= l1_bytes - l1_bytes // 4
 
 
 def streams_from_memory(weight_bytes: int, l2_bytes: int) -> bool:
@@ -236,8 +270,19 @@ def register_block(extent: int, cap: int) -> int:
 #: Layers with at least this many channels (a multiple of two vectors) get two-vector channel tiles.
 WIDE_CHANNELS = 64
 
+#: Most channels :func:`channel_tile` pads by default, as a share of them, rather than keep a
+#: tile of half vectors (measured on Zen 4, where those issue at the full rate of lanes).
+CHANNEL_MAX_WASTE = 1 / 12
 
-def channel_tile(channels: int, lanes: int, *, max_waste: float = 1 / 12) -> int:
+#: The same where a half vector takes a whole vector's issue slot: five 8-lane pieces of a
+#: 40-channel tile cost what five 16-lane vectors do. 40 -> 48 and 72 -> 80 channels ran
+#: MobileNet-V3-Large's and EfficientNet-B0's 1x1 convs to them 1.10-1.19x faster in the model,
+#: the models 1.02-1.03x (Zen 5, both builds in one process, both orders; docs/cnn.md,
+#: twenty-seventh session).
+HALF_RATE_MAX_WASTE = 1 / 4
+
+
+def channel_tile(channels: int, lanes: int, *, max_waste: float = CHANNEL_MAX_WASTE) -> int:
     """The channel tile for ``channels``: one vector, two for wide layers.
 
     A function of the channel count alone, so a producer's output tile equals its
