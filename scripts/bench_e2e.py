@@ -157,9 +157,7 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
     results[0].update(peak_gflops=peaks.best, peak_readings=peaks.readings)
     print(f"FP32 FMA peak of the run: {peaks.describe()}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
+    _write_json(args.json, results)
     return 0
 
 
@@ -216,6 +214,7 @@ def main(argv=None) -> int:
     from alt_tvm.models import MODELS
     from alt_tvm.target import host
     from alt_tvm.timing import PeakReadings
+    from alt_tvm.tuning.driver import BudgetError
 
     # The ceiling of this run (machine states differ between days): FP32 FMA peak, read again at
     # the end (one reading can land in a slow phase of the host).
@@ -248,10 +247,17 @@ def main(argv=None) -> int:
                 if os.path.exists(log):
                     os.remove(log)
                 t0 = time.perf_counter()
-                outcome = tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
-                tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
-                if outcome.in_model is not None:
-                    print(outcome.in_model.summary())
+                try:
+                    outcome = tune(str(path), trials=args.trials, log=log, seed=args.seed, progress=False)
+                except BudgetError as err:  # this model has too many tasks: time it untuned, go on
+                    print(f"{name}: not tuned: {err}", file=sys.stderr)
+                    results.append({"model": name, "runner": "tuning alt-tvm", "error": str(err),
+                                    "trials": args.trials})
+                    log = None
+                else:
+                    tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
+                    if outcome.in_model is not None:
+                        print(outcome.in_model.summary())
         for variant in args.variants:
             for records in ([None, log] if log else [None]):
                 t0 = time.perf_counter()
@@ -308,15 +314,21 @@ def main(argv=None) -> int:
                 print(f"  tuning wall time {tuner}: {seconds:.0f} s for {args.trials} trials")
                 results.append({"model": name, "runner": f"tuning {tuner}", "tune_s": seconds,
                                 "trials": args.trials})
+        _write_json(args.json, results)  # each finished model, in case a later one fails
     for key, readings in peaks.items():
         readings.measure()
         peak[key] = readings.best
     results[0]["peak_readings"] = {key: readings.readings for key, readings in peaks.items()}
     print("FP32 FMA peak of the run: " + ", ".join(f"{k.replace('_', ' ')} {r.describe()}" for k, r in peaks.items()))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
+    _write_json(args.json, results)
     return 0
+
+
+def _write_json(path: str | None, results: list) -> None:
+    """Write ``results`` to ``path`` (nothing when None), replacing what an earlier call wrote."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(results, fh, indent=2)
 
 
 if __name__ == "__main__":

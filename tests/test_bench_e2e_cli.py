@@ -31,3 +31,20 @@ def test_reuse_logs_names_every_missing_log_before_any_work(script, tmp_path):
     message = str(err.value)
     assert "e2e_two.onnx_8.jsonl" in message and "e2e_one.onnx_8.jsonl" not in message
     assert script.tuning_log(script.parse_args(args), str(model)) == str(logs / "e2e_one.onnx_8.jsonl")
+
+
+def test_a_budget_too_small_for_a_models_tasks_times_it_untuned_and_keeps_the_results(script, tmp_path):
+    import json
+
+    model = tmp_path / "two_convs.onnx"
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 1)).eval(),
+                      (torch.randn(1, 3, 16, 16),), str(model), dynamo=False, opset_version=17)
+    out = tmp_path / "out.json"
+    code = script.main(["--models", str(model), "--trials", "2", "--skip-ms", "--skip-tvm-default", "--rounds", "1",
+                        "--repeat", "1", "--log-dir", str(tmp_path / "logs"), "--json", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())
+    (error,) = [r for r in results if "error" in r]
+    assert "trials=2 is too small for 2 tasks" in error["error"]
+    runners = {r["runner"] for r in results if "median_ms" in r}
+    assert runners == {"alt-tvm (alt)", "onnxruntime"}  # timed untuned, no tuned build

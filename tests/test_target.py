@@ -45,6 +45,8 @@ def test_host_matches_llvm_and_affinity():
     assert str(t.attrs["mcpu"]) == tvm.target.codegen.llvm_get_system_cpu()
     assert int(t.attrs["num-cores"]) == h.num_cores
     assert hw.host() is h  # cached
+    # Only Zen 4 runs a 512-bit operation as two 256-bit halves (a half vector at the full rate).
+    assert h.half_vectors_full_rate == (h.tvm_target["mcpu"] == "znver4")
 
 
 @pytest.mark.skipif(not SYS_CACHE.is_dir(), reason="no sysfs cache information")
@@ -129,6 +131,7 @@ LLVM_BOARDS = {
 
 def test_known_boards():
     assert set(hw.known_boards()) == {"bananapi-f3", "h100", "kirin990", "v100", "vta"}
+    assert not any(hw.board(name).half_vectors_full_rate for name in hw.known_boards())
     assert hw.board("host") is hw.host()
 
 
