@@ -267,6 +267,8 @@ def main(argv=None) -> int:
                 if not check(label, compiled):
                     return 1
                 rows[label] = ((compiled, arrays), build_s)
+                if records and variant == args.variants[0]:
+                    tuned_build = compiled
                 if args.profile:
                     print(f"{name} {label}: " + compiled.report.summary(compiled.profile(*arrays, repeat=5)))
         if args.sconv:
@@ -307,7 +309,8 @@ def main(argv=None) -> int:
                             "ratio_to_alt": med / alt_ms, "threads": args.threads, "trials": args.trials})
         if log:
             untuned = table[f"alt-tvm ({args.variants[0]})"][1]
-            print(f"  tuned vs untuned: {untuned / alt_ms:.2f}x; tuned vs ONNX Runtime (ORT ms / alt-tvm ms): "
+            same = "" if tuned_build.report.changed_by_log else " (the log changed no kernel: both builds are the same)"
+            print(f"  tuned vs untuned: {untuned / alt_ms:.2f}x{same}; tuned vs ONNX Runtime (ORT ms / alt-tvm ms): "
                   f"{table['onnxruntime'][1] / alt_ms:.2f}x")
         for (model, tuner), seconds in tune_s.items():
             if model == name:

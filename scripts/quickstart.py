@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     for label, (median, rounds) in timed.items():
         print(f"  {label:18s} {median:9.3f} ms (rounds {min(rounds):.3f}-{max(rounds):.3f})   "
               f"{median / base:6.2f}x the tuned time")
+    if not tuned.report.changed_by_log:
+        print("  (the log changed no kernel: its in-model check kept every default, so the two alt-tvm rows "
+              "time the same kernels and differ only by this run's noise)")
     low, median = time_callable(tvm_default_build(load_model(path)), arrays, warmup=1, repeat=3)
     print(f"  {'tvm untuned':18s} {median:9.3f} ms (3 calls after the rounds: unscheduled, too slow to interleave)"
           f"   {median / base:6.2f}x the tuned time")

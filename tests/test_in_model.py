@@ -125,6 +125,7 @@ def test_a_choice_slower_in_the_model_is_dropped_and_the_log_builds_the_defaults
     assert not tuned.best and set(tuned.defaults) == {t.key for t in tasks}
     built = quiet_build(records=log)
     assert built.report.tuned == 0 and len(built.report.kept_default) == 2 and not built.report.untuned
+    assert not built.report.changed_by_log  # the untuned build's kernels
     np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
 
 
@@ -139,7 +140,7 @@ def test_a_choice_faster_in_the_model_is_kept_and_applied(searched, tmp_path):
     for d in result.decisions:
         assert d.choice.label == "tuned#1" and d.choice.params == ranked[d.key][0].candidate["params"]
     built = quiet_build(records=log)
-    assert built.report.tuned == 2
+    assert built.report.tuned == 2 and built.report.changed_by_log
     np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     (check,) = [obj for obj in lines if "model_check" in obj["candidate"]]
@@ -169,7 +170,7 @@ def test_a_log_that_chooses_sconv_for_one_partition_builds_it_with_sconv(tmp_pat
         writer.write(decision(keys[1], "sconv"))
     built = quiet_build(records=log)
     assert [strategy for strategy, *_ in built.report.partitions] == ["alt", "sconv"]
-    assert built.report.chosen_strategies == {keys[1]: "sconv"}
+    assert built.report.chosen_strategies == {keys[1]: "sconv"} and built.report.changed_by_log
     assert "1 partitions lowered with the strategy the log chose by in-model time (sconv)" in \
         built.report.tuning_summary()
     np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)

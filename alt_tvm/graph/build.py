@@ -144,6 +144,13 @@ class BuildReport:
     #: (:mod:`alt_tvm.graph.inplace`)
     in_place: int = 0
 
+    @property
+    def changed_by_log(self) -> bool:
+        """Whether the log changed any kernel: a partition built with tuned parameters or
+        with the strategy the log chose. False without a log, and where the log's in-model
+        check kept every default (the build then emits the untuned build's kernels)."""
+        return self.tuned > 0 or bool(self.chosen_strategies)
+
     def tuning_summary(self) -> str:
         """How much of the model the log tuned, and why the rest was not ("" without a log)."""
         if self.log is None:
