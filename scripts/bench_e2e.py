@@ -258,6 +258,7 @@ def main(argv=None) -> int:
                     tune_s[(name, "alt-tvm")] = time.perf_counter() - t0
                     if outcome.in_model is not None:
                         print(outcome.in_model.summary())
+        tuned_build = None  # the first variant built from the log
         for variant in args.variants:
             for records in ([None, log] if log else [None]):
                 t0 = time.perf_counter()
@@ -309,7 +310,8 @@ def main(argv=None) -> int:
                             "ratio_to_alt": med / alt_ms, "threads": args.threads, "trials": args.trials})
         if log:
             untuned = table[f"alt-tvm ({args.variants[0]})"][1]
-            same = "" if tuned_build.report.changed_by_log else " (the log changed no kernel: both builds are the same)"
+            same = "" if tuned_build is None or tuned_build.report.changed_by_log else \
+                " (the log changed no kernel: both builds are the same)"
             print(f"  tuned vs untuned: {untuned / alt_ms:.2f}x{same}; tuned vs ONNX Runtime (ORT ms / alt-tvm ms): "
                   f"{table['onnxruntime'][1] / alt_ms:.2f}x")
         for (model, tuner), seconds in tune_s.items():
