@@ -12,7 +12,7 @@ from typing import Any
 
 from alt_tvm.strategies.base import tiles_for
 
-from .vectors import vector_registers
+from .vectors import vector_registers, whole_llvm_pieces
 
 __all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "is_depthwise",
            "reduction_block", "register_block"]
@@ -317,7 +317,7 @@ def channel_tile(channels: int, lanes: int, *, max_waste: float = CHANNEL_MAX_WA
         return 2 * lanes
     divisor = tiles_for(channels, lanes)
     half = lanes // 2
-    if divisor > half and channels % half == 0 and not _whole_pieces(divisor, lanes):
+    if divisor > half and channels % half == 0 and not whole_llvm_pieces(divisor, lanes):
         divisor = half  # 40 channels: 8-lane tiles, not 10 (8 + 2 lanes, the 2 nearly scalar)
     one, two = _ceil_to(channels, lanes), _ceil_to(channels, 2 * lanes)
     if channels * lanes <= divisor * one:  # the divisor uses the vectors as well
@@ -350,12 +350,6 @@ def _odd_pieces(channels: int, divisor: int, lanes: int) -> int:
         if pieces % 2 and pieces * half > divisor and channels % (pieces * half) == 0:
             return pieces * half
     return divisor
-
-
-def _whole_pieces(tile: int, lanes: int) -> bool:
-    """Whether every power-of-two piece of a ``tile``-lane vector (what LLVM splits a vector
-    of another width into: 12 = 8 + 4, 15 = 8 + 4 + 2 + 1) is at least a quarter vector."""
-    return all(piece * 4 >= lanes for piece in (1 << b for b in range(tile.bit_length()) if tile >> b & 1))
 
 
 def reduction_block(extent: int, tile: int) -> int:

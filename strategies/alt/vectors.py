@@ -15,7 +15,7 @@ from typing import Any
 
 import tvm
 
-__all__ = ["vector_piece", "vector_registers", "vectorize_channels"]
+__all__ = ["vector_piece", "vector_registers", "vectorize_channels", "whole_llvm_pieces"]
 
 
 def vector_piece(tile: int, lanes: int) -> int:
@@ -27,6 +27,12 @@ def vector_piece(tile: int, lanes: int) -> int:
     if tile & (tile - 1) and 2 * piece >= lanes > 1:
         return piece
     return tile
+
+
+def whole_llvm_pieces(tile: int, lanes: int) -> bool:
+    """Whether every power-of-two piece of a ``tile``-lane vector (what LLVM splits a vector
+    of another width into: 12 = 8 + 4, 15 = 8 + 4 + 2 + 1) is at least a quarter vector."""
+    return all(piece * 4 >= lanes for piece in (1 << b for b in range(tile.bit_length()) if tile >> b & 1))
 
 
 def vector_registers(tile: int, lanes: int) -> int:
