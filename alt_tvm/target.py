@@ -9,6 +9,7 @@ accepts in TVM 0.27 (string targets such as ``"llvm -mcpu=..."`` are gone).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import platform
@@ -23,14 +24,17 @@ import tvm
 
 __all__ = [
     "BOARDS",
+    "HOST_CPU_ENV",
     "HardwareTarget",
     "board",
+    "describe_cpu",
     "detect_host",
     "host",
     "known_boards",
     "parse_cache_size",
     "process_cores",
     "resolve",
+    "runs_on_host",
 ]
 
 KIB = 1024
@@ -170,7 +174,8 @@ def _cpu_flags(cpuinfo_path: Path) -> set[str]:
 
 
 def _vector_width(machine: str, flags: set[str]) -> tuple[int, int]:
-    """(vector bits, vector registers) from the architecture and its feature flags."""
+    """(vector bits, vector registers) from the architecture and its feature flags (cpuinfo
+    spelling or LLVM's: the x86 names that decide the width are the same in both)."""
     if machine in _X86:
         if "avx512f" in flags:
             return 512, 32
@@ -184,13 +189,52 @@ def _vector_width(machine: str, flags: set[str]) -> tuple[int, int]:
     return 128, 16
 
 
+#: Environment variable naming an LLVM CPU (``haswell``, ``znver3``, ``skylake-avx512`` ...) that
+#: :func:`host` describes this machine as: builds, tuning and tests then target that CPU's
+#: instruction set, with this machine's cores and caches. The CPU must be one this machine can
+#: execute (an AVX2 CPU on an AVX-512 host, not the reverse).
+HOST_CPU_ENV = "ALT_TVM_HOST_CPU"
+
+
+def _llvm_features(tvm_target: Mapping[str, Any]) -> set[str]:
+    """The instruction-set features LLVM enables for a CPU target dict (its ``mcpu`` and ``mattr``)."""
+    return set(tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(dict(tvm_target))))
+
+
+def _x86_isa_flag(feature: str) -> str | None:
+    """The cpuinfo flag (spelled without ``_`` and ``.``) that a machine must show to execute code
+    using LLVM x86 feature ``feature``; None for LLVM's tuning hints and scalar features that
+    every x86-64 CPU has or that alt-tvm's code does not use."""
+    if feature == "sse3":
+        return "pni"
+    if feature.startswith(("avx", "amx", "sse", "fma", "f16c")):
+        return feature.replace(".", "").replace("_", "").replace("-", "")
+    return {"bmi": "bmi1", "bmi2": "bmi2", "lzcnt": "abm", "popcnt": "popcnt", "movbe": "movbe"}.get(feature)
+
+
+def _host_flags() -> set[str]:
+    """This machine's cpuinfo feature flags, spelled without ``_`` and ``.`` (LLVM's system CPU's
+    features where cpuinfo cannot be read)."""
+    flags = _cpu_flags(_CPUINFO)
+    if not flags:
+        flags = _llvm_features({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    return {f.replace(".", "").replace("_", "").replace("-", "") for f in flags}
+
+
+def _missing_x86_features(tvm_target: Mapping[str, Any]) -> list[str]:
+    """The x86 features code built for ``tvm_target`` may use and this machine lacks."""
+    have = _host_flags()
+    return sorted(f for f in _llvm_features(tvm_target) if (flag := _x86_isa_flag(f)) and flag not in have)
+
+
 #: LLVM CPU names whose 512-bit operations run as two 256-bit halves (so a 256-bit one issues at
 #: the full rate of lanes): AMD Zen 4.
 _DOUBLE_PUMPED_CPUS = frozenset({"znver4"})
 
 
 def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | str = _CPUINFO) -> HardwareTarget:
-    """Describe the machine this process runs on (uncached; see :func:`host`).
+    """Describe the machine this process runs on (uncached; see :func:`host`, which also reads
+    :data:`HOST_CPU_ENV`).
 
     Parameters
     ----------
@@ -273,8 +317,56 @@ def process_cores() -> int:
 
 @functools.lru_cache(maxsize=1)
 def host() -> HardwareTarget:
-    """The detected host CPU (computed once per process)."""
-    return detect_host()
+    """This machine (computed once per process): :func:`detect_host`, or, where the environment
+    variable :data:`HOST_CPU_ENV` names an LLVM CPU, :func:`describe_cpu` of that CPU.
+
+    Raises
+    ------
+    ValueError
+        If :data:`HOST_CPU_ENV` names a CPU LLVM does not know or this machine cannot execute.
+    """
+    detected = detect_host()
+    cpu = os.environ.get(HOST_CPU_ENV, "").strip()
+    if not cpu or cpu == detected.tvm_target["mcpu"]:
+        return detected
+    described = describe_cpu(cpu, name="host", base=detected)
+    why = not_on_host(described.tvm_target)
+    if why is not None:
+        raise ValueError(f"{HOST_CPU_ENV}={cpu!r} cannot describe this machine: {why}")
+    return described
+
+
+def describe_cpu(mcpu: str, *, name: str | None = None, base: HardwareTarget | None = None) -> HardwareTarget:
+    """A CPU of this machine's architecture as LLVM CPU ``mcpu`` (``"haswell"``: AVX2 and FMA,
+    ``"skylake-avx512"``: AVX-512), with ``base``'s cores and caches (default: this machine's).
+
+    The vector width and register count come from the features LLVM enables for ``mcpu``, so a
+    build for an AVX2 CPU on an AVX-512 machine uses 8-lane vectors and 16 registers; the code
+    runs here wherever this machine has those features (:func:`runs_on_host`).
+
+    Raises
+    ------
+    ValueError
+        If LLVM does not know ``mcpu`` for this architecture.
+    """
+    base = base if base is not None else detect_host()
+    tvm_target = {**base.tvm_target, "mcpu": mcpu}
+    if not isinstance(mcpu, str) or not tvm.target.codegen.llvm_is_valid_cpu(
+            mcpu, str(tvm_target.get("mtriple") or tvm.target.codegen.llvm_get_system_triple())):
+        known = ", ".join(sorted(str(c) for c in tvm.target.codegen.llvm_get_cpu_archlist(base.to_tvm())))
+        raise ValueError(f"unknown CPU {mcpu!r} for LLVM on {platform.machine()}; known CPUs: {known}")
+    machine = platform.machine().lower()
+    vbits, vregs = _vector_width(machine, _llvm_features(tvm_target))
+    return dataclasses.replace(
+        base,
+        name=name or f"cpu:{mcpu}",
+        description=(f"CPU {mcpu} ({machine}, {base.num_cores} cores, {vbits}-bit vectors, "
+                     f"L1d {base.l1d_bytes // KIB} KiB, L2 {base.l2_bytes // KIB} KiB, L3 {base.l3_bytes // KIB} KiB)"),
+        tvm_target=tvm_target,
+        vector_bits=vbits,
+        vector_registers=vregs,
+        half_vectors_full_rate=mcpu in _DOUBLE_PUMPED_CPUS,
+    )
 
 
 def detect_cuda(device_id: int = 0) -> HardwareTarget:
@@ -327,22 +419,30 @@ def runs_on_host(target: HardwareTarget) -> bool:
 def not_on_host(tvm_target: Mapping[str, Any]) -> str | None:
     """Why code built for the target dict ``tvm_target`` cannot run on this machine (None: it can).
 
-    A CPU target runs here when its triple (if any) is for this architecture and its CPU
-    is this one's or generic (no ``mcpu``). Code for another CPU of the same architecture
-    may use instructions this one lacks (AVX-512 on an AVX2 host), so a named CPU must
-    be the host's, not merely compatible.
+    A CPU target runs here when its triple (if any) is for this architecture and this machine
+    has the instruction-set features LLVM enables for its ``mcpu`` and ``mattr``: on x86 those
+    are checked against this machine's cpuinfo flags, so code for an AVX2 CPU runs on an
+    AVX-512 machine and AVX-512 code is refused on an AVX2 one. On other architectures a named
+    CPU must be this machine's (LLVM's) or generic.
     """
-    mine = host().tvm_target
-    if tvm_target.get("kind") != mine.get("kind"):
-        return f"it is {tvm_target.get('kind')} code and this machine runs {mine.get('kind')}"
+    if tvm_target.get("kind") != "llvm":
+        return f"it is {tvm_target.get('kind')} code and this machine runs llvm"
+    host_arch = platform.machine().lower()
     triple = str(tvm_target.get("mtriple") or "")
-    if triple and triple != mine.get("mtriple"):
-        arch, host_arch = triple.split("-")[0], platform.machine().lower()
+    if triple:
+        arch = triple.split("-")[0]
         if arch != host_arch and (arch, host_arch) not in {("x86_64", "amd64"), ("arm64", "aarch64")}:
             return f"it is {arch} code and this machine is {host_arch}"
     cpu = tvm_target.get("mcpu")
-    if cpu is not None and cpu != mine.get("mcpu"):
-        return f"it was built for CPU {cpu!r} and this machine's is {mine.get('mcpu')!r}"
+    system_cpu = tvm.target.codegen.llvm_get_system_cpu()
+    if host_arch in _X86:
+        missing = _missing_x86_features(tvm_target)
+        if missing:
+            return (f"it was built for CPU {cpu or 'generic'!r}, whose features {', '.join(missing)} this "
+                    f"machine ({system_cpu}) lacks")
+        return None
+    if cpu is not None and cpu not in (system_cpu, "generic"):
+        return f"it was built for CPU {cpu!r} and this machine's is {system_cpu!r}"
     return None
 
 
@@ -488,24 +588,28 @@ BOARDS: Mapping[str, HardwareTarget] = MappingProxyType({b.name: b for b in _BOA
 
 
 def known_boards() -> tuple[str, ...]:
-    """Names accepted by :func:`board` (``"host"`` is accepted as well)."""
+    """Names accepted by :func:`board` (``"host"`` and ``"cpu:<LLVM CPU>"`` are accepted as well)."""
     return tuple(sorted(BOARDS))
 
 
 def board(name: str) -> HardwareTarget:
-    """The description of board ``name``; ``"host"`` gives :func:`host`.
+    """The description of board ``name``; ``"host"`` gives :func:`host`, ``"cpu:MCPU"`` this
+    machine as LLVM CPU ``MCPU`` (:func:`describe_cpu`, e.g. ``"cpu:haswell"`` for AVX2).
 
     Raises
     ------
     ValueError
-        For an unknown name; the message lists the known ones.
+        For an unknown name (the message lists the known ones) or an unknown CPU.
     """
     if name == "host":
         return host()
+    if isinstance(name, str) and name.startswith("cpu:"):
+        return describe_cpu(name[len("cpu:"):])
     try:
         return BOARDS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown board {name!r}; known boards: {', '.join(known_boards())} (or 'host')") from None
+        raise ValueError(f"unknown board {name!r}; known boards: {', '.join(known_boards())} "
+                         f"(or 'host', or 'cpu:<LLVM CPU>' such as 'cpu:haswell')") from None
 
 
 def resolve(target: HardwareTarget | str | None) -> HardwareTarget:

@@ -29,6 +29,7 @@ from alt_tvm.layout.rewrite import TensorMap, padding_reach
 from alt_tvm.target import HardwareTarget
 
 from .constants import const_value
+from .wellformed import fresh_block_vars
 
 
 def op_name(expr: relax.Expr) -> str | None:
@@ -440,9 +441,9 @@ class PartitionContext:
                 relax_args.append(source)
             args.append(result[tensor])
         func = te.create_prim_func([*args, result[output]])
-        mod = schedule(func)
+        scheduled = fresh_block_vars(schedule(func)["main"])
         out_layout = layouts.get(output)
-        return LoweredPartition(mod["main"], relax_args, tuple(int(s) for s in result[output].shape),
+        return LoweredPartition(scheduled, relax_args, tuple(int(s) for s in result[output].shape),
                                 str(output.dtype), out_layout if out_layout and not out_layout.is_identity else None,
                                 strategy)
 

@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import logging
 import os
+import platform
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -18,19 +19,47 @@ import pytest
 import tvm
 from tvm import te
 
-from alt_tvm.target import process_cores
+from alt_tvm.target import HardwareTarget, describe_cpu, host, not_on_host
+
+#: The x86 instruction sets the kernel tests build for, as LLVM CPUs: AVX2 with FMA (16 vector
+#: registers of 8 floats) and AVX-512 (32 of 16). Code for either runs on any host that has its
+#: features (an AVX-512 machine runs both), whatever this machine's own CPU is.
+X86_CPUS = {"avx2": "haswell", "avx512": "skylake-avx512"}
 
 
 @functools.lru_cache(maxsize=1)
 def host_target() -> tvm.target.Target:
-    """LLVM target for this machine (``mcpu`` from LLVM, cores from the affinity mask)."""
-    return tvm.target.Target(
-        {
-            "kind": "llvm",
-            "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
-            "num-cores": process_cores(),
-        }
-    )
+    """LLVM target for this machine as :func:`alt_tvm.target.host` describes it (its CPU, or the
+    one ``ALT_TVM_HOST_CPU`` names; cores from the affinity mask)."""
+    return host().to_tvm()
+
+
+def x86_description(isa: str) -> HardwareTarget:
+    """This machine described as the :data:`X86_CPUS` CPU of ``isa`` (skips on a non-x86 host)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"the {isa} description is an x86 CPU; this machine is {platform.machine()}")
+    return describe_cpu(X86_CPUS[isa])
+
+
+def runnable(target: HardwareTarget) -> HardwareTarget:
+    """``target``, or a skip naming the features this machine lacks to run its code."""
+    why = not_on_host(target.tvm_target)
+    if why is not None:
+        pytest.skip(f"built for {target.name}, which cannot run here: {why}")
+    return target
+
+
+@pytest.fixture(params=sorted(X86_CPUS))
+def x86_target(request) -> HardwareTarget:
+    """Each x86 description of :data:`X86_CPUS` in turn (build-only checks: no need to run)."""
+    return x86_description(request.param)
+
+
+@pytest.fixture(params=sorted(X86_CPUS))
+def x86_runnable(request) -> HardwareTarget:
+    """Each x86 description this machine can run the code of (AVX2 on every x86-64 machine of
+    the last decade; AVX-512 skipped, with the reason, where the host lacks it)."""
+    return runnable(x86_description(request.param))
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +127,6 @@ def one_record_log(log: Path, task, params: dict, *, target=None) -> str:
     """A tuning log at ``log`` holding one record of ``params`` for ``task`` on ``target`` (a
     HardwareTarget; default the host); its path."""
     from alt_tvm.records import RecordWriter, TuningRecord, target_key
-    from alt_tvm.target import host
-
     with RecordWriter(log) as writer:
         writer.write(TuningRecord(workload_key=task.key, target=target_key((target or host()).to_tvm()),
                                   candidate={"layout": {}, "loop": {}, "params": params}, latencies_ms=(1.0,)))

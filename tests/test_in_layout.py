@@ -246,6 +246,34 @@ def test_relayout_reads_a_padded_input_and_zero_fills_a_padded_output():
     assert np.all(out[:, 2, :, :, 4:] == 0)  # channels 20..23: zeros
 
 
+def test_relayout_finds_the_output_by_identity_where_stages_share_its_name():
+    """TVM's GELU legalization names its product stages and its output all ``T_multiply``;
+    the output, not the first stage of that name, is written in the tiled layout (a name
+    lookup left FastViT's GELU writing a row-major map where its consumer read a tiled one)."""
+    import tvm
+    from tvm import relax
+
+    from alt_tvm.graph.in_layout import legalize_alone, relayout
+
+    shape = (1, 16, 4, 4)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        builder.emit_func_output(builder.emit(relax.op.nn.gelu(x)))
+    legal = legalize_alone(builder.get()["main"].body.blocks[0].bindings[0].value)
+    names = [p.name for p in legal.func.params]
+    assert legal.func.script().count(f'{names[-1]} = T.sblock_alloc_buffer') == 0  # printer renames the stages
+    tiled = Layout(shape).split(1, [8, 2]).split(3, [2, 2]).reorder([0, 1, 3, 4, 2, 5])
+    func = relayout(legal.func, [tiled], tiled)
+    assert [tuple(int(d) for d in p.ty.shape) for p in func.params] == [tuple(tiled.shape)] * 2
+    data = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    lib = tvm.tirx.build(func.with_attr("global_symbol", "main"), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(tiled.shape, np.float32), tvm.cpu())
+    lib["main"](tvm.runtime.tensor(tiled.apply(data), tvm.cpu()), out)
+    expected = torch.nn.functional.gelu(torch.from_numpy(data)).numpy()
+    np.testing.assert_allclose(tiled.inverse().apply(out.numpy()), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_relayout_rejects_a_layout_of_another_shape():
     from tvm import relax
 

@@ -82,7 +82,7 @@ def _reference(a, b):
 
 def test_a_residual_kernel_that_is_the_shortcuts_last_use_writes_over_it(inputs):
     mod = _module(lambda bb, a, b, gvar, exp: _call(bb, gvar, [a, _call(bb, exp, [b])]))
-    rewritten, calls = write_in_place(mod, attr=ALT_KERNEL_ATTR)
+    rewritten, calls, _ = write_in_place(mod, attr=ALT_KERNEL_ATTR)
     assert calls == 1 and _in_place_calls(rewritten) == 1
     assert [p.name for p in rewritten["residual_gemm"].params] == ["a", "r"]  # same name, output bound to r
     np.testing.assert_allclose(_run(rewritten, *inputs), _reference(*inputs), rtol=1e-5, atol=1e-5)
@@ -117,7 +117,7 @@ def _passed_twice(bb, a, b, gvar, exp):
 ], ids=["used-after", "model-input", "in-a-tuple", "passed-twice"])
 def test_a_shortcut_that_lives_on_or_is_not_the_kernels_own_is_left_alone(inputs, body, reference):
     mod = _module(body)
-    rewritten, calls = write_in_place(mod, attr=ALT_KERNEL_ATTR)
+    rewritten, calls, _ = write_in_place(mod, attr=ALT_KERNEL_ATTR)
     assert calls == 0 and rewritten.same_as(mod)
     np.testing.assert_allclose(_run(rewritten, *inputs), reference(*inputs), rtol=1e-4, atol=1e-4)
 
@@ -129,7 +129,7 @@ def test_a_kernel_is_rewritten_only_where_every_call_can_overwrite(inputs):
         second = _call(bb, gvar, [a, shortcut])  # shortcut is used again below
         return bb.emit(relax.op.add(bb.emit(relax.op.add(first, second)), shortcut))
 
-    rewritten, calls = write_in_place(_module(body), attr=ALT_KERNEL_ATTR)
+    rewritten, calls, _ = write_in_place(_module(body), attr=ALT_KERNEL_ATTR)
     assert calls == 0
     a, b = inputs
     expected = np.maximum(a @ a + np.exp(a), 0) + _reference(a, b) + np.exp(b)
@@ -186,3 +186,35 @@ def test_a_residual_block_built_by_alt_tvm_writes_over_its_shortcut_and_matches_
     np.testing.assert_allclose(compiled(x.numpy())[0], expected, rtol=1e-4, atol=1e-4)  # the input is not consumed
     loaded = alt_tvm.load(compiled.export(tmp_path / "bottleneck.alt"))  # the exported artifact runs in place too
     np.testing.assert_allclose(loaded(x.numpy())[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def _partitioned_kernel() -> tvm.tirx.PrimFunc:
+    """:func:`_kernel` with its row loop partitioned by TVM's ``loop_partition``, which copies the
+    blocks under it with the same iteration variables: TIR that TVM's verifier rejects."""
+    sch = tvm.s_tir.Schedule(_kernel())
+    columns, _ = sch.split(sch.get_loops(sch.get_sblock("out"))[1], [None, 4])
+    sch.loop_partition(columns, [N // 4 - 1, None])
+    return sch.mod["main"].with_attr(ALT_KERNEL_ATTR, True)
+
+
+def test_a_kernel_the_analysis_cannot_read_is_left_as_it_is_and_named(inputs):
+    kernel = _partitioned_kernel()
+    with pytest.raises(Exception, match="multiple definitions"):
+        tvm.s_tir.Schedule(kernel)
+    mod = _module(lambda bb, a, b, gvar, exp: _call(bb, gvar, [a, _call(bb, exp, [b])]), kernel=kernel)
+    rewritten, calls, skipped = write_in_place(mod, attr=ALT_KERNEL_ATTR)
+    assert calls == 0 and rewritten.same_as(mod)
+    assert list(skipped) == ["residual_gemm"] and "multiple definitions" in skipped["residual_gemm"]
+    np.testing.assert_allclose(_run(rewritten, *inputs), _reference(*inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_fresh_block_vars_makes_a_partitioned_kernel_analysable(inputs):
+    from alt_tvm.strategies.wellformed import fresh_block_vars
+
+    kernel = fresh_block_vars(_partitioned_kernel())
+    tvm.s_tir.Schedule(kernel)  # well-formed now
+    assert fresh_block_vars(kernel).same_as(kernel)  # nothing left to rename
+    mod = _module(lambda bb, a, b, gvar, exp: _call(bb, gvar, [a, _call(bb, exp, [b])]), kernel=kernel)
+    rewritten, calls, skipped = write_in_place(mod, attr=ALT_KERNEL_ATTR)
+    assert not skipped and calls == 0  # analysed: two blocks write the output, so not in place
+    np.testing.assert_allclose(_run(rewritten, *inputs), _reference(*inputs), rtol=1e-5, atol=1e-5)

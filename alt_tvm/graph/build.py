@@ -143,6 +143,8 @@ class BuildReport:
     #: kernel calls that write their output over an operand they are the last use of
     #: (:mod:`alt_tvm.graph.inplace`)
     in_place: int = 0
+    #: kernel name -> why the in-place pass left that kernel as it is (it could not analyse it)
+    in_place_skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed_by_log(self) -> bool:
@@ -186,6 +188,7 @@ class BuildReport:
             lines.append(self.tuning_summary())
         for op, reasons in sorted(self.fallbacks.items()):
             lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        lines += [f"kernel {name} {why}" for name, why in sorted(self.in_place_skipped.items())]
         if profile is not None and self.conversions:
             rows = profile.conversions(self.kernels)
             total = sum(ms for *_, ms in rows)
@@ -446,7 +449,7 @@ def _lower(mod: tvm.IRModule, alt_pass: AltLayoutPass, machine: HardwareTarget, 
     scheduled; a kernel that is the last use of an operand it can overwrite writes in place."""
     with machine.to_tvm():
         lowered = lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math)
-    lowered, alt_pass.report.in_place = write_in_place(lowered, attr=ALT_KERNEL_ATTR)
+    lowered, alt_pass.report.in_place, alt_pass.report.in_place_skipped = write_in_place(lowered, attr=ALT_KERNEL_ATTR)
     return lowered
 
 

@@ -24,6 +24,7 @@ from tvm.sym.pattern import detect_linear_equation
 
 from alt_tvm.layout import Layout
 from alt_tvm.strategies.base import dtype_of, static_shape
+from alt_tvm.strategies.wellformed import fresh_block_vars
 
 from .ieee import legalize_overrides
 
@@ -125,24 +126,28 @@ def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layou
     """
     sch = tvm.s_tir.Schedule(func)
     blocks = _all_blocks(sch)
-    names = [param.name for param in func.params]
-    for name, layout in [*zip(names[: len(inputs)], inputs), (names[-1], output)]:
+    last = len(func.params) - 1
+    for position, layout in [*enumerate(inputs[:last]), (last, output)]:
         if layout is None or layout.is_identity:
             continue
-        buffer = next(param for param in func.params if param.name == name)
+        # By identity, not name: a legalized op's stages may name their buffers as its output
+        # (GELU's products are all "T_multiply").
+        buffer = sch.mod["main"].params[position]
         if tuple(int(d) for d in buffer.ty.shape) != tuple(layout.orig_shape):
             raise ValueError(f"relayout: layout {layout} is for shape {tuple(layout.orig_shape)}, but buffer "
-                             f"{name!r} has shape {tuple(int(d) for d in buffer.ty.shape)}")
-        block = next((b for b in blocks if any(r.source.name == name for r in
-                                               [*sch.get(b).reads, *sch.get(b).writes])), None)
-        if block is None:
+                             f"{buffer.name!r} has shape {tuple(int(d) for d in buffer.ty.shape)}")
+        is_output = position == last
+        found = next(((b, kind, i) for b in blocks for kind in ("write", "read")
+                      for i, region in enumerate(getattr(sch.get(b), f"{kind}s")) if region.source.same_as(buffer)),
+                     None)
+        if found is None:
             continue  # a buffer the function never touches
+        block, kind, index = found
         # A padded input (a padded channel tile) is read at its stored elements only; a
         # padded output gets zeros in its padding.
-        output = name == names[-1]
-        sch.transform_layout(block, name, _index_map(layout), assume_injective_transform=not output,
-                             pad_value=0.0 if output and not layout.is_bijective else None)
-        if output and layout.is_bijective and all(int(v.iter_type) == 0 for v in sch.get(block).iter_vars):
+        sch.transform_layout(block, (kind, index), _index_map(layout), assume_injective_transform=not is_output,
+                             pad_value=0.0 if is_output and not layout.is_bijective else None)
+        if is_output and layout.is_bijective and all(int(v.iter_type) == 0 for v in sch.get(block).iter_vars):
             # Iterate in the stored order, so the output is written contiguously. (A padded
             # output's block already iterates over the stored shape.)
             sch.transform_block_layout(block, _index_map(layout))
@@ -232,7 +237,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     vector load is one contiguous piece of the input rather than a gather.
     """
     sch = tvm.s_tir.Schedule(_within_block_domains(func))
-    name = func.params[-1].name
+    result = sch.mod["main"].params[-1]  # by identity: stages may share the output's name
     vector = output.innermost_dim if output is not None and not output.is_identity else None
     narrow = _narrowest_tile(inputs, *vector) if vector is not None else None
     stored = func.params[-1].ty.shape
@@ -243,7 +248,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     reduce_vector = vector if vector is not None or out_shape is None else _vector_of_inputs(inputs, out_shape)
     copies = []  # padded copies kept as stages
     for block in _all_blocks(sch):
-        if any(w.source.name == name for w in sch.get(block).writes):
+        if any(w.source.same_as(result) for w in sch.get(block).writes):
             continue
         if vector is not None and _block_channels(sch, block, vector[0], narrow):
             # a padded copy in channel vectors: read by whole vectors, no index arithmetic
@@ -262,7 +267,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
         try:
             spatial = [loop for loop, kind in zip(loops, kinds) if kind == 0]
             reduce = [loop for loop, kind in zip(loops, kinds) if kind != 0]
-            writes_output = any(w.source.name == name for w in stmt.writes)
+            writes_output = any(w.source.same_as(result) for w in stmt.writes)
             vector_inner = writes_output  # a spatial nest writing the output iterates in its stored order
             if reduce and reduce_vector is not None and reduce_vector[0] < len(spatial) \
                     and (writes_output or _stages_output(stmt, out_shape)):
@@ -460,9 +465,9 @@ def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, a
     sch.loop_partition(blocks_loop, [size // lanes for size in sizes[:-1]] + [None])
     sch.parallel(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0])
     for block in _all_blocks(sch):
-        if any(w.source.name == func.params[-1].name for w in sch.get(block).writes):
+        if any(w.source.same_as(sch.mod["main"].params[-1]) for w in sch.get(block).writes):
             sch.vectorize(sch.get_loops(block)[-1])
-    return sch.mod["main"]
+    return fresh_block_vars(sch.mod["main"])
 
 
 def _block_channels(sch: tvm.s_tir.Schedule, block, dim: int, lanes: int) -> bool:

@@ -18,6 +18,9 @@ operand's buffer (``PrimFunc.specialize``). It is made only where it is safe:
   point region). So every element is read before it is overwritten, and never after. A
   guarded store (``if_then_else``: an epilogue over padded channels) is left alone: its
   code gets slower in place (:func:`_overwritable`).
+
+A kernel the analysis cannot read (TVM refuses to schedule it) is left as it is, and the
+reason is returned: the pass never fails a build.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tvm.sym.analyzer import Analyzer
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace")
 
 
-def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
+def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int, dict[str, str]]:
     """``mod`` with the kernels marked ``attr`` that can write over an operand at every call
     made in-place (module doc).
 
@@ -47,15 +50,16 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
 
     Returns
     -------
-    tuple[tvm.IRModule, int]
-        The module (``mod`` itself if no kernel can be rewritten) and how many calls now
-        write in place.
+    tuple[tvm.IRModule, int, dict[str, str]]
+        The module (``mod`` itself if no kernel can be rewritten), how many calls now write
+        in place, and kernel name -> why the analysis left that kernel as it is.
     """
     sites: dict[relax.GlobalVar, list[set[int]]] = {}  # kernel -> per call, the operands it may overwrite
     functions = {gvar: func for gvar, func in mod.functions_items()
                  if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr)}
     memo: dict = {}
-    dead = {(gvar, i): _dead_operands(mod, block, attr, memo) for gvar, func in functions.items()
+    skipped: dict[str, str] = {}
+    dead = {(gvar, i): _dead_operands(mod, block, attr, memo, skipped) for gvar, func in functions.items()
             for i, block in enumerate(func.body.blocks) if isinstance(block, relax.DataflowBlock)}
     for found in dead.values():
         for kernel, operands in found.values():
@@ -67,7 +71,7 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
         if common and len(calls) == references[kernel]:
             chosen[kernel] = min(common)
     if not chosen:
-        return mod, 0
+        return mod, 0, skipped
     # A kernel's global var carries its signature: the rewritten kernel gets a new one, same name.
     kept = {gvar: func for gvar, func in mod.functions_items() if gvar not in chosen}
     builder = relax.BlockBuilder(tvm.IRModule(kept, attrs=mod.attrs, global_infos=mod.global_infos))
@@ -82,7 +86,7 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int]:
         if any(not new.same_as(old) for new, old in zip(blocks, func.body.blocks)):
             builder.update_func(gvar, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
                                                      func.ret_ty, func.is_pure, func.attrs, func.span))
-    return builder.get(), sum(references[kernel] for kernel in chosen)
+    return builder.get(), sum(references[kernel] for kernel in chosen), skipped
 
 
 def _rewrite_block(block: relax.DataflowBlock, found: dict, renamed: dict) -> relax.DataflowBlock:
@@ -113,10 +117,12 @@ def _references(functions) -> dict[relax.GlobalVar, int]:
     return counts
 
 
-def _dead_operands(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, memo: dict) -> dict[int, tuple]:
+def _dead_operands(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, memo: dict,
+                   skipped: dict[str, str]) -> dict[int, tuple]:
     """Binding position -> (kernel, operands it may overwrite) for each ``call_tir`` of a kernel
     marked ``attr`` in ``block`` (module doc: the Relax and the kernel conditions). ``memo``
-    keeps the kernel analysis per (kernel, operand)."""
+    keeps the kernel analysis per (kernel, operand); ``skipped`` receives kernel name -> why
+    the analysis could not read it."""
     bindings = list(block.bindings)
     produced = {b.var for b in bindings if _call_name(b.value) in _CALL_TIR}
     uses: dict[relax.Var, list[int]] = {}
@@ -141,36 +147,42 @@ def _dead_operands(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, mem
             index for index, arg in enumerate(args)
             if isinstance(arg, relax.DataflowVar) and arg in produced and arg not in escapes
             and uses[arg][-1] == position and sum(a.same_as(arg) for a in args) == 1
-            and tvm_ffi.structural_equal(arg.ty, binding.var.ty) and _memo(memo, kernel, index)})
+            and tvm_ffi.structural_equal(arg.ty, binding.var.ty)
+            and _memo(memo, kernel, index, value.args[0].name_hint, skipped)})
     return found
 
 
-def _memo(memo: dict, kernel: tvm.tirx.PrimFunc, index: int) -> bool:
+def _memo(memo: dict, kernel: tvm.tirx.PrimFunc, index: int, name: str, skipped: dict[str, str]) -> bool:
     key = (kernel, index)
     if key not in memo:
-        memo[key] = _overwritable(kernel, index)
+        try:
+            memo[key] = _overwritable(kernel, index)
+        except Exception as err:  # noqa: BLE001 - TVM raises its verifier's findings as several types
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            skipped[name] = f"left as it is: the in-place analysis could not read it ({lines[-1][:200] if lines else err})"
+            memo[key] = False
     return memo[key]
 
 
 def _overwritable(kernel: tvm.tirx.PrimFunc, index: int) -> bool:
     """Whether ``kernel`` reads parameter ``index`` only at the element it is about to write
     to its output (the last parameter), in one block, before writing it (module doc)."""
-    names = [param.name for param in kernel.params]
-    operand, output = names[index], names[-1]
-    if operand == output or getattr(kernel.params[index].ty, "shape", None) is None:
-        return False
     sch = tvm.s_tir.Schedule(kernel)
+    params = sch.mod["main"].params
+    operand, output = params[index], params[-1]  # by identity: stages may share a parameter's name
+    if index == len(params) - 1 or getattr(operand.ty, "shape", None) is None:
+        return False
     writers, readers = [], []
     stack = list(sch.get_child_blocks(sch.get_sblock("root")))
     while stack:
         block = stack.pop()
         stack.extend(sch.get_child_blocks(block))
         stmt = sch.get(block)
-        if any(r.source.name == output for r in stmt.reads):
+        if any(r.source.same_as(output) for r in stmt.reads):
             return False  # accumulates into the output: it would read overwritten operand data
-        if any(w.source.name == output for w in stmt.writes):
+        if any(w.source.same_as(output) for w in stmt.writes):
             writers.append(stmt)
-        if any(r.source.name == operand for r in stmt.reads):
+        if any(r.source.same_as(operand) for r in stmt.reads):
             readers.append(stmt)
     if len(writers) != 1 or len(readers) != 1 or not writers[0].same_as(readers[0]):
         return False
@@ -181,8 +193,8 @@ def _overwritable(kernel: tvm.tirx.PrimFunc, index: int) -> bool:
         # which with one buffer read and written emits scatters: RegNet-Y's 104-channel conv
         # ran 1.22x slower in place.
         return False
-    written = [w for w in writers[0].writes if w.source.name == output]
-    read = [r for r in writers[0].reads if r.source.name == operand]
+    written = [w for w in writers[0].writes if w.source.same_as(output)]
+    read = [r for r in writers[0].reads if r.source.same_as(operand)]
     if len(written) != 1 or len(read) != 1:
         return False
     analyzer = Analyzer()
