@@ -14,8 +14,11 @@ $(VENV)/bin/python:
 install: $(VENV)/bin/python
 	$(PY) -m pip install $(PIP_FLAGS) -e .
 
+# timm and torchvision without their dependencies: their Python model code (the public sweep's
+# architectures) runs beside the pinned CPU torch; their own pins would pull another torch.
 install-dev: $(VENV)/bin/python
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[dev]"
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps "timm==1.0.31" "torchvision==0.28.0"
 
 demo: install
 	$(PY) scripts/quickstart.py

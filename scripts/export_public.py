@@ -2,10 +2,11 @@
 
 The definitions come from packages that ship them: Hugging Face ``transformers`` (built from
 their library configs, which are the published sizes; no download), PyTorch's own
-``nn.TransformerEncoder``, and ``torchvision`` where a wheel matching the installed torch is
-importable. Weights are seeded random; batch-norm statistics are re-estimated on random
-inputs, since with the default statistics the activations of a deep random network underflow
-to denormals and every runtime slows. Each model is exported by either of PyTorch's exporters:
+``nn.TransformerEncoder``, ``torchvision`` and ``timm`` (``pip install --no-deps timm
+torchvision==0.28.0``: their Python model code, built offline). Weights are seeded random;
+batch-norm statistics are re-estimated on random inputs, since with the default statistics the
+activations of a deep random network underflow to denormals and every runtime slows. Each
+model is exported by either of PyTorch's exporters:
 
 * ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``;
 * ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (the default since PyTorch 2.9; needs
@@ -41,8 +42,8 @@ class PublicModel:
     Attributes
     ----------
     name : str
-        Short name (``hf_`` for ``transformers``, ``tv_`` for ``torchvision``, ``torch_`` for
-        ``torch.nn``).
+        Short name (``hf_`` for ``transformers``, ``tv_`` for ``torchvision``, ``timm_`` for
+        ``timm``, ``torch_`` for ``torch.nn``).
     kind : str
         ``"cnn"`` or ``"transformer"``.
     make : callable
@@ -103,6 +104,18 @@ def _torch_encoder() -> object:
     return torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
 
 
+def _python_torchvision() -> None:
+    """Let ``import torchvision`` load its Python code beside a torch its compiled ops were not
+    built for: its meta registrations (of those ops, which no model here uses) are skipped."""
+    import types
+
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+
+
+# transformers imports torchvision where it is installed: before any model is built.
+_python_torchvision()
+
+
 def _torchvision(name: str, **kwargs) -> Callable[[], object]:
     """``torchvision.models.<name>(**kwargs)``: no pretrained weights (``weights=None``, the
     default of every builder)."""
@@ -110,7 +123,20 @@ def _torchvision(name: str, **kwargs) -> Callable[[], object]:
     def make():
         import importlib
 
+        _python_torchvision()
         return getattr(importlib.import_module("torchvision.models"), name)(**kwargs)
+
+    return make
+
+
+def _timm(name: str, **kwargs) -> Callable[[], object]:
+    """``timm.create_model(name, pretrained=False)``: timm builds its architectures from code."""
+
+    def make():
+        _python_torchvision()  # timm imports torchvision
+        import timm
+
+        return timm.create_model(name, pretrained=False, **kwargs)
 
     return make
 
@@ -183,6 +209,8 @@ def public_models() -> dict[str, PublicModel]:
         # torchvision warns it will change.
         PublicModel("tv_googlenet", "cnn", _torchvision("googlenet", aux_logits=False, init_weights=True), image),
         PublicModel("tv_convnext_tiny", "cnn", _torchvision("convnext_tiny"), image),
+        # FastViT-T8 (Vasu et al. 2023): RepMixer blocks, large-kernel depthwise convs, GELU.
+        PublicModel("timm_fastvit_t8", "cnn", _timm("fastvit_t8"), (1, 3, 256, 256)),
     ]
     return {m.name: m for m in models}
 

@@ -9,6 +9,11 @@ the table is written as Markdown.
 
     python scripts/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--kind cnn] [--out sweep.jsonl]
                                    [--markdown docs/public_sweep.md] [--timeout 1200] [--resume]
+                                   [--target cpu:haswell]
+
+``--target`` builds for another description than this machine's (a board name, or
+``cpu:<LLVM CPU>``: ``cpu:haswell`` is AVX2 with FMA, which an AVX-512 machine also runs),
+so one machine checks the kernels of another instruction set.
 
 ``--names`` takes model names and group names of ``export_public.GROUPS`` (``cnn_suite``: the
 torchvision CNN suite); ``--kind`` keeps the models of one kind.
@@ -61,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="a torchvision package folder to take model definitions from (see above)")
     parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS),
                         help="which of PyTorch's ONNX exporters to export with (default: both)")
+    parser.add_argument("--target", default="host",
+                        help="what to build for: 'host', a board, or 'cpu:<LLVM CPU>' (default: host)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's model
     args = parser.parse_args(argv)
     if args.one is None:  # the model names, groups expanded and --kind applied
@@ -98,10 +105,13 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     import alt_tvm
     from alt_tvm.deploy.model import aligned
     from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
+    from alt_tvm.target import resolve
 
     warnings.simplefilter("ignore")
     model = public_models()[name]
-    row = {"model": name, "kind": model.kind, "threads": args.threads, "exporters": {}}
+    target = resolve(args.target)
+    row = {"model": name, "kind": model.kind, "threads": args.threads,
+           "target": target.tvm_target.get("mcpu", target.name), "exporters": {}}
     x = aligned(example_input(model, seed=1).numpy())  # read in place by alt-tvm's calls, as ORT reads any array
     runners = {}
     for exporter in args.exporters:
@@ -117,7 +127,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         want = ort_runner(x)[0]
         try:
             started = time.perf_counter()
-            built = alt_tvm.build(str(path))
+            built = alt_tvm.build(str(path), target)
             entry["build_s"] = round(time.perf_counter() - started, 1)
             got = built(x)
             got = got[0] if isinstance(got, (list, tuple)) else got
@@ -130,7 +140,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         for strategy, _, _ in report.partitions:
             strategies[strategy] = strategies.get(strategy, 0) + 1
         entry.update(status="ok" if entry["max_rel_error"] < 1e-4 else "mismatch", partitions=strategies,
-                     fallbacks=sorted(report.failed.values()), conversions=report.conversions)
+                     fallbacks=sorted(report.failed.values()), conversions=report.conversions,
+                     left_as_is=sorted(report.in_place_skipped.values()))
         runners[f"alt-tvm {exporter}"] = (built, (x,))
         if "onnxruntime" not in runners:  # one ONNX Runtime runner, on the first export
             runners["onnxruntime"] = (ort_runner, (x,))
@@ -144,7 +155,7 @@ def run_in_child(name: str, args: argparse.Namespace) -> dict:
     """:func:`run_one` in a child process with ``args.timeout``; a crash or hang is the row's error."""
     command = [sys.executable, __file__, "--one", name, "--export-dir", str(args.export_dir), "--threads",
                str(args.threads), "--rounds", str(args.rounds), "--repeat", str(args.repeat),
-               "--exporters", *args.exporters]
+               "--exporters", *args.exporters, "--target", args.target]
     if args.torchvision_src is not None:
         command += ["--torchvision-src", str(args.torchvision_src)]
     started = time.perf_counter()
@@ -163,25 +174,26 @@ def run_in_child(name: str, args: argparse.Namespace) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     """The sweep's table."""
-    head = ("| model | kind | exporter | status | build s | partitions | fallbacks | conversions | max rel. error "
-            "| alt-tvm ms | ORT ms | ORT / alt-tvm |\n" + "|---" * 12 + "|\n")
+    head = ("| model | kind | built for | exporter | status | build s | partitions | fallbacks | conversions "
+            "| max rel. error | alt-tvm ms | ORT ms | ORT / alt-tvm |\n" + "|---" * 13 + "|\n")
     lines = []
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | {row['error']} | | | | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error']} | | | | | | | | |")
             continue
         ms = row.get("ms", {})
         for exporter, entry in row["exporters"].items():
             if entry.get("status") not in ("ok", "mismatch"):
-                lines.append(f"| {row['model']} | {row['kind']} | {exporter} | {entry.get('status')}: "
-                             f"{entry.get('error', '')} | | | | | | | | |")
+                lines.append(f"| {row['model']} | {row['kind']} | {row.get('target', '')} | {exporter} | "
+                             f"{entry.get('status')}: {entry.get('error', '')} | | | | | | | | |")
                 continue
             parts = ", ".join(f"{k} {v}" for k, v in sorted(entry["partitions"].items())) or "none"
             alt = ms.get(f"alt-tvm {exporter}")
             ort = ms.get("onnxruntime")
             ratio = f"{ort / alt:.2f}x" if alt and ort else ""
             lines.append(
-                f"| {row['model']} | {row['kind']} | {exporter} | {entry['status']} | {entry['build_s']} | {parts} "
+                f"| {row['model']} | {row['kind']} | {row.get('target', '')} | {exporter} | {entry['status']} "
+                f"| {entry['build_s']} | {parts} "
                 f"| {len(entry['fallbacks'])} | {entry['conversions']} | {entry['max_rel_error']:.1e} "
                 f"| {alt if alt is not None else ''} | {ort if ort is not None else ''} | {ratio} |")
     return head + "\n".join(lines) + "\n"

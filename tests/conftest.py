@@ -27,6 +27,11 @@ from alt_tvm.target import HardwareTarget, describe_cpu, host, not_on_host
 X86_CPUS = {"avx2": "haswell", "avx512": "skylake-avx512"}
 
 
+# torchvision's Python model code (installed without its pinned torch) loads beside this torch
+# once its meta registrations of compiled ops are skipped; transformers imports it when present.
+sys.modules.setdefault("torchvision._meta_registrations", ModuleType("torchvision._meta_registrations"))
+
+
 @functools.lru_cache(maxsize=1)
 def host_target() -> tvm.target.Target:
     """LLVM target for this machine as :func:`alt_tvm.target.host` describes it (its CPU, or the

@@ -89,8 +89,9 @@ def test_the_in_place_pair_differs_in_the_residual_kernel_only_and_is_timed(tmp_
 def test_the_padded_operand_pair_differs_in_the_padded_conv_only(tmp_path):
     script = load_script("ab_rewrite")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU(),  # 16 channels: no padding
-                                torch.nn.Conv2d(16, 104, 1), torch.nn.Hardswish()).eval()
+    # 16 channels: no padding; 100 are padded to whole vectors of 8 or of 16
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 100, 1), torch.nn.Hardswish()).eval()
     path = tmp_path / "padded.onnx"
     torch.onnx.export(model, (torch.randn(1, 16, 14, 14),), str(path), dynamo=False, opset_version=17)
     builds = script.build_pair(str(path), rewrite="padded-operands", forced_first=False)

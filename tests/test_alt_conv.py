@@ -307,17 +307,20 @@ def test_a_depthwise_conv_keeps_its_maps_tiles_with_fewer_accumulators_and_its_e
 
 
 def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
-    """512 -> 512 3x3 on a 7x7 map (9.4 MB of weights): the parallel loop runs channel
-    tiles alone. By default a task runs its rows in the one-level order; a tuning record may
-    ask the reduction-outer order, in which the reduction's channel blocks run outside the
-    rows, so a thread reads each block of weights once and reuses it for every row."""
+    """512 -> 512 3x3 on a 7x7 map (9.4 MB of weights), built for AVX-512 with a 32 KiB L1 and a
+    2 MiB L2: the parallel loop runs channel tiles alone. By default a task runs its rows in the
+    one-level order; a tuning record may ask the reduction-outer order, in which the reduction's
+    channel blocks run outside the rows, so a thread reads each block of weights once and reuses
+    it for every row."""
     import dataclasses
+
+    from conftest import runnable, x86_description
 
     import alt_tvm
     from alt_tvm.integration import extract_tasks
-    from alt_tvm.target import host
 
-    machine = dataclasses.replace(host(), l2_bytes=2 << 20, num_cores=2)
+    machine = dataclasses.replace(runnable(x86_description("avx512")), l1d_bytes=32 << 10, l2_bytes=2 << 20,
+                                  num_cores=2)
     torch.manual_seed(0)
     model = torch.nn.Conv2d(512, 512, 3, padding=1).eval()
     x = torch.randn(1, 512, 7, 7)
@@ -605,35 +608,36 @@ def test_an_unpadded_conv_reads_an_image_as_stored(tmp_path, channels, converted
 
 
 @pytest.mark.parametrize("activation", [torch.nn.Hardswish, torch.nn.SiLU])
-def test_an_epilogue_over_padded_channels_reads_a_padded_bias_unguarded(tmp_path, activation):
-    """104 channels stored in 7 vectors of 16: the bias is padded with them, so the epilogue
-    loads whole vectors (no ``if_then_else``, whose loads TVM masks) and one select writes the
-    padding's zeros. Checked against PyTorch through the ONNX export that spells hard-swish as
-    add, clip, divide and multiply."""
+def test_an_epilogue_over_padded_channels_reads_a_padded_bias_unguarded(tmp_path, x86_runnable, activation):
+    """100 channels stored in 7 vectors of 16 (13 of 8): the bias is padded with them, so the
+    epilogue loads whole vectors (no ``if_then_else``, whose loads TVM masks) and one select
+    writes the padding's zeros. Checked against PyTorch through the ONNX export that spells
+    hard-swish as add, clip, divide and multiply."""
     import alt_tvm
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(48, 104, 1), activation(), torch.nn.Conv2d(104, 104, 1),
+    model = torch.nn.Sequential(torch.nn.Conv2d(48, 100, 1), activation(), torch.nn.Conv2d(100, 100, 1),
                                 activation()).eval()
     x = torch.randn(1, 48, 14, 14)
     path = tmp_path / "padded.onnx"
     torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
-    built = alt_tvm.build(str(path))
+    built = alt_tvm.build(str(path), x86_runnable)
+    lanes = x86_runnable.vector_lanes()
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     convs = [built.mod[g] for g in built.mod.get_global_vars() if g.name_hint.startswith("alt_conv2d")]
     assert len(convs) == 2
     for func in convs:
         script = func.script()
-        assert "if_then_else" not in script and "T.Select(v_i1_o * 16 + v_i1_i < 104" in script
-        assert "< 104 and" not in script  # the layout's steps test the same index once, not three times
-        assert 'T.Buffer((1, 112, 1, 1), "float32")' in script  # the bias, padded as the output
+        assert "if_then_else" not in script and f"T.Select(v_i1_o * {lanes} + v_i1_i < 100" in script
+        assert "< 100 and" not in script  # the layout's steps test the same index once, not three times
+        assert f'T.Buffer((1, {-(-100 // lanes) * lanes}, 1, 1), "float32")' in script  # the bias, padded
 
 
-def test_pad_copies_run_per_group_tile_or_whole_in_vectors_but_an_images_stays_scalar():
+def test_pad_copies_run_per_group_tile_or_whole_in_vectors_but_an_images_stays_scalar(x86_runnable):
     """A grouped 3x3 conv whose channel tile lies within a group (RegNetY's groups of 8) pads each
     tile's window inside its own parallel loop, as a depthwise conv does; a dense strided 3x3 conv
-    copies its input whole first, 16 lanes at a time; an image's pad stage reads its 3 channels a
+    copies its input whole first, a vector at a time; an image's pad stage reads its 3 channels a
     plane apart and stays scalar. All checked against PyTorch."""
     import re
 
@@ -645,7 +649,7 @@ def test_pad_copies_run_per_group_tile_or_whole_in_vectors_but_an_images_stays_s
                                 torch.nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=6), torch.nn.ReLU(),
                                 torch.nn.Conv2d(48, 32, 3, stride=2, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(1, 3, 64, 64)
-    built = alt_tvm.build(model, example_inputs=[x])
+    built = alt_tvm.build(model, x86_runnable, example_inputs=[x])
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
@@ -659,4 +663,5 @@ def test_pad_copies_run_per_group_tile_or_whole_in_vectors_but_an_images_stays_s
     grouped = pad_copy("alt_conv2d_3")  # the window padded per tile inside the conv's loop, split at its edges
     assert grouped[:2] == (None, 1) and grouped[2] > 1
     assert "T.vectorized(8)" in built.mod["alt_conv2d_3"].script()
-    assert pad_copy("alt_conv2d_4") == (("T.vectorized", "16"), 2, 1)  # dense: whole, in vectors
+    lanes = str(x86_runnable.vector_lanes())
+    assert pad_copy("alt_conv2d_4") == (("T.vectorized", lanes), 2, 1)  # dense: whole, in vectors

@@ -16,9 +16,10 @@ from alt_tvm.integration import extract_tasks
 TOKENS, IN, OUT = 197, 64, 96
 
 
-def _run(lowered, x: torch.Tensor) -> np.ndarray:
-    """Compile a lowered task and run it on ``x`` (its constants as packed; the output zeroed first)."""
-    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target="llvm")
+def _run(lowered, x: torch.Tensor, target=None) -> np.ndarray:
+    """Compile a lowered task for ``target`` (a HardwareTarget; generic LLVM if None) and run it on
+    ``x`` (its constants as packed; the output zeroed first)."""
+    func = tvm.compile(tvm.IRModule({"main": lowered.func}), target=target.to_tvm() if target else "llvm")
     args = []
     for i, (shape, dtype) in enumerate(lowered.arg_specs):
         data = lowered.constants.get(i)
@@ -57,11 +58,11 @@ def test_every_row_block_of_the_space_lowers_and_computes_the_product(mt):
     np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def _deep_linear_task():
+def _deep_linear_task(target=None):
     torch.manual_seed(0)
     model = torch.nn.Linear(512, 96).eval()
     x = torch.randn(1, 40, 512, generator=torch.Generator().manual_seed(2))
-    (task,) = extract_tasks(model, example_inputs=(x,))
+    (task,) = extract_tasks(model, example_inputs=(x,), target=target)
     return model, x, task
 
 
@@ -140,34 +141,35 @@ def test_panel_groups_one_per_core_only_where_the_rows_outweigh_a_groups_outputs
     assert groups_panels(m=197, n=768, k=3072, nt=64, cores=1) == 0
 
 
-def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_product():
-    model, x, task = _deep_linear_task()
+def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_product(x86_runnable):
+    model, x, task = _deep_linear_task(x86_runnable)
     layout, loop = task.space.default()
     layout = {**layout, "nt": 16}  # 6 panels
     knobs = {k.name: k for k in task.space.loop_knobs(layout)}
     cores = task.target.num_cores
     assert set(knobs["panel_groups"].choices) == ({0, cores} if cores > 1 and 6 % cores == 0 else {0})
-    params = task.space.decode(layout, {**loop, "vec": 16, "panels_outer": 1, "kc": 64, "panel_groups": 2})
+    lanes = x86_runnable.vector_lanes()
+    params = task.space.decode(layout, {**loop, "vec": lanes, "panels_outer": 1, "kc": 64, "panel_groups": 2})
     lowered = task.lower(params)
     script = lowered.func.script()
     # the parallel loop is the 2 groups; inside it the 8 chunks of k, a group's 3 panels, the
     # 10 row blocks and the 64 steps of a chunk
     assert "in T.parallel(2)" in script
     assert script.index("in T.parallel(2)") < script.index("in T.grid(8, 3, 10, 64)")
-    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(lowered, x, x86_runnable), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_panel_groups_that_do_not_divide_the_panels_are_refused():
-    _, _, task = _deep_linear_task()
+def test_panel_groups_that_do_not_divide_the_panels_are_refused(x86_target):
+    _, _, task = _deep_linear_task(x86_target)
     layout, loop = task.space.default()
-    params = task.space.decode({**layout, "nt": 16}, {**loop, "vec": 16, "panels_outer": 1, "kc": 64,
-                                                      "panel_groups": 4})
+    params = task.space.decode({**layout, "nt": 16}, {**loop, "vec": x86_target.vector_lanes(), "panels_outer": 1,
+                                                      "kc": 64, "panel_groups": 4})
     with pytest.raises(ValueError, match="panel_groups"):
         task.lower(params)
 
 
 @pytest.mark.parametrize("groups,rows", [(0, 40), (2, 40), (0, 42)])
-def test_the_chunk_needed_next_is_prefetched_and_the_product_is_unchanged(groups, rows):
+def test_the_chunk_needed_next_is_prefetched_and_the_product_is_unchanged(x86_runnable, groups, rows):
     """Chunked order: while the row blocks use a panel's chunk of ``k``, the one they use next
     is prefetched, a share per row block, outside the register block: the panel's next chunk
     (``k_0 + 1``), or with groups of panels the next panel's same chunk. A partial last row
@@ -175,10 +177,11 @@ def test_the_chunk_needed_next_is_prefetched_and_the_product_is_unchanged(groups
     torch.manual_seed(0)
     model = torch.nn.Linear(512, 96).eval()
     x = torch.randn(1, rows, 512, generator=torch.Generator().manual_seed(2))
-    (task,) = extract_tasks(model, example_inputs=(x,))
+    (task,) = extract_tasks(model, example_inputs=(x,), target=x86_runnable)
     layout, loop = task.space.default()
     layout = {**layout, "nt": 16}  # 6 panels
-    point = {**loop, "mt": 4, "vec": 16, "panels_outer": 1, "kc": 64, "panel_groups": groups, "prefetch": 1}
+    point = {**loop, "mt": 4, "vec": x86_runnable.vector_lanes(), "panels_outer": 1, "kc": 64, "panel_groups": groups,
+             "prefetch": 1}
     assert task.space.check(layout, point) is None
     lowered = task.lower(task.space.decode(layout, point))
     lines = lowered.func.script().splitlines()
@@ -188,20 +191,23 @@ def test_the_chunk_needed_next_is_prefetched_and_the_product_is_unchanged(groups
                   and "init" not in line)
     steps = next(i for i, line in enumerate(lines) if "for k_1 in range(64)" in line and i > blocks)
     assert hints and all(blocks < i < steps for i in hints), (blocks, hints, steps)
-    assert "for prefetch_j in range(7)" in lines[hints[0] - 1], lines[hints[0] - 1]  # 64 lines / 10 blocks
+    # One hint per vector of the chunk's 64 rows of 16 columns (a whole line of 16 lanes, half a
+    # line of 8), shared among the 10 row blocks: 7 hints each on AVX-512, 13 on AVX2.
+    vectors = 64 * (16 // x86_runnable.vector_lanes())
+    assert f"for prefetch_j in range({-(-vectors // 10)})" in lines[hints[0] - 1], lines[hints[0] - 1]
     assert ("i2_0_1 + 1" if groups else "k_0 + 1") in lines[hints[0]], lines[hints[0]]
-    np.testing.assert_allclose(_run(lowered, x), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(lowered, x, x86_runnable), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_prefetch_outside_the_chunked_order_is_refused():
-    _, _, task = _deep_linear_task()
+def test_prefetch_outside_the_chunked_order_is_refused(x86_target):
+    _, _, task = _deep_linear_task(x86_target)
     layout, loop = task.space.default()
     unchunked = {**loop, "panels_outer": 1, "kc": 0, "prefetch": 1}
     assert "need the chunked order" in task.space.check(layout, unchunked)
     knobs = {k.name: k for k in task.space.loop_knobs({**layout, "nt": 16})}
     if 2 in knobs["panel_groups"].choices:  # a 2-core machine or more
         assert "need the chunked order" in task.space.check({**layout, "nt": 16}, {
-            **loop, "vec": 16, "panels_outer": 0, "kc": 64, "panel_groups": 2})
+            **loop, "vec": x86_target.vector_lanes(), "panels_outer": 0, "kc": 64, "panel_groups": 2})
     with pytest.raises(ValueError, match="prefetch needs the chunked order"):
         task.lower({**task.space.decode(layout, loop), "panels_outer": 1, "kc": 0, "prefetch": 1})
 
@@ -253,7 +259,7 @@ def test_a_partial_last_row_block_leaves_a_well_formed_kernel(x86_runnable):
     torch.manual_seed(0)
     model, x = _ResidualLinear(768).eval(), torch.randn(1, TOKENS, 768)
     built = alt_tvm.build(model, x86_runnable, example_inputs=(x,), strict=True)
-    for gvar, func in built.mod.functions_items():
+    for _, func in built.mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc):
             tvm.s_tir.Schedule(func)  # raises on ill-formed TIR
     assert not built.report.in_place_skipped and built.report.in_place == 1

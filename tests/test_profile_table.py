@@ -126,17 +126,23 @@ def test_structurally_equal_kernels_compile_once_and_each_call_site_keeps_its_we
     partitions = [k for k in built.report.kernels if k.kind == "partition"]
     assert len(partitions) == 4 and len({k.workload for k in partitions}) == 2
     names = [k.name for k in partitions]
-    # The first block reads the first conv's tiles, the others a block's: two kernels for three blocks.
-    assert names[2] == names[3] and len(set(names)) == 3
+    # The last two blocks read a block's tiles: one kernel. The first block reads the first
+    # conv's, which are the same tiles or not by the target's vector width: its own kernel or
+    # the same one.
+    assert names[2] == names[3] != names[0] and len(set(names)) == 3 - (names[1] == names[2])
     alt_funcs = [g.name_hint for g in built.mod.get_global_vars()
                  if isinstance(built.mod[g], tvm.tirx.PrimFunc) and g.name_hint.startswith("alt_")]
     assert sorted(alt_funcs) == sorted(set(names))
     # The shared kernel reads each block's own weights: a wrong sharing would repeat one block's.
     np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
     profile = built.profile(x.numpy(), repeat=2)
-    assert profile.calls[names[2]] == 2 and names[1] not in profile.calls  # called once
+    assert profile.calls[names[2]] == names.count(names[2])
     per_workload = profile.by_workload(built.report.kernels, conversions=False)
-    both = [a + b for a, b in zip(profile.times_ms[names[1]], profile.times_ms[names[2]])]
+    if names[1] == names[2]:
+        both = profile.times_ms[names[2]]
+    else:
+        assert names[1] not in profile.calls  # called once
+        both = [a + b for a, b in zip(profile.times_ms[names[1]], profile.times_ms[names[2]])]
     assert per_workload[partitions[1].workload] == pytest.approx(both)
 
 

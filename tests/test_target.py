@@ -35,14 +35,19 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _host_cpu() -> str:
+    """The CPU the host is described as: the one ALT_TVM_HOST_CPU names, else LLVM's."""
+    return os.environ.get(hw.HOST_CPU_ENV, "").strip() or tvm.target.codegen.llvm_get_system_cpu()
+
+
 def test_host_matches_llvm_and_affinity():
     h = hw.host()
     assert h.name == "host"
-    assert h.tvm_target["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
+    assert h.tvm_target["mcpu"] == _host_cpu()
     assert h.num_cores == hw.process_cores() == len(hw._AFFINITY_AT_IMPORT | _worker_affinities())
     t = h.to_tvm()
     assert t.kind.name == "llvm"
-    assert str(t.attrs["mcpu"]) == tvm.target.codegen.llvm_get_system_cpu()
+    assert str(t.attrs["mcpu"]) == _host_cpu()
     assert int(t.attrs["num-cores"]) == h.num_cores
     assert hw.host() is h  # cached
     # Only Zen 4 runs a 512-bit operation as two 256-bit halves (a half vector at the full rate).
@@ -64,7 +69,8 @@ def test_host_caches_match_sysfs():
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo")
 def test_host_vector_width_matches_cpuinfo():
-    flags = _cpu_flags()
+    flags = _cpu_flags() if not os.environ.get(hw.HOST_CPU_ENV) else \
+        set(tvm.target.codegen.llvm_get_cpu_features(hw.host().to_tvm()))  # the CPU it is described as
     machine = platform.machine()
     if machine == "x86_64":
         if "avx512f" in flags:
@@ -90,6 +96,68 @@ def test_host_fallbacks_without_sys_or_proc(tmp_path):
     assert (h.l1d_bytes, h.l2_bytes, h.l3_bytes, h.cache_line_bytes) == (32768, 1 << 20, 0, 64)
     # Vector width then comes from LLVM for the detected CPU.
     assert h.vector_bits == int(tvm.target.codegen.llvm_get_vector_width(h.to_tvm()))
+
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not X86, reason="x86 CPU names")
+@pytest.mark.parametrize("cpu, bits, registers", [
+    ("haswell", 256, 16), ("znver3", 256, 16), ("x86-64-v3", 256, 16),
+    ("skylake-avx512", 512, 32), ("znver4", 512, 32), ("x86-64", 128, 16),
+])
+def test_a_cpu_is_described_by_the_features_llvm_gives_it(cpu, bits, registers):
+    d = hw.describe_cpu(cpu)
+    assert (d.vector_bits, d.vector_registers, d.vector_lanes()) == (bits, registers, bits // 32)
+    assert d.tvm_target["mcpu"] == cpu and d.name == f"cpu:{cpu}"
+    assert (d.l1d_bytes, d.l2_bytes, d.num_cores) == (hw.host().l1d_bytes, hw.host().l2_bytes, hw.host().num_cores)
+    assert d.half_vectors_full_rate == (cpu == "znver4")
+    assert hw.board(f"cpu:{cpu}") == d
+    with pytest.raises(ValueError, match="unknown CPU 'pentium9'.*haswell"):
+        hw.describe_cpu("pentium9")
+
+
+def _fake_cpuinfo(tmp_path, monkeypatch, flags: str) -> None:
+    (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(hw, "_CPUINFO", tmp_path / "cpuinfo")
+
+
+AVX2_FLAGS = "fpu sse sse2 pni ssse3 fma sse4_1 sse4_2 movbe popcnt avx f16c abm bmi1 avx2 bmi2"
+
+
+@pytest.mark.skipif(not X86, reason="x86 feature flags")
+def test_code_runs_where_the_host_has_the_targets_features(tmp_path, monkeypatch):
+    """By instruction-set features, not CPU names: AVX2 code runs on an AVX-512 machine,
+    AVX-512 code is refused on an AVX2 one with the features it lacks named."""
+    avx2, avx512 = hw.describe_cpu("haswell").tvm_target, hw.describe_cpu("skylake-avx512").tvm_target
+    _fake_cpuinfo(tmp_path, monkeypatch, AVX2_FLAGS + " avx512f avx512dq avx512cd avx512bw avx512vl")
+    assert hw.not_on_host(avx2) is None and hw.not_on_host(avx512) is None
+    _fake_cpuinfo(tmp_path, monkeypatch, AVX2_FLAGS)
+    assert hw.not_on_host(avx2) is None
+    why = hw.not_on_host(avx512)
+    assert why and "avx512f" in why and "'skylake-avx512'" in why
+    assert "avx512f" in hw.not_on_host({**avx2, "mattr": ["+avx512f"]})  # features added by mattr count too
+    _fake_cpuinfo(tmp_path, monkeypatch, "fpu sse sse2 pni")  # an old x86-64: no AVX
+    assert "avx2" in hw.not_on_host(avx2) and hw.not_on_host({"kind": "llvm"}) is None
+    assert "aarch64 code" in hw.not_on_host(hw.board("kirin990").tvm_target)
+    assert "cuda code" in hw.not_on_host(hw.board("v100").tvm_target)
+
+
+@pytest.mark.skipif(not X86, reason="x86 CPU names")
+def test_the_host_can_be_described_as_a_lesser_cpu(tmp_path):
+    """ALT_TVM_HOST_CPU describes this machine as another CPU it can run the code of: the whole
+    build flow (and the test suite) then targets that instruction set."""
+    import subprocess
+    import sys
+
+    script = "from alt_tvm.target import host; h = host(); print(h.tvm_target['mcpu'], h.vector_bits, " \
+             "h.vector_registers)"
+    env = {**os.environ, hw.HOST_CPU_ENV: "haswell"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["haswell", "256", "16"]
+    bad = subprocess.run([sys.executable, "-c", script], env={**env, hw.HOST_CPU_ENV: "pentium9"},
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown CPU 'pentium9'" in bad.stderr
 
 
 def test_detect_host_reads_given_files(tmp_path):

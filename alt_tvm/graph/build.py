@@ -51,7 +51,7 @@ from alt_tvm.strategies.base import (
     workload_key,
 )
 from alt_tvm.strategies.epilogue import epilogue_te, joinable
-from alt_tvm.target import HardwareTarget, host, resolve, runs_on_host
+from alt_tvm.target import HardwareTarget, host, not_on_host, resolve
 
 from .ieee import legalize_overrides
 from .in_layout import (
@@ -748,9 +748,10 @@ class CompiledModel(RunnableModel):
                  input_names, device=None, *, target: HardwareTarget | None = None, source: str | None = None,
                  threads: int | None = None) -> None:
         self.target = target if target is not None else host()
-        not_here = None if runs_on_host(self.target) else (
-            f"this model was built for {self.target.name!r} ({self.target.description}), not for this machine: "
-            f"export it (model.export(path)) and run it there with alt_tvm.load, or through a tracker with "
+        why = "it needs a cross compiler" if self.target.cross_compiler else not_on_host(self.target.tvm_target)
+        not_here = None if why is None else (
+            f"this model was built for {self.target.name!r} ({self.target.description}), not for this machine "
+            f"({why}): export it (model.export(path)) and run it there with alt_tvm.load, or through a tracker with "
             f"alt_tvm.load(path, remote='host:port', key=...)")
         super().__init__(executable, input_names=input_names, input_shapes=input_shapes, input_dtypes=input_dtypes,
                          device=device, not_here=not_here, threads=threads if not_here is None else None)

@@ -158,8 +158,8 @@ def _memo(memo: dict, kernel: tvm.tirx.PrimFunc, index: int, name: str, skipped:
         try:
             memo[key] = _overwritable(kernel, index)
         except Exception as err:  # noqa: BLE001 - TVM raises its verifier's findings as several types
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            skipped[name] = f"left as it is: the in-place analysis could not read it ({lines[-1][:200] if lines else err})"
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [repr(err)]
+            skipped[name] = f"left as it is: the in-place analysis could not read it ({lines[-1][:200]})"
             memo[key] = False
     return memo[key]
 

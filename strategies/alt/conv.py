@@ -56,12 +56,11 @@ from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduct
 from .vectors import vectorize_channels
 from .window import partition_at_tile_edges, vectorize_lanes
 from .winograd import (
-    LANES,
     MIN_TILES,
-    VECTOR_BLOCK,
     schedule_winograd,
     stored_in_output_layout,
     transform_weight,
+    vector_block,
     winograd_conv,
     winograd_tile,
 )
@@ -776,15 +775,15 @@ class AltConvStrategy(Strategy):
     @staticmethod
     def _winograd_fit(geometry: ConvGeometry, context: Any, *, min_tiles: int) -> int:
         """:func:`.winograd.winograd_tile` for a conv the kernel can compute, else 0."""
-        if context.partition.prologue or context.target.to_tvm().kind.name != "llvm" \
-                or context.target.vector_lanes("float32") != LANES:
+        if context.partition.prologue or context.target.to_tvm().kind.name != "llvm":
             return 0
         if (geometry.rank != 2 or geometry.transposed or geometry.groups != 1 or geometry.strides != (1, 1)
                 or geometry.dilation != (1, 1) or geometry.weight_shape[2:] != (3, 3) or geometry.pads != (1,) * 4):
             return 0
         batch, channels = geometry.data_shape[:2]
         m, _ = winograd_tile(out_hw=geometry.out_shape[2:], batch=batch, in_channels=channels,
-                             out_channels=geometry.out_shape[1], min_tiles=min_tiles)
+                             out_channels=geometry.out_shape[1], lanes=context.target.vector_lanes("float32"),
+                             min_tiles=min_tiles)
         return m
 
     def _implement_winograd(self, anchor: Any, context: Any, geometry: ConvGeometry, m: int) -> Any:
@@ -794,23 +793,24 @@ class AltConvStrategy(Strategy):
         weight = context.te_input(call.args[1], "weight")
         u = context.te_input(relax.const(transform_weight(np.asarray(const_value(call.args[1])), m)),
                              "winograd_weight")
-        conv = winograd_conv(data, u, weight, m=m, pads=geometry.pads, out_hw=geometry.out_shape[2:])
+        lanes = context.target.vector_lanes("float32")
+        conv = winograd_conv(data, u, weight, m=m, pads=geometry.pads, out_hw=geometry.out_shape[2:], lanes=lanes)
         stored = stored_in_output_layout(conv)
         stages = context.epilogue_te(conv)
         current = context.input_layouts.get(call.args[0])
         inner = current.innermost_dim if current is not None else None
-        if inner is None or inner[0] != 1 or inner[1] % LANES:
+        if inner is None or inner[0] != 1 or inner[1] % lanes:
             # The transform reads vectors of input channels: have them stored innermost.
             context.require_layout(data, conv_output_tiled(geometry.data_shape, spatial_tiles=[1, 1],
-                                                           channel_tile=LANES))
-        output = conv_output_tiled(geometry.out_shape, spatial_tiles=[m, m], channel_tile=LANES)
-        vectors = geometry.out_shape[1] // LANES
-        block = max(v for v in range(1, VECTOR_BLOCK + 1) if vectors % v == 0)
-        tiled = [(t, conv_output_tiled([int(e) for e in t.shape], spatial_tiles=[m, m], channel_tile=LANES))
+                                                           channel_tile=lanes))
+        output = conv_output_tiled(geometry.out_shape, spatial_tiles=[m, m], channel_tile=lanes)
+        block = vector_block(vectors=geometry.out_shape[1] // lanes, registers=context.target.vector_registers)
+        tiled = [(t, conv_output_tiled([int(e) for e in t.shape], spatial_tiles=[m, m], channel_tile=lanes))
                  for t in stored]
         return context.finish(output=stages[-1] if stages else conv,
                               layouts=TensorMap([*tiled, *((t, output) for t in [conv, *stages])]), strategy=self.name,
-                              schedule=lambda f: schedule_winograd(f, stages=[conv, *stages], vector_block=block))
+                              schedule=lambda f: schedule_winograd(f, stages=[conv, *stages], lanes=lanes,
+                                                                   vectors_per_block=block))
 
     def implement(self, anchor, context) -> Any:
         if context.partition.tail:

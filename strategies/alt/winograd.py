@@ -10,7 +10,8 @@ for ``m = 2``, 4x for ``m = 4``. The work moves into three phases of one kernel:
   slice of ``U`` once, so the transformed weights (``a^2 / 9`` times the conv's) are
   read once per call, whatever their size;
 - **output transform** ``Y = A^T M A`` with the conv's epilogue, written in an output
-  layout of ``m x m`` spatial tiles and a 16-channel vector, parallel over tile rows.
+  layout of ``m x m`` spatial tiles and a vector of channels (the target's float32 lanes:
+  16 with AVX-512, 8 with AVX2, 4 with NEON), parallel over tile rows.
 
 ``U = G g G^T`` is computed from the constant weights when the model is built. The
 transform matrices are TVM's Cook-Toom construction with the interpolation points of
@@ -46,17 +47,16 @@ from alt_tvm.ops.ieee import is_not_finite
 from .prefetch import find_realize, loads_of, substitute
 
 __all__ = ["MAX_RAGGED_WORK", "MIN_TILES", "schedule_winograd", "stored_in_output_layout", "transform_weight",
-           "winograd_conv", "winograd_matrices", "winograd_tile"]
+           "vector_block", "winograd_conv", "winograd_matrices", "winograd_tile"]
 
 #: Fewest output tiles for which the batched GEMM beats the direct template (7x7 maps,
 #: 16 tiles of 2x2, do not; 14x14, 49 tiles, do).
 MIN_TILES = 36
-#: Output tiles per register block of the batched GEMM, and output channel vectors per block
-#: (6 x 4 accumulators of 16 lanes, the weights' 4 vectors and a broadcast: 29 registers).
+#: Output tiles per register block of the batched GEMM, and the most output channel vectors
+#: per block (:func:`vector_block`: 6 x 4 accumulators, the weights' 4 vectors and a broadcast
+#: take 29 of AVX-512's 32 registers; AVX2's 16 hold 6 x 2).
 TILE_BLOCK = 6
 VECTOR_BLOCK = 4
-#: Output channels per vector in the output layout and the GEMM (AVX-512 float32).
-LANES = 16
 #: Most work, relative to the conv's, that whole tiles over a ragged output may take: 55x55 in
 #: 4x4 tiles (+4%) and 27x27 (+8%) gain (0.46 -> 0.31 ms and 0.37 -> 0.22 ms alone for
 #: SqueezeNet's 16 -> 64 and 32 -> 128 convs, 2 threads, Zen 4); 13x13 in 2x2 tiles (+16%)
@@ -76,7 +76,15 @@ def winograd_matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(a, np.float64), np.asarray(b, np.float64), np.asarray(g, np.float64)
 
 
-def winograd_tile(*, out_hw: Sequence[int], batch: int, in_channels: int, out_channels: int,
+def vector_block(*, vectors: int, registers: int) -> int:
+    """Output channel vectors per register block of the batched GEMM: the most, up to
+    ``VECTOR_BLOCK``, dividing ``vectors`` whose accumulators (``TILE_BLOCK`` per vector), weight
+    vectors and one broadcast fit the ``registers`` (at least 1)."""
+    fits = [v for v in range(1, VECTOR_BLOCK + 1) if vectors % v == 0 and TILE_BLOCK * v + v + 1 <= registers]
+    return max(fits, default=1)
+
+
+def winograd_tile(*, out_hw: Sequence[int], batch: int, in_channels: int, out_channels: int, lanes: int,
                   min_tiles: int = MIN_TILES) -> tuple[int, str]:
     """The output tile ``m`` for a stride-1 3x3 conv with this output, and why (``m = 0``: the
     direct template is faster, fewer than ``min_tiles`` tiles, or the shape does not fit the
@@ -85,10 +93,10 @@ def winograd_tile(*, out_hw: Sequence[int], batch: int, in_channels: int, out_ch
     An output that is not a whole number of tiles (SqueezeNet's 55x55, 27x27 and 13x13 maps)
     is computed in whole tiles, the last row and column of tiles partly past its edge, when
     that adds at most ``MAX_RAGGED_WORK`` to the work: 56x56 for 55x55 and 28x28 for 27x27
-    (``m = 4``), not 14x14 for 13x13.
+    (``m = 4``), not 14x14 for 13x13. Channels must fill whole vectors of ``lanes``.
     """
-    if in_channels % LANES or out_channels % LANES:
-        return 0, f"channels {in_channels} -> {out_channels} are not multiples of {LANES}"
+    if in_channels % lanes or out_channels % lanes:
+        return 0, f"channels {in_channels} -> {out_channels} are not multiples of {lanes}"
     for m in (4, 2):
         covered = [-(-extent // m) * m for extent in out_hw]
         if math.prod(covered) > MAX_RAGGED_WORK * math.prod(out_hw):
@@ -118,10 +126,11 @@ def _const(values: np.ndarray, name: str) -> te.Tensor:
 
 
 def winograd_conv(data: te.Tensor, u: te.Tensor, weight: te.Tensor, *, m: int, pads: Sequence[int],
-                  out_hw: Sequence[int]) -> te.Tensor:
+                  out_hw: Sequence[int], lanes: int) -> te.Tensor:
     """TE of the conv ``N x O x OH x OW`` from ``data`` (``N x C x H x W``, padded by ``pads``:
     top, left, bottom, right), the transformed weight ``u`` (``a x a x C x O``) and the
-    weight itself (``O x C x 3 x 3``, for the direct fallback).
+    weight itself (``O x C x 3 x 3``, for the direct fallback); output channels in vectors
+    of ``lanes``.
 
     Stages (names are what :func:`schedule_winograd` looks up): ``winograd_rows`` (``B^T d``
     per tile), ``winograd_input`` (``V``), ``winograd_product`` (``M``), ``winograd_columns``
@@ -159,25 +168,25 @@ def winograd_conv(data: te.Tensor, u: te.Tensor, weight: te.Tensor, *, m: int, p
     v = te.compute((alpha, alpha, padded_tiles, c), lambda xi, nu, p, ch: te.sum(
         b_mat[r2, nu] * rows[p, xi, r2, ch], axis=r2), name="winograd_input")
     rc = te.reduce_axis((0, c), "rc")
-    product = te.compute((alpha, alpha, padded_tiles, o // LANES, LANES), lambda xi, nu, p, oo, oi: te.sum(
-        v[xi, nu, p, rc] * u[xi, nu, rc, oo * LANES + oi], axis=rc), name="winograd_product")
-    columns = te.compute((n, ph, pw, o // LANES, alpha, m, LANES), lambda b, th, tw, oo, i, wi, oi: sum(
+    product = te.compute((alpha, alpha, padded_tiles, o // lanes, lanes), lambda xi, nu, p, oo, oi: te.sum(
+        v[xi, nu, p, rc] * u[xi, nu, rc, oo * lanes + oi], axis=rc), name="winograd_product")
+    columns = te.compute((n, ph, pw, o // lanes, alpha, m, lanes), lambda b, th, tw, oo, i, wi, oi: sum(
         a_mat[j, wi] * product[i, j, (b * ph + th) * pw + tw, oo, oi] for j in range(alpha)),
         name="winograd_columns")
     wino = te.compute((n, o, ph * m, pw * m), lambda b, oc, y, x: sum(
-        a_mat[i, y % m] * columns[b, y // m, x // m, oc // LANES, i, x % m, oc % LANES] for i in range(alpha)),
+        a_mat[i, y % m] * columns[b, y // m, x // m, oc // lanes, i, x % m, oc % lanes] for i in range(alpha)),
         name="winograd_output")
     # A NaN, an infinity or an overflow in a tile's transforms reaches every output of the
     # tile: those tiles are computed again directly, which gives what a direct conv gives.
-    flag = te.compute((n, ph, pw, o // LANES, LANES), lambda b, th, tw, oo, oi: sum(
-        is_not_finite(wino(b, oo * LANES + oi, th * m + y, tw * m + x)).astype("int32")
+    flag = te.compute((n, ph, pw, o // lanes, lanes), lambda b, th, tw, oo, oi: sum(
+        is_not_finite(wino(b, oo * lanes + oi, th * m + y, tw * m + x)).astype("int32")
         for y in range(m) for x in range(m)), name="winograd_flag")
     dc, dy, dx = te.reduce_axis((0, c), "dc"), te.reduce_axis((0, 3), "dy"), te.reduce_axis((0, 3), "dx")
     direct = te.compute((n, o, ph * m, pw * m), lambda b, oc, y, x: te.sum(
         padded(b, dc, y + dy - top, x + dx - left) * weight[oc, dc, dy, dx], axis=[dc, dy, dx]),
         name="winograd_direct")
     return te.compute((n, o, oh, ow), lambda b, oc, y, x: tirx.Select(
-        flag[b, y // m, x // m, oc // LANES, oc % LANES] == 0, wino[b, oc, y, x], direct[b, oc, y, x]),
+        flag[b, y // m, x // m, oc // lanes, oc % lanes] == 0, wino[b, oc, y, x], direct[b, oc, y, x]),
         name="winograd_conv")
 
 
@@ -188,12 +197,14 @@ def stored_in_output_layout(conv: te.Tensor) -> list[te.Tensor]:
     return [t for t in conv.op.input_tensors if t.op.name in ("winograd_output", "winograd_direct")]
 
 
-def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], vector_block: int) -> tvm.IRModule:
+def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], lanes: int,
+                      vectors_per_block: int) -> tvm.IRModule:
     """Schedule :func:`winograd_conv`'s stages; ``stages`` are its output then the epilogue's
     stages, the last the partition's output; the output, ``winograd_output`` and
-    ``winograd_direct`` are stored ``N . OH/m . OW/m . O/16 . m . m . 16``.
+    ``winograd_direct`` are stored ``N . OH/m . OW/m . O/lanes . m . m . lanes``.
 
-    ``vector_block`` output channel vectors per register block of the GEMM (it divides O/16).
+    ``vectors_per_block`` output channel vectors per register block of the GEMM (it divides
+    ``O/lanes``; :func:`vector_block`).
     """
     sch = tvm.s_tir.Schedule(func)
     for name in ("winograd_A", "winograd_B", *(s.op.name for s in stages[:-1])):
@@ -222,7 +233,7 @@ def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], v
     product = sch.get_sblock("winograd_product")
     xi, nu, p, oo, oi, rc = sch.get_loops(product)
     p_out, p_in = sch.split(p, [None, TILE_BLOCK])
-    oo_out, oo_in = sch.split(oo, [None, vector_block])
+    oo_out, oo_in = sch.split(oo, [None, vectors_per_block])
     sch.reorder(xi, nu, p_out, oo_out, rc, p_in, oo_in, oi)
     sch.parallel(sch.fuse(xi, nu))
     write = sch.cache_write(product, 0, "local")
@@ -235,7 +246,7 @@ def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], v
     # Input transform: per tile and vector of input channels, rows then columns.
     v = sch.get_sblock("winograd_input")
     xi, nu, p, ch, r2 = sch.get_loops(v)
-    ch_out, ch_in = sch.split(ch, [None, LANES])
+    ch_out, ch_in = sch.split(ch, [None, lanes])
     sch.reorder(p, ch_out, xi, nu, r2, ch_in)
     sch.parallel(p)
     for loop in (xi, nu, r2):
@@ -251,10 +262,10 @@ def schedule_winograd(func: tvm.tirx.PrimFunc, *, stages: Sequence[te.Tensor], v
     sch.vectorize(ch)
     sch.decompose_reduction(rows, r1)
     return tvm.IRModule({"main": _direct_only_where_flagged(sch.mod["main"], final=stages[-1].op.name,
-                                                            at=sch.get(tile_channels).loop_var)})
+                                                            at=sch.get(tile_channels).loop_var, lanes=lanes)})
 
 
-def _direct_only_where_flagged(func: tirx.PrimFunc, *, final: str, at: tirx.Var) -> tirx.PrimFunc:
+def _direct_only_where_flagged(func: tirx.PrimFunc, *, final: str, at: tirx.Var, lanes: int) -> tirx.PrimFunc:
     """``func`` with the direct conv under loop ``at`` run only when a flag of the tile is set.
 
     No schedule primitive makes a block conditional, so the scheduled function is mapped with
@@ -265,7 +276,7 @@ def _direct_only_where_flagged(func: tirx.PrimFunc, *, final: str, at: tirx.Var)
     (load, *_) = loads_of(realize.block.body, "winograd_flag")
     binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
     *tile, lane = [substitute(index, binding) for index in load.indices]
-    flags = [tirx.BufferLoad(load.source, [*tile, tirx.const(k, str(lane.ty))]) > 0 for k in range(LANES)]
+    flags = [tirx.BufferLoad(load.source, [*tile, tirx.const(k, str(lane.ty))]) > 0 for k in range(lanes)]
     flagged = functools.reduce(tirx.Or, flags)
 
     def guard(loop: tirx.For) -> tirx.For:
