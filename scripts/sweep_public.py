@@ -141,7 +141,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
             strategies[strategy] = strategies.get(strategy, 0) + 1
         entry.update(status="ok" if entry["max_rel_error"] < 1e-4 else "mismatch", partitions=strategies,
                      fallbacks=sorted(report.failed.values()), conversions=report.conversions,
-                     left_as_is=sorted(report.in_place_skipped.values()))
+                     left_as_is=sorted(report.left_as_is.values()))
         runners[f"alt-tvm {exporter}"] = (built, (x,))
         if "onnxruntime" not in runners:  # one ONNX Runtime runner, on the first export
             runners["onnxruntime"] = (ort_runner, (x,))

@@ -206,6 +206,8 @@ def test_a_kernel_the_analysis_cannot_read_is_left_as_it_is_and_named(inputs):
     assert calls == 0 and rewritten.same_as(mod)
     assert list(skipped) == ["residual_gemm"] and "multiple definitions" in skipped["residual_gemm"]
     np.testing.assert_allclose(_run(rewritten, *inputs), _reference(*inputs), rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match="multiple definitions"):  # a strict build stops there
+        write_in_place(mod, attr=ALT_KERNEL_ATTR, strict=True)
 
 
 def test_fresh_block_vars_makes_a_partitioned_kernel_analysable(inputs):

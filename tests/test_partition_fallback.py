@@ -123,3 +123,24 @@ def test_a_kernel_that_fails_to_compile_falls_back_and_strict_re_raises(monkeypa
     np.testing.assert_allclose(built(*arrays)[0], torch.relu(inputs[0] @ inputs[1]).numpy(), rtol=1e-4, atol=1e-4)
     with pytest.raises(Exception, match="expected top-level entity"):
         alt_tvm.build(Scores().eval(), example_inputs=inputs, strict=True)
+
+
+def test_a_fallback_kernel_the_schedule_fails_on_is_left_unscheduled_and_named(monkeypatch):
+    """The minimal schedule of TVM's legalized kernels (a pool, here) failing on one kernel
+    leaves that kernel as TVM legalized it: the build goes on, names the kernel in its report
+    and computes the right result; a strict build raises."""
+    import alt_tvm.graph.build as graph_build
+
+    def failing(func, **_):
+        raise ValueError("this schedule fails")
+
+    monkeypatch.setattr(graph_build, "schedule_in_layout", failing)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.MaxPool2d(2), torch.nn.Softmax(dim=1)).eval()
+    x = torch.randn(1, 3, 12, 12)
+    built = alt_tvm.build(model, example_inputs=[x])
+    assert built.report.left_as_is and all("this schedule fails" in why for why in built.report.left_as_is.values())
+    assert any(name in built.report.summary() for name in built.report.left_as_is)
+    np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="this schedule fails"):
+        alt_tvm.build(model, example_inputs=[x], strict=True)

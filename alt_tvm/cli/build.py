@@ -32,7 +32,8 @@ def _parser():
     parser = parser_for("build", __doc__)
     parser.add_argument("model", help=MODEL_HELP.split(", or (bench")[0])
     parser.add_argument("--records", default=None, help="tuning log to apply (written by `alt-tvm tune`)")
-    parser.add_argument("--target", default=None, help="board name from alt_tvm.target (default: this host)")
+    parser.add_argument("--target", default=None,
+                        help="board name from alt_tvm.target or cpu:<LLVM CPU> (cpu:haswell: AVX2); default: this host")
     parser.add_argument("-o", "--output", default=None, help="artifact directory (default ./<model>.alt)")
     add_output_options(parser)
     return parser

@@ -41,7 +41,8 @@ def _parser() -> Parser:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="TVM threads (>= 1)")
     parser.add_argument("--tracker", default=None, help="RPC tracker host:port (measure on a remote board)")
     parser.add_argument("--key", default=None, help="RPC device key registered with the tracker")
-    parser.add_argument("--target", default=None, help="board name from alt_tvm.target (default: this host)")
+    parser.add_argument("--target", default=None,
+                        help="board name from alt_tvm.target or cpu:<LLVM CPU> (cpu:haswell: AVX2); default: this host")
     parser.add_argument("--build-workers", type=int, default=None,
                         help="candidates built at once in worker processes: with --tracker cross-built for the "
                              "boards (default: this machine's cores); without, each batch is built in parallel "

@@ -160,8 +160,8 @@ def _not_for_this_machine(metadata: Mapping[str, Any]) -> str | None:
                 f"(alt_tvm.load there, or alt_tvm.load(path, remote='host:port', key=...) through a tracker)")
     why = not_on_host(target["tvm"])
     if why is not None:
-        return (f"{why}: rebuild it here (alt-tvm build MODEL -o DIR), or load it with check_cpu=False if this "
-                f"CPU has every instruction set the other one has")
+        return (f"{why}: rebuild it here (alt-tvm build MODEL -o DIR), or load it with check_cpu=False if "
+                f"cpuinfo hides a feature this CPU has (an instruction it lacks stops the process)")
     return None
 
 

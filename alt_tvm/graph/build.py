@@ -143,8 +143,9 @@ class BuildReport:
     #: kernel calls that write their output over an operand they are the last use of
     #: (:mod:`alt_tvm.graph.inplace`)
     in_place: int = 0
-    #: kernel name -> why the in-place pass left that kernel as it is (it could not analyse it)
-    in_place_skipped: dict[str, str] = field(default_factory=dict)
+    #: kernel name -> why a pass after lowering left that kernel as it was (the fallbacks'
+    #: scheduling, the in-place rewrite): the build goes on without that pass's change to it
+    left_as_is: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed_by_log(self) -> bool:
@@ -188,7 +189,7 @@ class BuildReport:
             lines.append(self.tuning_summary())
         for op, reasons in sorted(self.fallbacks.items()):
             lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
-        lines += [f"kernel {name} {why}" for name, why in sorted(self.in_place_skipped.items())]
+        lines += [f"kernel {name} {why}" for name, why in sorted(self.left_as_is.items())]
         if profile is not None and self.conversions:
             rows = profile.conversions(self.kernels)
             total = sum(ms for *_, ms in rows)
@@ -448,8 +449,11 @@ def _lower(mod: tvm.IRModule, alt_pass: AltLayoutPass, machine: HardwareTarget, 
     """An imported module with every partition lowered by its strategy and the rest by TVM,
     scheduled; a kernel that is the last use of an operand it can overwrite writes in place."""
     with machine.to_tvm():
-        lowered = lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math)
-    lowered, alt_pass.report.in_place, alt_pass.report.in_place_skipped = write_in_place(lowered, attr=ALT_KERNEL_ATTR)
+        lowered = lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=fast_math,
+                                  unscheduled=None if alt_pass.strict else alt_pass.report.left_as_is)
+    lowered, alt_pass.report.in_place, skipped = write_in_place(lowered, attr=ALT_KERNEL_ATTR,
+                                                                strict=alt_pass.strict)
+    alt_pass.report.left_as_is.update(skipped)
     return lowered
 
 
@@ -818,7 +822,8 @@ class CompiledModel(RunnableModel):
             self._kernel_info = info
         return self._kernel_info
 
-def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -> tvm.IRModule:
+def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False,
+                    unscheduled: dict[str, str] | None = None) -> tvm.IRModule:
     """TVM's legalization for everything no strategy took, fused, with a minimal schedule.
 
     ``tvm.compile``'s default CPU pipeline neither fuses nor schedules legalized ops, so
@@ -829,7 +834,10 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -
     memory per op (torchvision ViT's split of the packed QKV projection: 0.34 -> 0.11 ms),
     inner loops vectorised, outer loops parallel. Unless
     ``fast_math``, ReLU, clip, maximum/minimum, max pooling and max/min reductions are
-    legalized by :func:`alt_tvm.graph.ieee.legalize_overrides`, which propagate NaN.
+    legalized by :func:`alt_tvm.graph.ieee.legalize_overrides`, which propagate NaN. Where
+    ``unscheduled`` is given, a kernel the schedule cannot be applied to is left as TVM
+    legalized it and ``unscheduled`` receives its name and why; without it the error
+    propagates (a strict build).
     """
     seq = tvm.ir.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=legalize_overrides(fast_math=fast_math)),
@@ -846,7 +854,13 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False) -
         func = mod[gvar]
         if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and ALT_KERNEL_ATTR in func.attrs):
             continue
-        mod[gvar] = schedule_in_layout(func, cores=cores)
+        try:
+            mod[gvar] = schedule_in_layout(func, cores=cores)
+        except Exception as err:  # noqa: BLE001 - TVM's verifier and primitives raise several types
+            if unscheduled is None:
+                raise
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [repr(err)]
+            unscheduled[gvar.name_hint] = f"left unscheduled: {lines[-1][:200]}"
     return mod
 
 
@@ -884,8 +898,9 @@ def build(model: Any, target: Any = None, *, records: Any = None, variant: str =
         (``alt_tvm.ops.ieee``).
     strict
         False (default): a partition whose strategy fails to lower it is left to TVM's
-        legalization (``report.failed`` says why) and the build goes on. True: the
-        strategy's exception propagates (for developing strategies).
+        legalization (``report.failed`` says why), a kernel a later pass cannot handle is
+        left as it was (``report.left_as_is``), and the build goes on. True: the strategy's
+        or the pass's exception propagates (for developing strategies).
 
     Returns
     -------
@@ -932,6 +947,8 @@ def _log_report(report: BuildReport) -> None:
     LOGGER.info("%s", report.summary())
     for key, why in report.failed.items():
         LOGGER.warning("strategy failed on %s, left to TVM's legalization: %s", key.split("|")[0], why)
+    for name, why in report.left_as_is.items():
+        LOGGER.warning("kernel %s %s", name, why)
     if report.untuned:
         LOGGER.warning("%s", report.tuning_summary())
 

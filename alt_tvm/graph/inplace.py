@@ -33,7 +33,7 @@ from tvm.sym.analyzer import Analyzer
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace")
 
 
-def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int, dict[str, str]]:
+def write_in_place(mod: tvm.IRModule, *, attr: str, strict: bool = False) -> tuple[tvm.IRModule, int, dict[str, str]]:
     """``mod`` with the kernels marked ``attr`` that can write over an operand at every call
     made in-place (module doc).
 
@@ -47,6 +47,8 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int, 
     attr : str
         The PrimFunc attribute of the kernels that may be rewritten (others are left as
         they are: TVM's own fused kernels may still be fused or rescheduled later).
+    strict : bool
+        Raise where the analysis cannot read a kernel, instead of leaving it.
 
     Returns
     -------
@@ -59,7 +61,8 @@ def write_in_place(mod: tvm.IRModule, *, attr: str) -> tuple[tvm.IRModule, int, 
                  if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr)}
     memo: dict = {}
     skipped: dict[str, str] = {}
-    dead = {(gvar, i): _dead_operands(mod, block, attr, memo, skipped) for gvar, func in functions.items()
+    dead = {(gvar, i): _dead_operands(mod, block, attr, memo, None if strict else skipped)
+            for gvar, func in functions.items()
             for i, block in enumerate(func.body.blocks) if isinstance(block, relax.DataflowBlock)}
     for found in dead.values():
         for kernel, operands in found.values():
@@ -118,11 +121,11 @@ def _references(functions) -> dict[relax.GlobalVar, int]:
 
 
 def _dead_operands(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, memo: dict,
-                   skipped: dict[str, str]) -> dict[int, tuple]:
+                   skipped: dict[str, str] | None) -> dict[int, tuple]:
     """Binding position -> (kernel, operands it may overwrite) for each ``call_tir`` of a kernel
     marked ``attr`` in ``block`` (module doc: the Relax and the kernel conditions). ``memo``
     keeps the kernel analysis per (kernel, operand); ``skipped`` receives kernel name -> why
-    the analysis could not read it."""
+    the analysis could not read it (None: the error propagates)."""
     bindings = list(block.bindings)
     produced = {b.var for b in bindings if _call_name(b.value) in _CALL_TIR}
     uses: dict[relax.Var, list[int]] = {}
@@ -152,12 +155,14 @@ def _dead_operands(mod: tvm.IRModule, block: relax.DataflowBlock, attr: str, mem
     return found
 
 
-def _memo(memo: dict, kernel: tvm.tirx.PrimFunc, index: int, name: str, skipped: dict[str, str]) -> bool:
+def _memo(memo: dict, kernel: tvm.tirx.PrimFunc, index: int, name: str, skipped: dict[str, str] | None) -> bool:
     key = (kernel, index)
     if key not in memo:
         try:
             memo[key] = _overwritable(kernel, index)
         except Exception as err:  # noqa: BLE001 - TVM raises its verifier's findings as several types
+            if skipped is None:
+                raise
             lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [repr(err)]
             skipped[name] = f"left as it is: the in-place analysis could not read it ({lines[-1][:200]})"
             memo[key] = False

@@ -27,7 +27,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.sym import Analyzer
+from tvm.sym import Analyzer, detect_linear_equation
 
 __all__ = ["find_realize", "loads_of", "prefetch_next_block", "prefetch_next_tile", "substitute", "uses_var"]
 
@@ -84,10 +84,16 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
         raise ValueError(f"spread loops must not index {buffer!r} (got {revisiting}) and reads must not include "
                          f"the outer loop {outer.name}: each spread iteration takes a share of one block")
     extent_of = _loop_extents(func.body, [*spread, *reads, vector])
-    lanes = extent_of(vector)
     per_line = _per_line(load)
+    # A vector shorter than a line that the innermost read loop continues contiguously (a GEMM
+    # panel row of two AVX2 vectors) is one run: one hint per line of it, not per vector. The
+    # merged loop then stays at 0 and the vector's index walks the run.
+    reads, run, merged = list(reads), extent_of(vector), {}
+    while reads and run < per_line and _continues(indices, reads[-1], vector, run, extent_of(reads[-1])):
+        merged[reads[-1]] = tirx.const(0, str(reads[-1].ty))
+        run *= extent_of(reads.pop())
     # Lines of one block, in the order of the read loops, then the spread iterations.
-    read_loops = [(loop, extent_of(loop), 1) for loop in reads] + [(vector, lanes, per_line)]
+    read_loops = [(loop, extent_of(loop), 1) for loop in reads] + [(vector, run, per_line)]
     lines = math.prod(-(-extent // step) for _, extent, step in read_loops)
     iterations = math.prod(extent_of(loop) for loop in spread)
     # Whole shares; the spare lines of the last iterations wrap around to the block's start
@@ -102,7 +108,7 @@ def prefetch_next_block(func: tirx.PrimFunc, *, block: str, buffer: str, outer: 
     # In the last block, outer + 1 reads on into the next channel tile's first block (the
     # tiled layouts store them in that order), or past the end for the last tile: a
     # prefetch is a hint and never faults.
-    mapping, rest = {outer: outer + 1}, line
+    mapping, rest = {outer: outer + 1, **merged}, line
     for loop, extent, step in reversed(read_loops):
         count = -(-extent // step)
         mapping[loop] = tirx.floormod(rest, count) * step
@@ -206,6 +212,21 @@ def _read(func: tirx.PrimFunc, *, block: str, buffer: str, spread: Sequence[tirx
         raise ValueError(f"block {block!r} reads no buffer named {buffer!r}")
     binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
     return loads[0], [substitute(index, binding) for index in loads[0].indices]
+
+
+def _continues(indices: Sequence[Any], loop: tirx.Var, vector: tirx.Var, run: int, extent: int) -> bool:
+    """Whether ``loop`` (of ``extent``) steps the innermost index by exactly ``run`` elements
+    where ``vector`` steps it by one, and indexes nothing else: its iterations continue the
+    vector's run (a tile index ``(p * 16 + loop * 8 + vector) % 16`` does, within its range)."""
+    analyzer = Analyzer()
+    analyzer.bind(loop, tvm.ir.Range(0, extent))
+    analyzer.bind(vector, tvm.ir.Range(0, run))
+    *outer, inner = (analyzer.simplify(index) for index in indices)
+    if any(uses_var(index, loop) for index in outer):
+        return False
+    coefficients = detect_linear_equation(inner, [loop, vector])
+    return len(coefficients) == 3 and all(isinstance(c, tirx.IntImm) for c in coefficients[:2]) \
+        and (int(coefficients[0]), int(coefficients[1])) == (run, 1)
 
 
 def _per_line(load: Any) -> int:
