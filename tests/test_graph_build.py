@@ -52,12 +52,15 @@ def test_epilogue_shares_the_conv_layout_and_fuses_into_one_kernel():
     assert report.partitions == [("alt", "relax.nn.conv2d",
                                   ["relax.nn.conv2d", "relax.add", "relax.nn.relu", "relax.multiply"])]
     names = calls(mod)
-    assert len(names) == 2 and names[0].startswith("alt_conv2d") and names[1].startswith("layout_convert")
+    # One kernel, and conversions only at the model's boundary: its output (and, where the
+    # target's channel tiles take the 8 input channels whole, its input).
+    (conv,) = [n for n in names if not n.startswith("layout_convert")]
+    assert conv.startswith("alt_conv2d") and names[-1].startswith("layout_convert") and len(names) <= 3
     # The partition's output is in the tiled layout N.H/ht.W/wt.O/ot.ht.wt.ot ...
-    call = [line for line in mod["main"].script().splitlines() if f"R.call_tir({names[0]}," in line][0]
+    call = [line for line in mod["main"].script().splitlines() if f"R.call_tir({conv}," in line][0]
     assert call.split("out_ty=R.Tensor((")[1].split(")")[0].count(",") == 6
     # ... and the epilogue is computed inside the conv's tile loop, in the same kernel.
-    text = mod[names[0]].script()
+    text = mod[conv].script()
     assert 'T.sblock("multiply_2")' in text  # the last epilogue stage, with bias and ReLU inlined
     assert 'T.sblock("add_0")' not in text and 'T.sblock("relu_1")' not in text
 

@@ -177,7 +177,10 @@ def test_a_residual_block_built_by_alt_tvm_writes_over_its_shortcut_and_matches_
     import alt_tvm
 
     model, x = _Bottleneck().eval(), torch.rand(1, 8, 14, 14)
-    compiled = alt_tvm.build(model, example_inputs=(x,))
+    # Direct convs only: where a target's vectors make the 3x3 convs Winograd ones (8 channels
+    # in AVX2's 8 lanes), the shortcut is stored in the Winograd output tiles, another layout
+    # than the last conv's output, and cannot be overwritten element for element.
+    compiled = alt_tvm.build(model, example_inputs=(x,), strategy_options={"alt": {"winograd": False}})
     assert compiled.report.in_place == 1
     assert "1 kernel calls writing over a dead operand" in compiled.report.summary()
     with torch.no_grad():

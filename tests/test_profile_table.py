@@ -23,13 +23,18 @@ def test_profile_rows_name_operators_layouts_and_exact_flops():
     assert conv.layout and conv.layout != "1x16x16x16"  # a tiled layout, written as the shape it stores
     info = built.kernel_info()[conv.kernel]
     assert info.flops == 2 * 16 * 8 * 9 * 16 * 16  # a multiply-add counts 2; the epilogue does not count
-    assert info.bytes == 4 * (8 * 18 * 18 + 16 * 8 * 9 + 16 + 16 * 16 * 16) or info.bytes == 4 * (
-        8 * 16 * 16 + 16 * 8 * 9 + 16 + 16 * 16 * 16)
+    # The minimum traffic: each argument and the result once, as the kernel stores them (the
+    # input padded or not, in the channel tiles the target's vectors set).
+    func = next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == conv.kernel)
+    assert info.bytes == 4 * sum(int(np.prod([int(d) for d in p.ty.shape])) for p in func.params)
+    assert 4 * (8 * 16 * 16 + 16 * 8 * 9 + 16 + 16 * 16 * 16) <= info.bytes
     assert conv.gflops > 0 and conv.gbytes > 0
     # Ops without a strategy run as TVM legalized them ("tvm") or in their operands' layouts ("operator").
     assert all(r.kind in {"partition", "conversion", "elementwise", "operator", "tvm"} for r in rows)
     pool = next(r for r in rows if "relax.nn.max_pool2d" in r.ops)
-    assert pool.kind == "operator" and not any(r.kind == "conversion" for r in rows)  # read in the tiled layout
+    assert pool.kind == "operator"  # read in the tiled layout: no conversion but at the model's input
+    boundary = {k.name for k in built.report.kernels if k.boundary}
+    assert all(r.kernel in boundary for r in rows if r.kind == "conversion")
     text = profile.table(limit=3)
     assert text.splitlines()[0].split()[:3] == ["kernel", "kind", "ms"]
     assert "more kernels" in text and text.splitlines()[-1].startswith("model ")
