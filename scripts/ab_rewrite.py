@@ -50,7 +50,7 @@ _whole_pad = conv_strategy._schedule_whole_pad
 
 #: rewrite name -> (module, the function that performs it, a stand-in without the rewrite)
 REWRITES = {
-    "in-place": (graph_build, "write_in_place", lambda mod, *, attr: (mod, 0, {})),
+    "in-place": (graph_build, "write_in_place", lambda mod, **_: (mod, 0, {})),
     "padded-operands": (strategy_base, "_pad_constants", lambda placeholders, layouts, output: None),
     "vector-pad": (conv_strategy, "_schedule_whole_pad",
                    lambda sch, source, *, lanes: _whole_pad(sch, source, lanes=False)),
