@@ -22,6 +22,10 @@ from typing import Any
 
 import tvm
 
+from alt_tvm.isa import CPUINFO as _CPUINFO
+from alt_tvm.isa import X86_MACHINES as _X86
+from alt_tvm.isa import cpu_flags, isa_flag, machine_flags, missing_features, normalized
+
 __all__ = [
     "BOARDS",
     "HOST_CPU_ENV",
@@ -30,6 +34,7 @@ __all__ = [
     "describe_cpu",
     "detect_host",
     "host",
+    "isa_features",
     "known_boards",
     "parse_cache_size",
     "process_cores",
@@ -41,15 +46,12 @@ KIB = 1024
 MIB = 1024 * KIB
 
 _SYS_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
-_CPUINFO = Path("/proc/cpuinfo")
 
 # Used when /sys or /proc cannot be read (containers, non-Linux): typical of recent x86/Arm.
 _DEFAULT_L1D = 32 * KIB
 _DEFAULT_L2 = 1 * MIB
 _DEFAULT_L3 = 0
 _DEFAULT_LINE = 64
-
-_X86 = ("x86_64", "amd64", "i386", "i686")
 
 
 @dataclass(frozen=True)
@@ -157,22 +159,6 @@ def _read_caches(cache_dir: Path) -> tuple[dict[int, int], int | None]:
     return sizes, line
 
 
-def _cpu_flags(cpuinfo_path: Path) -> set[str]:
-    """ISA feature flags of the first CPU (x86 ``flags``, Arm ``Features``, RISC-V ``isa``)."""
-    text = _read(cpuinfo_path) or ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key in ("flags", "features"):
-            return set(value.split())
-        if key == "isa":
-            # e.g. "rv64imafdcv_zba_zbb": single-letter base extensions, then "_z..." ones.
-            base, *rest = value.strip().split("_")
-            letters = set(re.sub(r"^rv\d+", "", base))
-            return letters | set(rest)
-    return set()
-
-
 def _vector_width(machine: str, flags: set[str]) -> tuple[int, int]:
     """(vector bits, vector registers) from the architecture and its feature flags (cpuinfo
     spelling or LLVM's: the x86 names that decide the width are the same in both)."""
@@ -201,30 +187,25 @@ def _llvm_features(tvm_target: Mapping[str, Any]) -> set[str]:
     return set(tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(dict(tvm_target))))
 
 
-def _x86_isa_flag(feature: str) -> str | None:
-    """The cpuinfo flag (spelled without ``_`` and ``.``) that a machine must show to execute code
-    using LLVM x86 feature ``feature``; None for LLVM's tuning hints and scalar features that
-    every x86-64 CPU has or that alt-tvm's code does not use."""
-    if feature == "sse3":
-        return "pni"
-    if feature.startswith(("avx", "amx", "sse", "fma", "f16c")):
-        return feature.replace(".", "").replace("_", "").replace("-", "")
-    return {"bmi": "bmi1", "bmi2": "bmi2", "lzcnt": "abm", "popcnt": "popcnt", "movbe": "movbe"}.get(feature)
-
-
 def _host_flags() -> set[str]:
-    """This machine's cpuinfo feature flags, spelled without ``_`` and ``.`` (LLVM's system CPU's
-    features where cpuinfo cannot be read)."""
-    flags = _cpu_flags(_CPUINFO)
+    """This machine's cpuinfo feature flags, normalized (LLVM's system CPU's features where
+    cpuinfo cannot be read)."""
+    flags = machine_flags(_CPUINFO)
     if not flags:
-        flags = _llvm_features({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    return {f.replace(".", "").replace("_", "").replace("-", "") for f in flags}
+        system = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+        flags = {normalized(f) for f in _llvm_features(system)}
+    return flags
 
 
-def _missing_x86_features(tvm_target: Mapping[str, Any]) -> list[str]:
-    """The x86 features code built for ``tvm_target`` may use and this machine lacks."""
-    have = _host_flags()
-    return sorted(f for f in _llvm_features(tvm_target) if (flag := _x86_isa_flag(f)) and flag not in have)
+def isa_features(target: HardwareTarget) -> list[str]:
+    """The instruction-set features (LLVM's names) that code built for an x86 ``target`` may use,
+    sorted; empty for other architectures and for GPUs. An artifact keeps the list, so loading
+    it checks this machine against it without a compiler (:mod:`alt_tvm.isa`)."""
+    triple = str(target.tvm_target.get("mtriple") or "")
+    x86 = triple.split("-")[0] in _X86 if triple else platform.machine().lower() in _X86
+    if target.tvm_target.get("kind") != "llvm" or not x86:
+        return []
+    return sorted(f for f in _llvm_features(target.tvm_target) if isa_flag(f) is not None)
 
 
 #: LLVM CPU names whose 512-bit operations run as two 256-bit halves (so a 256-bit one issues at
@@ -252,7 +233,7 @@ def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | 
     mcpu = tvm.target.codegen.llvm_get_system_cpu()
     cores = process_cores()
     sizes, line = _read_caches(Path(cache_dir))
-    flags = _cpu_flags(Path(cpuinfo_path))
+    flags = cpu_flags(cpuinfo_path)
     machine = platform.machine().lower()
     vbits, vregs = _vector_width(machine, flags)
     tvm_target = {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
@@ -436,7 +417,7 @@ def not_on_host(tvm_target: Mapping[str, Any]) -> str | None:
     cpu = tvm_target.get("mcpu")
     system_cpu = tvm.target.codegen.llvm_get_system_cpu()
     if host_arch in _X86:
-        missing = _missing_x86_features(tvm_target)
+        missing = missing_features(_llvm_features(tvm_target), _host_flags())
         if missing:
             return (f"it was built for CPU {cpu or 'generic'!r}, whose features {', '.join(missing)} this "
                     f"machine ({system_cpu}) lacks")

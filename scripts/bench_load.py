@@ -88,7 +88,8 @@ def _on_tvm_pool(built):
     from alt_tvm.deploy.threads import ThreadGovernor
 
     before = copy.copy(built)
-    before._library, before.launcher, before._vm = built.executable, None, None
+    before._library, before.launcher = built.executable, None
+    before._drop_vms()
     before.thread_governor = ThreadGovernor(built._threads, set_threads=before._set_threads,
                                             get_threads=before._get_threads)
     return before
@@ -102,7 +103,8 @@ def _on_launcher(built, config: dict):
 
     other = copy.copy(built)
     library, launcher = link_and_load(built.executable, threads=built._threads, config=LauncherConfig(**config))
-    other._library, other._vm = library, None
+    other._library = library
+    other._drop_vms()
     other._use_launcher(launcher)
     return other
 

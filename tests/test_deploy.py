@@ -92,7 +92,7 @@ def load_in_fresh_process(artifact, array: np.ndarray, workdir) -> tuple[np.ndar
     assert run.stderr == ""  # TVM's per-kernel "Scope Loaded" lines go to the log, not the terminal
     result = json.loads(run.stdout)
     # the runtime side only: no strategy, graph, tuner, layout or op module (nothing that builds)
-    runtime = {"alt_tvm.deploy", "alt_tvm.target", "alt_tvm.rpc", "alt_tvm.toolchain", "alt_tvm.native_log"}
+    runtime = {"alt_tvm.deploy", "alt_tvm.isa", "alt_tvm.rpc", "alt_tvm.native_log"}
     assert [m for m in result["ours"] if not m.startswith(tuple(runtime))] == []
     assert not result["xgboost"]
     return np.load(workdir / "out.npy"), result["load_s"]
@@ -124,13 +124,20 @@ def test_a_board_artifact_is_an_elf_of_the_boards_machine(board, machine, tmp_pa
 
 
 def _edit_metadata(path, **changes):
+    """Change ``model.json`` as if the artifact had been written so (its checksum written anew):
+    ``target.X`` is the target's TVM dict entry X, ``target_isa`` its instruction-set features."""
+    from alt_tvm.deploy.artifact import _metadata_digest
+
     meta = json.loads((path / METADATA).read_text())
     for key, value in changes.items():
-        if "." in key:
+        if key == "target_isa":
+            meta["target"]["isa_features"] = value
+        elif "." in key:
             outer, inner = key.split(".")
             meta[outer]["tvm"][inner] = value
         else:
             meta[key] = value
+    meta["checksum"] = _metadata_digest(meta)
     (path / METADATA).write_text(json.dumps(meta))
 
 
@@ -144,10 +151,12 @@ def test_bad_artifacts_are_clear_errors(small, artifact, tmp_path):
     with pytest.raises(ValueError, match=r"\['timeout_s'\] apply to a remote run"):
         alt_tvm.load(artifact, timeout_s=3)
 
-    _edit_metadata(artifact, **{"target.mcpu": "sapphirerapids"})
-    with pytest.raises(ArtifactError, match="built for CPU 'sapphirerapids'.*check_cpu=False"):
+    isa = json.loads((artifact / METADATA).read_text())["target"]["isa_features"]
+    # An instruction set no CPU's cpuinfo shows (a made-up AMX extension), as a newer CPU's would be.
+    _edit_metadata(artifact, target_isa=[*isa, "amx-nextgen"], **{"target.mcpu": "sapphirerapids"})
+    with pytest.raises(ArtifactError, match="built for CPU 'sapphirerapids', whose features amx-nextgen .*check_cpu"):
         alt_tvm.load(artifact)
-    _edit_metadata(artifact, **{"target.mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    _edit_metadata(artifact, target_isa=isa, **{"target.mcpu": tvm.target.codegen.llvm_get_system_cpu()})
     alt_tvm.load(artifact)  # the edit back makes it loadable again
 
     _edit_metadata(artifact, tvm_version="0.19.0")

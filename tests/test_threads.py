@@ -122,7 +122,8 @@ facts.update({"pool": int(count()), "launcher_threads": built.launcher.threads,
               "spin": __import__("os").environ.get("TVM_THREAD_POOL_SPIN_COUNT")})
 # The same code on TVM's pool (a model without the launcher: no C compiler, an older artifact)
 pooled = copy.copy(built)
-pooled._library, pooled.launcher, pooled._vm = built.executable, None, None
+pooled._library, pooled.launcher = built.executable, None
+pooled._drop_vms()
 pooled.thread_governor = governor = ThreadGovernor(facts["pool"], set_threads=pooled._set_threads,
                                                    get_threads=pooled._get_threads)
 governor.state = "one"  # as after a trial under load

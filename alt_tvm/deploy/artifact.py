@@ -7,39 +7,46 @@ An artifact is a directory of two files:
     target's gcc: the host's, or a cross gcc for a board (an ELF of the board's machine).
 ``model.json``
     What the library cannot say about itself: the input names, shapes and dtypes, the
-    build report, what each kernel computes (for :meth:`~RunnableModel.profile`), and the
-    versions of the artifact format, alt-tvm and TVM and the target it was built for.
+    build report, what each kernel computes (for :meth:`~RunnableModel.profile`), the
+    versions of the artifact format, alt-tvm and TVM, the target it was built for and the
+    instruction-set features its code uses; the size and SHA-256 of ``model.so``; and a
+    SHA-256 of the metadata itself.
 
-Loading checks the format and TVM versions (the library calls TVM's runtime ABI) and,
-for a local run, that the code was built for this machine; each mismatch is an
-:class:`ArtifactError` naming both sides.
+Loading checks, before the library is opened: the metadata's own checksum, the library's size
+and checksum (a copy cut short or a flipped bit would otherwise crash the process when the
+loader maps it), the format and TVM versions (the library calls TVM's runtime ABI) and, for a
+local run, that this machine has the code's instruction-set features. Each failure is an
+:class:`ArtifactError` naming the file and what is wrong. Loading needs TVM's runtime only
+(:mod:`.runtime`): no compiler is imported.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import tvm
+from typing import TYPE_CHECKING, Any
 
 from alt_tvm import __version__
+from alt_tvm.isa import is_x86, machine_flags, missing_features
 from alt_tvm.native_log import tvm_output_to_log
-from alt_tvm.target import HardwareTarget, not_on_host
-from alt_tvm.toolchain import elf_machine, export_library, require_cross_compiler
 
+from . import runtime
 from .model import RunnableModel, kernel_info_from_json, kernel_info_to_json, use_runtime_threads
 from .parallel import LauncherError, install, launcher_object
 from .profile import KernelInfo
 
+if TYPE_CHECKING:
+    from alt_tvm.target import HardwareTarget
+
 __all__ = ["ARTIFACT_VERSION", "ArtifactError", "LoadedModel", "load_local", "read_metadata", "write_artifact"]
 
 #: Version of the artifact layout; bumped when ``model.json`` changes incompatibly.
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2
 LIBRARY = "model.so"
 METADATA = "model.json"
 _FORMAT = "alt-tvm-artifact"
@@ -82,6 +89,11 @@ def write_artifact(path: str | os.PathLike, *, executable: Any, target: Hardware
         If ``path`` is an existing file, the target's cross compiler is missing, or it
         cannot compile alt-tvm's parallel launcher.
     """
+    import tvm
+
+    from alt_tvm.target import isa_features
+    from alt_tvm.toolchain import elf_machine, export_library, require_cross_compiler
+
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ArtifactError(f"artifact path {os.fspath(out)!r} is an existing file; an artifact is a directory")
@@ -102,26 +114,46 @@ def write_artifact(path: str | os.PathLike, *, executable: Any, target: Hardware
         "tvm_version": tvm.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "target": {"name": target.name, "description": target.description, "tvm": dict(target.tvm_target),
-                   "num_cores": target.num_cores, "cross_compiler": target.cross_compiler},
+                   "num_cores": target.num_cores, "cross_compiler": target.cross_compiler,
+                   "isa_features": isa_features(target)},
         "machine": elf_machine(library),
+        "files": {LIBRARY: _file_digest(library)},
         "inputs": [{"name": name, "shape": list(shape), "dtype": dtype}
                    for name, shape, dtype in zip(input_names, input_shapes, input_dtypes)],
         "source": source,
         "report": report,
         "kernels": kernel_info_to_json(kernels),
     }
+    metadata["checksum"] = _metadata_digest(metadata)
     (out / METADATA).write_text(json.dumps(metadata, indent=1) + "\n")
     return out
 
 
+def _file_digest(path: Path) -> dict[str, Any]:
+    """A file's size and SHA-256."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _metadata_digest(metadata: Mapping[str, Any]) -> str:
+    """SHA-256 of the metadata without its ``checksum`` entry, in a canonical JSON form."""
+    body = {k: v for k, v in metadata.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """An artifact's ``model.json``, checked for format and TVM version (not for the machine).
+    """An artifact's ``model.json``, its files checked against their sizes and checksums, and
+    checked for format and TVM version (not for the machine).
 
     Raises
     ------
     ArtifactError
-        Naming the path and what is wrong: not an artifact directory, a file missing,
-        unreadable or corrupt metadata, another artifact format or TVM version.
+        Naming the path, the file and what is wrong: not an artifact directory, a file
+        missing, cut short or altered, unreadable or corrupt metadata, another artifact
+        format or TVM version.
     """
     root = Path(path)
     if not root.is_dir():
@@ -141,12 +173,25 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     if version != ARTIFACT_VERSION:
         raise ArtifactError(f"artifact {os.fspath(root)!r} has format version {version!r}, this alt-tvm "
                             f"({__version__}) reads version {ARTIFACT_VERSION}: rebuild it with this alt-tvm")
-    missing = [k for k in ("tvm_version", "target", "inputs", "kernels", "report") if k not in metadata]
+    if metadata.get("checksum") != _metadata_digest(metadata):
+        raise ArtifactError(f"artifact {os.fspath(root)!r}: {METADATA} does not match its checksum (altered or "
+                            f"damaged in the copy); copy the artifact again")
+    missing = [k for k in ("tvm_version", "target", "inputs", "kernels", "report", "files") if k not in metadata]
     if missing:
         raise ArtifactError(f"artifact {os.fspath(root)!r}: {METADATA} lacks {missing}")
-    if metadata["tvm_version"] != tvm.__version__:
+    for name, expected in metadata["files"].items():
+        found = root / name
+        size = found.stat().st_size
+        if size != expected.get("size"):
+            raise ArtifactError(f"artifact {os.fspath(root)!r}: {name} has {size} bytes, {expected.get('size')} "
+                                f"were written (cut short or replaced in the copy?); copy the artifact again")
+        if _file_digest(found)["sha256"] != expected.get("sha256"):
+            raise ArtifactError(f"artifact {os.fspath(root)!r}: {name} does not match its SHA-256 (damaged in the "
+                                f"copy?); copy the artifact again")
+    installed = runtime.tvm_version()
+    if metadata["tvm_version"] != installed:
         raise ArtifactError(f"artifact {os.fspath(root)!r} was built with TVM {metadata['tvm_version']}, this "
-                            f"process runs TVM {tvm.__version__} (a library must run with the TVM that built it): "
+                            f"process runs TVM {installed} (a library must run with the TVM that built it): "
                             f"rebuild it here")
     return metadata
 
@@ -158,10 +203,32 @@ def _not_for_this_machine(metadata: Mapping[str, Any]) -> str | None:
     if machine != mine:
         return (f"it holds {machine} code for {target['name']!r} and this machine is {mine}: run it on the board "
                 f"(alt_tvm.load there, or alt_tvm.load(path, remote='host:port', key=...) through a tracker)")
-    why = not_on_host(target["tvm"])
+    why = _lacks(target)
     if why is not None:
         return (f"{why}: rebuild it here (alt-tvm build MODEL -o DIR), or load it with check_cpu=False if "
                 f"cpuinfo hides a feature this CPU has (an instruction it lacks stops the process)")
+    return None
+
+
+def _lacks(target: Mapping[str, Any]) -> str | None:
+    """Why this machine cannot run the code of ``target`` (the metadata's entry), or None.
+
+    On x86: the instruction-set features the artifact lists against this machine's cpuinfo
+    flags. Elsewhere cpuinfo names features otherwise than LLVM: a named CPU must be this
+    machine's, asked of LLVM where a compiler is loaded already (this process builds)."""
+    cpu = target["tvm"].get("mcpu")
+    if is_x86():
+        have = machine_flags()
+        missing = missing_features(target.get("isa_features", ()), have) if have else []
+        if missing:
+            return f"it was built for CPU {cpu or 'generic'!r}, whose features {', '.join(missing)} this machine lacks"
+        return None
+    import sys
+
+    if cpu and cpu != "generic" and "tvm" in sys.modules:
+        from alt_tvm.target import not_on_host
+
+        return not_on_host(target["tvm"])
     return None
 
 
@@ -213,8 +280,8 @@ def load_local(path: str | os.PathLike, *, device: Any = None, check_cpu: bool =
         raise ArtifactError(f"artifact {os.fspath(root)!r}: {problem}")
     threads = use_runtime_threads(int(metadata["target"]["num_cores"]))
     with tvm_output_to_log():
-        executable = tvm.runtime.load_module(str(root / LIBRARY))
-    on_cpu = device is None or device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+        executable = runtime.load_module(root / LIBRARY)
+    on_cpu = device is None or device.dlpack_device_type() == runtime.cpu().dlpack_device_type()
     model = LoadedModel(executable, metadata, root, device=device, threads=threads if on_cpu else None)
     if on_cpu and threads > 1:
         model._use_launcher(install(root / LIBRARY, threads=threads))

@@ -8,7 +8,6 @@ from typing import Any
 
 from .artifact import load_local, read_metadata
 from .model import RunnableModel
-from .remote import RemoteModel
 
 __all__ = ["load"]
 
@@ -30,8 +29,8 @@ def load(path: str | os.PathLike, *, device: Any = None, remote: str | None = No
         the library is uploaded to one of those boards and the model runs and is timed
         there (see :class:`alt_tvm.deploy.remote.RemoteModel`).
     check_cpu
-        Local only: refuse (True, default) code built for another CPU model of this
-        architecture.
+        Local only: refuse (True, default) code that uses instruction-set features this
+        machine lacks (AVX-512 code on an AVX2 machine).
     timeout_s
         Remote only: the limit in seconds for each upload, load, run or timing call
         (default 60).
@@ -52,6 +51,8 @@ def load(path: str | os.PathLike, *, device: Any = None, remote: str | None = No
         local_only = {"device": device is not None, "check_cpu": check_cpu is not True}
         if any(local_only.values()):
             raise ValueError(f"{[k for k, v in local_only.items() if v]} apply to a local run, not to a remote one")
+        from .remote import RemoteModel  # TVM's RPC client: imported for a remote run only
+
         return RemoteModel.connect(Path(path), read_metadata(path), remote=remote, key=key,
                                    timeout_s=60.0 if timeout_s is None else timeout_s,
                                    connect_timeout_s=5.0 if connect_timeout_s is None else connect_timeout_s)

@@ -2,24 +2,29 @@
 
 One base for the model :func:`alt_tvm.build` returns and the one :func:`alt_tvm.load`
 reads from an artifact, so both check inputs, time and profile the same way. It needs
-TVM's runtime only: loading an artifact imports no strategy and compiles nothing.
+TVM's runtime only (:mod:`.runtime`): loading an artifact imports no strategy, no compiler
+and compiles nothing.
+
+A model may be called from any number of threads at once: the executable and its weights
+are shared, and each calling thread runs a Relax VM of its own (a VM holds one call's
+registers). Inputs are given in order, by name (``model(x=...)``) or as a dict of feeds.
 """
 
 from __future__ import annotations
 
 import abc
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import tvm
-from tvm import relax
 
 from alt_tvm.native_log import tvm_output_to_log
 
+from . import runtime
 from .parallel import ParallelLauncher
 from .profile import KernelInfo, KernelProfile, profile_vm
 from .threads import ThreadGovernor, set_tvm_pool_threads, tvm_pool_threads
@@ -66,7 +71,7 @@ def flatten_outputs(value: Any) -> list[np.ndarray]:
 def _flatten(value: Any, out: list[np.ndarray]) -> list[np.ndarray]:
     """Append every tensor in a (nested) tuple/list of TVM/torch tensors to ``out`` as NumPy
     (copies: a VM output may be a view of an input or a constant of the model)."""
-    if isinstance(value, tvm.runtime.Tensor):
+    if isinstance(value, runtime.ffi().Tensor):
         # DLPack, not Tensor.numpy(): right after a model call the caches hold the model's data,
         # and numpy()'s Python steps (ctypes, dtype parsing) took 0.1 ms there for 4 KB (MNASNet).
         out.append(np.from_dlpack(value).copy() if _on_this_cpu(value.device) else value.numpy())
@@ -111,7 +116,7 @@ def use_runtime_threads(cores: int) -> int:
         os.environ["TVM_NUM_THREADS"] = str(cores)
     os.environ.setdefault("TVM_BIND_THREADS", "0")
     os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(POOL_SPIN_COUNT))
-    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    pool = tvm_pool_threads()
     if pool < cores and os.environ.get("TVM_NUM_THREADS") == str(cores):
         warnings.warn(f"TVM's thread pool already runs {pool} thread(s), fewer than the target's {cores} cores: "
                       f"set TVM_NUM_THREADS={cores} before the first TVM kernel runs", stacklevel=3)
@@ -144,7 +149,7 @@ class RunnableModel(abc.ABC):
     input_names, input_shapes, input_dtypes
         The model inputs, in call order.
     device
-        Where it runs (default ``tvm.cpu()``; a remote session's device for a board).
+        Where it runs (default this machine's CPU; a remote session's device for a board).
     not_here
         Why the code cannot run on ``device`` (built for another machine), or None; a
         call then raises ``RuntimeError`` with it instead of crashing the process.
@@ -169,13 +174,32 @@ class RunnableModel(abc.ABC):
         self.input_names = list(input_names)
         self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
         self.input_dtypes = [str(d) for d in input_dtypes]
-        self.device = device if device is not None else tvm.cpu()
+        self.device = device if device is not None else runtime.cpu()
         self._not_here = not_here
-        self._vm: relax.VirtualMachine | None = None
+        self._vms = threading.local()  # each calling thread's VM
+        self._library_lock = threading.Lock()  # the first calls of several threads link the library once
+        self._governor_lock = threading.Lock()
         self.launcher: ParallelLauncher | None = None
         self._threads = threads
         self.thread_governor = (ThreadGovernor(threads, set_threads=self._set_threads, get_threads=self._get_threads)
                                 if threads is not None and threads > 1 else None)
+
+    def set_threads(self, threads: int) -> None:
+        """Run each call on ``threads`` threads from now on, whatever the load (the thread
+        governor is dropped): with ``N`` concurrent callers on ``C`` cores, ``C // N`` each.
+
+        Raises
+        ------
+        ValueError
+            If ``threads`` is not an int >= 1.
+        """
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        if self._not_here is None:
+            with self._library_lock:
+                self._runtime_module()  # a built model's launcher exists from its first call on
+        self.thread_governor = None
+        self._set_threads(threads)
 
     def _set_threads(self, threads: int) -> None:
         if self.launcher is not None:
@@ -205,19 +229,57 @@ class RunnableModel(abc.ABC):
         know it from the module they were built from, or from the artifact."""
 
     @property
-    def vm(self) -> relax.VirtualMachine:
-        """The Relax VM running the model (created on first use)."""
+    def vm(self) -> Any:
+        """The calling thread's Relax VM running the model (created on its first call)."""
         if self._not_here is not None:
             raise RuntimeError(self._not_here)
-        if self._vm is None:
+        local = self._vms
+        vm = getattr(local, "vm", None)
+        if vm is None:
+            vm = local.vm = self._new_vm()
+        return vm
+
+    def _new_vm(self) -> Any:
+        """A VM over the model's library (each thread and each profile gets its own)."""
+        with self._library_lock:
             module = self._runtime_module()
-            with tvm_output_to_log():
-                self._vm = relax.VirtualMachine(module, self.device)
-        return self._vm
+        with tvm_output_to_log():
+            return runtime.VirtualMachine(module, self.device)
+
+    def _drop_vms(self) -> None:
+        """Let every thread's next call make a new VM (the library it runs changed; a copy of
+        the model gets VMs of its own)."""
+        self._vms = threading.local()
 
     def _invoke(self, call: Callable[[], Any], what: str) -> Any:
         """Run one call into the VM; a remote model bounds it in time (``what`` names it)."""
         return call()
+
+    def _bound(self, arrays: Sequence[Any], feeds: Mapping[str, Any]) -> list[Any]:
+        """The inputs in the model's order, from positional ``arrays``, from keyword ``feeds``,
+        or from one positional dict of feeds (ONNX Runtime's ``run`` takes one).
+
+        Raises
+        ------
+        ValueError
+            For an unknown or a missing input name, naming the model's inputs.
+        TypeError
+            For inputs given both by position and by name.
+        """
+        if len(arrays) == 1 and isinstance(arrays[0], Mapping) and not feeds:
+            feeds, arrays = arrays[0], ()
+        if not feeds:
+            return list(arrays)
+        if arrays:
+            raise TypeError(f"give the inputs by position or by name, not both (got {len(arrays)} positional "
+                            f"and {sorted(feeds)} by name); the model's inputs are {self.input_names}")
+        unknown = [name for name in feeds if name not in self.input_names]
+        missing = [name for name in self.input_names if name not in feeds]
+        if unknown or missing:
+            raise ValueError(f"the model's inputs are {self.input_names}; "
+                             + "; ".join(f"{what} {names}" for what, names in
+                                         (("unknown", unknown), ("missing", missing)) if names))
+        return [feeds[name] for name in self.input_names]
 
     def _checked(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The inputs as C-ordered NumPy arrays, after checking their number, shapes and dtypes."""
@@ -247,52 +309,65 @@ class RunnableModel(abc.ABC):
         call gained nothing measurable. The VM's outputs never alias an input after the
         call: :func:`flatten_outputs` copies them.
         """
-        local = _on_this_cpu(self.device)
+        if not _on_this_cpu(self.device):
+            import tvm  # a remote session's device: TVM's RPC tensors
+
+            return [tvm.runtime.tensor(array, self.device) for array in arrays]
+        ffi = runtime.ffi()
         out = []
         for array in arrays:
-            if local and _is_aligned(array) and array.flags.writeable and array.size:
-                try:
-                    out.append(tvm.runtime.from_dlpack(array))
-                    continue
-                except (BufferError, TypeError, ValueError, RuntimeError):
-                    pass  # not exportable in place: copied
-            out.append(tvm.runtime.tensor(array, self.device))
+            if not (_is_aligned(array) and array.flags.writeable and array.size):
+                array = aligned(np.array(array, order="C", copy=True))  # a private aligned copy
+            try:
+                out.append(ffi.from_dlpack(array))
+            except (BufferError, TypeError, ValueError, RuntimeError):  # not exportable: a 0-size or 0-d oddity
+                import tvm
+
+                out.append(tvm.runtime.tensor(array, self.device))
         return out
 
     def random_inputs(self, *, seed: int = 0) -> list[np.ndarray]:
         """Inputs of the model's shapes and dtypes (:func:`seeded_inputs`)."""
         return seeded_inputs(shapes=self.input_shapes, dtypes=self.input_dtypes, seed=seed)
 
-    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        checked = self._checked(arrays)
+    def __call__(self, *arrays: Any, **feeds: Any) -> list[np.ndarray]:
+        """The model's outputs (NumPy arrays, in output order) for its inputs: in order, by name
+        (``model(x=image)``), or as one dict of feeds (``model({"x": image})``). Safe to call
+        from several threads at once (module doc)."""
+        checked = self._checked(self._bound(arrays, feeds))
         governor = self.thread_governor
         if governor is None:
             return self._invoke(lambda: flatten_outputs(self._run_main(self._to_device(checked))), "running the model")
-        governor.before_call()
+        with self._governor_lock:
+            governor.before_call()
         started = time.perf_counter()
         outputs = flatten_outputs(self._run_main(self._to_device(checked)))
-        governor.after_call(time.perf_counter() - started)
+        with self._governor_lock:
+            governor.after_call(time.perf_counter() - started)
         return outputs
 
     def _run_main(self, args: list) -> Any:
         """The VM's result of ``main`` on device tensors."""
         return self.vm["main"](*args)
 
-    def time(self, *arrays: np.ndarray, number: int = 10, repeat: int = 5) -> tuple[float, float]:
+    def time(self, *arrays: Any, number: int = 10, repeat: int = 5, **feeds: Any) -> tuple[float, float]:
         """(min, median) latency in ms of one call, VM overhead included (timed where it runs),
         at the thread count the governor chose last (it does not adapt within a timing)."""
-        checked = self._checked(arrays)
+        checked = self._checked(self._bound(arrays, feeds))
 
         def timed() -> list[float]:
             args = self._to_device(checked)
             self.vm["main"](*args)
-            timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
-            return list(timer(*args).results)
+            return self._time_main(args, number=number, repeat=repeat)
 
         results = np.asarray(self._invoke(timed, "timing the model")) * 1e3
         return float(results.min()), float(np.median(results))
 
-    def profile(self, *arrays: np.ndarray, repeat: int = 5) -> KernelProfile:
+    def _time_main(self, args: list, *, number: int, repeat: int) -> list[float]:
+        """Seconds per call of ``main``, ``repeat`` means of ``number`` calls, timed where it runs."""
+        return self.vm.time(args, number=number, repeat=repeat)
+
+    def profile(self, *arrays: Any, repeat: int = 5, **feeds: Any) -> KernelProfile:
         """Time every kernel inside ``repeat`` runs of the whole model (after one warm-up run).
 
         ``print(profile.table())`` shows every kernel with its operators, layout, time, share
@@ -300,10 +375,9 @@ class RunnableModel(abc.ABC):
         """
         if self._not_here is not None:
             raise RuntimeError(self._not_here)
-        module = self._runtime_module()
-        with tvm_output_to_log():
-            vm = relax.VirtualMachine(module, self.device)  # the instrument stays on this VM only
-        return profile_vm(vm, self._to_device(self._checked(arrays)), repeat=repeat).with_info(self.kernel_info())
+        vm = self._new_vm()  # the instrument stays on this VM only
+        inputs = self._to_device(self._checked(self._bound(arrays, feeds)))
+        return profile_vm(vm, inputs, repeat=repeat).with_info(self.kernel_info())
 
 
 def kernel_info_from_json(entries: Mapping[str, Any]) -> dict[str, KernelInfo]:

@@ -14,8 +14,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
-from tvm import relax
+from typing import Any
 
 __all__ = ["KernelInfo", "KernelProfile", "KernelRow", "profile_vm"]
 
@@ -190,12 +189,12 @@ class KernelProfile:
                 for k in kernels if k.kind == "conversion"]
 
 
-def profile_vm(vm: relax.VirtualMachine, args: Sequence, *, repeat: int = 5, warmup: int = 1,
+def profile_vm(vm: Any, args: Sequence, *, repeat: int = 5, warmup: int = 1,
                func_name: str = "main") -> KernelProfile:
     """Run ``vm[func_name](*args)`` ``warmup + repeat`` times and time every call it makes.
 
-    The instrument stays installed on ``vm``: give it a VM of its own (one
-    ``relax.VirtualMachine`` per executable costs little).
+    The instrument stays installed on ``vm`` (a :class:`~alt_tvm.deploy.runtime.VirtualMachine`
+    or TVM's ``relax.VirtualMachine``): give it a VM of its own (one per executable costs little).
 
     Raises
     ------

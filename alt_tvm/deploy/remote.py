@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -43,6 +44,7 @@ class RemoteModel(LoadedModel):
         super().__init__(executable, metadata, path, device=session.cpu(0))
         self.session = session
         self._vm = vm
+        self._session_lock = threading.Lock()  # one RPC session: one call at a time
         self.address, self.key, self.timeout_s = address, key, float(timeout_s)
         self._lost: str | None = None  # why the session is unusable after a failed call
 
@@ -92,7 +94,23 @@ class RemoteModel(LoadedModel):
                            "the server with TVM_NUM_THREADS=%d", where, threads, cores, cores)
         return cls(module, metadata, path, session=session, vm=vm, address=remote, key=key, timeout_s=timeout_s)
 
+    @property
+    def vm(self) -> Any:
+        """The VM on the board (one for the session; calls from several threads take turns)."""
+        return self._vm
+
+    def _new_vm(self) -> Any:
+        return self._vm
+
+    def _time_main(self, args: list, *, number: int, repeat: int) -> list[float]:
+        timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
+        return list(timer(*args).results)
+
     def _invoke(self, call: Callable[[], Any], what: str) -> Any:
+        with self._session_lock:
+            return self._invoke_alone(call, what)
+
+    def _invoke_alone(self, call: Callable[[], Any], what: str) -> Any:
         where = f"board {self.key!r} at tracker {self.address}"
         if self._lost is not None:
             raise ConnectionError(f"{where}: the session was lost ({self._lost}); load the model again")

@@ -165,14 +165,14 @@ class ThreadGovernor:
 
 def tvm_pool_threads() -> int:
     """The thread count of TVM's thread pool."""
-    import tvm
+    from .runtime import ffi
 
-    return int(tvm.get_global_func("runtime.NumThreads")())
+    return int(ffi().get_global_func("runtime.NumThreads")())
 
 
 def set_tvm_pool_threads(threads: int) -> None:
     """Make TVM's thread pool run ``threads`` threads."""
-    import tvm
+    from .runtime import ffi
 
     # mode 1: TVM's "big cores" (all cores on a homogeneous CPU); the count caps it.
-    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+    ffi().get_global_func("runtime.config_threadpool")(1, threads)
