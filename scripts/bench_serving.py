@@ -2,6 +2,7 @@
 
     python scripts/bench_serving.py --models resnet18 mobilenet_v2 [--concurrency 1 2 4]
                                     [--seconds 3] [--rounds 3] [--json serving.json]
+    python scripts/bench_serving.py --models --batch-models tv_resnet50 tv_mobilenet_v2 --batches 8 32
 
 **Throughput.** ``N`` Python threads call one model at batch 1 for ``--seconds``, each call on
 ``cores // N`` threads (at least one): alt-tvm's built model with ``model.set_threads``, ONNX
@@ -14,6 +15,11 @@ Runtime's before any timing.
 alt_tvm``, ``alt_tvm.load`` (the metadata and checksums, TVM's runtime library, the model's
 library) and the first call; the median of ``--rounds`` processes, and whether the process
 loaded TVM's compiler, PyTorch or any build code (it must not).
+
+**Batches.** Public models (``scripts/export_public.py`` names) exported at each of
+``--batches``, built by alt-tvm (untuned: the defaults were fitted at batch 1) and timed in
+interleaved rounds against ONNX Runtime and OpenVINO (FP32, latency hint, not pinned) on
+all cores, every output checked against ONNX Runtime's first; images per second.
 """
 
 from __future__ import annotations
@@ -93,13 +99,63 @@ def throughput(call, x: np.ndarray, *, callers: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - began)
 
 
+def batch_table(names: list[str], batches: list[int], *, cores: int, rounds: int) -> list[dict]:
+    """Images per second of alt-tvm, ONNX Runtime and OpenVINO at each batch (module doc)."""
+    import torch
+
+    import alt_tvm
+    from alt_tvm.deploy.model import aligned
+    from alt_tvm.graph.baselines import onnxruntime_session, openvino_session, time_interleaved
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from export_public import instantiate, public_models
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="alt_tvm_batch_") as tmp:
+        for name in names:
+            model = public_models()[name]
+            module = instantiate(model)
+            for batch in batches:
+                generator = torch.Generator().manual_seed(batch)
+                x = torch.randn(batch, *model.input_shape[1:], generator=generator)
+                path = Path(tmp) / f"{name}_b{batch}.onnx"
+                torch.onnx.export(module, (x,), str(path), dynamo=False, opset_version=17)
+                started = time.perf_counter()
+                built = alt_tvm.build(str(path))
+                build_s = time.perf_counter() - started
+                x = aligned(x.numpy())
+                runners = {"alt-tvm": built, "onnxruntime": onnxruntime_session(path, threads=cores)}
+                try:
+                    runners["openvino"] = openvino_session(path, threads=cores)
+                except ImportError:
+                    print("OpenVINO is not installed: pip install openvino==2026.4.1", flush=True)
+                want = runners["onnxruntime"](x)[0]
+                errors = {label: float(np.abs(run(x)[0] - want).max() / max(np.abs(want).max(), 1e-30))
+                          for label, run in runners.items() if label != "onnxruntime"}
+                if max(errors.values()) > 1e-3:
+                    raise SystemExit(f"{name} at batch {batch}: outputs differ from ONNX Runtime's: {errors}")
+                timed = time_interleaved({label: (run, (x,)) for label, run in runners.items()}, rounds=rounds,
+                                         repeat=3, warmup=1)
+                row = {"model": name, "batch": batch, "build_s": build_s, "max_rel_error": errors,
+                       **{f"{label} images/s": batch / ms * 1e3 for label, (ms, _) in timed.items()}}
+                best_peer = max(row.get("onnxruntime images/s", 0), row.get("openvino images/s", 0))
+                row["alt-tvm / best peer"] = row["alt-tvm images/s"] / best_peer
+                rows.append(row)
+                print(f"{name} batch {batch}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()
+                                                            if k.endswith("images/s"))
+                      + f" ({row['alt-tvm / best peer']:.2f}x the best peer)", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["resnet18"])
+    parser.add_argument("--models", nargs="*", default=["resnet18"], help="reference models timed as served")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--seconds", type=float, default=3.0, help="per runtime, level and round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; cold-start processes")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--batch-models", nargs="*", default=[], help="public models timed at --batches")
+    parser.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     args = parser.parse_args(argv)
     if any(n < 1 for n in args.concurrency) or args.seconds <= 0 or args.rounds < 1:
         parser.error("--concurrency values, --seconds and --rounds must be positive")
@@ -149,6 +205,8 @@ def main(argv=None) -> int:
                                                      if isinstance(v, float)), flush=True)
             results["models"][name] = {"max_rel_error": error, "throughput": rows, "cold_start": cold,
                                        "artifact_mb": sum(p.stat().st_size for p in artifact.iterdir()) / 1e6}
+    if args.batch_models:
+        results["batches"] = batch_table(args.batch_models, args.batches, cores=cores, rounds=args.rounds)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -47,6 +47,11 @@ def aligned(array: np.ndarray) -> np.ndarray:
     array = np.asarray(array)
     if array.flags.c_contiguous and _is_aligned(array):
         return array
+    return _aligned_copy(array)
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-ordered copy of ``array`` whose data starts on an :data:`ALIGNMENT`-byte boundary."""
     buffer = np.empty(array.nbytes + ALIGNMENT, np.uint8)
     start = -buffer.ctypes.data % ALIGNMENT
     out = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
@@ -317,7 +322,7 @@ class RunnableModel(abc.ABC):
         out = []
         for array in arrays:
             if not (_is_aligned(array) and array.flags.writeable and array.size):
-                array = aligned(np.array(array, order="C", copy=True))  # a private aligned copy
+                array = _aligned_copy(array)
             try:
                 out.append(ffi.from_dlpack(array))
             except (BufferError, TypeError, ValueError, RuntimeError):  # not exportable: a 0-size or 0-d oddity
