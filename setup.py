@@ -58,7 +58,8 @@ setup(
         # IREE: the einsum-kernel baseline of scripts/bench_tt.py (skipped when absent).
         # transformers, onnxscript: public architecture definitions exported by both of
         # PyTorch's exporters (scripts/export_public.py, scripts/sweep_public.py).
+        # OpenVINO: a CPU peer (oneDNN's JIT kernels) of scripts/bench_serving.py.
         "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0", "transformers>=5,<6",
-                  "onnxscript>=0.5"],
+                  "onnxscript>=0.5", "openvino==2026.4.1"],
     },
 )

@@ -240,3 +240,17 @@ def test_a_bad_fuse_norms_option_names_the_values_allowed(tmp_path):
     torch_to_onnx(model, (x,), path, dynamo=False)
     with pytest.raises(ValueError, match=r"fuse_norms.*True, False or 'always'.*'sometimes'"):
         alt_tvm.build(path, strategy_options={"alt": {"fuse_norms": "sometimes"}})
+
+
+@pytest.mark.parametrize("classes", [2, 10])
+def test_a_one_row_classifier_after_its_norm_builds_on_every_isa(x86_runnable, classes):
+    """ConvNeXt's head (Hugging Face's has 2 labels by default): a layer norm, then a linear
+    layer, on one pooled row. The product's register block keeps its one-row loop under the
+    group loop (a unit loop dropped there made the schedule fail and the head fall back)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(768), nn.Linear(768, classes)).eval()
+    x = torch.randn(1, 768)
+    built = alt_tvm.build(model, x86_runnable, example_inputs=(x,), strict=True)
+    assert not built.report.failed and len(built.report.partitions) == 1
+    with torch.no_grad():
+        np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)

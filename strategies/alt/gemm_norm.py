@@ -137,7 +137,7 @@ def schedule_gemm_norm(func: tvm.tirx.PrimFunc, *, product: te.Tensor, inlined: 
     for stage in inlined:
         sch.compute_inline(sch.get_sblock(stage.op.name))
     block = sch.get_sblock(product.op.name)
-    sch.compute_at(block, group)
+    sch.compute_at(block, group, preserve_unit_loops=True)  # the register block needs its row loop, 1 row or not
     _register_blocks(sch, block, mt=mt, nt=nt, vec=vec, kt=kt)
     vectorize_row_stages(sch, kernel)
     return sch.mod
@@ -175,7 +175,7 @@ def schedule_norm_gemm(func: tvm.tirx.PrimFunc, *, norm: RowKernel, product: te.
         _, lane = sch.split(sch.get_loops(out)[-1], [None, vec])
         sch.vectorize(lane)
     block = sch.get_sblock(product.op.name)
-    sch.compute_at(block, group)
+    sch.compute_at(block, group, preserve_unit_loops=True)  # the register block needs its row loop, 1 row or not
     normed = sch.get_sblock(norm.output.op.name)
     sch.compute_at(normed, group)
     norm_row = sch.get_loops(normed)[1]
