@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CPUINFO", "X86_MACHINES", "cpu_flags", "isa_flag", "machine_flags", "missing_features", "normalized"]
+__all__ = ["CPUINFO", "X86_MACHINES", "cpu_flags", "is_x86", "isa_flag", "machine_flags", "missing_features",
+           "normalized"]
 
 CPUINFO = Path("/proc/cpuinfo")
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")

@@ -104,22 +104,23 @@ def test_csa_dram_reloads_when_filters_do_not_fit_l2():
 
 
 def test_small_images_take_a_narrower_micro_kernel_when_it_wastes_less():
+    from conftest import x86_description
+
+    avx512 = x86_description("avx512")  # the counts below are for 16 lanes and 32 registers
     small = ConvShape.symmetric(n=1, c=48, h=7, w=7, k=128, r=5, s=5, pad=2)  # GoogLeNet inception5b.b3b
-    wide = fit_filters(micro_kernel_for(host()), 128)
-    narrow = micro_kernel_for_conv(small, host())
-    if host().vector_bits >= 512:
-        # 73 windows ((7-1) x 11 + 7): 3 tiles of 32 x 16 filter tiles x 8 cycles per update,
-        # or 5 tiles of 16 x 8 filter tiles of 16 x 8.5 cycles (17 loads over 2 ports).
-        assert (wide.n_win, wide.n_f, narrow.n_win, narrow.n_f) == (32, 8, 16, 16)
-        assert conv_cycles(small, wide, host()) == 3 * 16 * 48 * 25 * 8
-        assert conv_cycles(small, narrow, host()) == 5 * 8 * 48 * 25 * 8.5
+    wide = fit_filters(micro_kernel_for(avx512), 128)
+    narrow = micro_kernel_for_conv(small, avx512)
+    # 73 windows ((7-1) x 11 + 7): 3 tiles of 32 x 16 filter tiles x 8 cycles per update,
+    # or 5 tiles of 16 x 8 filter tiles of 16 x 8.5 cycles (17 loads over 2 ports).
+    assert (wide.n_win, wide.n_f, narrow.n_win, narrow.n_f) == (32, 8, 16, 16)
+    assert conv_cycles(small, wide, avx512) == 3 * 16 * 48 * 25 * 8
+    assert conv_cycles(small, narrow, avx512) == 5 * 8 * 48 * 25 * 8.5
     assert micro_kernel_for_conv(R18_3X3, host()) == fit_filters(micro_kernel_for(host()), 64)
-    if host().vector_bits >= 512:
-        # 13x13 pointwise, 48 filters: 6 tiles of 32 x 4 x 12 cycles vs 11 of 16 x 2 x 12.5 (4.5% less)
-        squeeze = ConvShape.symmetric(n=1, c=256, h=13, w=13, k=48, r=1, s=1)
-        assert micro_kernel_for_conv(squeeze, host()).n_win == 16
-        assert micro_kernel_for_conv(squeeze, host(), margin=0.05).n_win == 32
-    assert micro_kernel_for_conv(small, host(), fit=False).n_f >= narrow.n_f
+    # 13x13 pointwise, 48 filters: 6 tiles of 32 x 4 x 12 cycles vs 11 of 16 x 2 x 12.5 (4.5% less)
+    squeeze = ConvShape.symmetric(n=1, c=256, h=13, w=13, k=48, r=1, s=1)
+    assert micro_kernel_for_conv(squeeze, avx512).n_win == 16
+    assert micro_kernel_for_conv(squeeze, avx512, margin=0.05).n_win == 32
+    assert micro_kernel_for_conv(small, host(), fit=False).n_f >= micro_kernel_for_conv(small, host()).n_f
     with pytest.raises(ValueError, match="margin"):
         micro_kernel_for_conv(small, host(), margin=1.5)
 

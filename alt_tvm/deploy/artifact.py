@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,8 +224,6 @@ def _lacks(target: Mapping[str, Any]) -> str | None:
         if missing:
             return f"it was built for CPU {cpu or 'generic'!r}, whose features {', '.join(missing)} this machine lacks"
         return None
-    import sys
-
     if cpu and cpu != "generic" and "tvm" in sys.modules:
         from alt_tvm.target import not_on_host
 
