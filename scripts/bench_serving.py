@@ -163,13 +163,18 @@ def main(argv=None) -> int:
     import torch
 
     import alt_tvm
-    from alt_tvm.deploy.model import aligned
+    from alt_tvm.deploy.model import aligned, use_runtime_threads
     from alt_tvm.graph.baselines import onnxruntime_session, quiet_tvm_pool
     from alt_tvm.models import get_model
     from alt_tvm.target import host
+    from alt_tvm.timing import PeakReadings
 
     quiet_tvm_pool()
     cores = host().num_cores
+    use_runtime_threads(cores)  # TVM's pool is sized when its first parallel kernel runs
+    peaks = PeakReadings(threads=cores)  # the ceiling of this run, before any model loads the machine
+    print(f"FP32 FMA peak measured in this run: {peaks.measure():.0f} GFLOP/s on {cores} threads "
+          f"({host().description})", flush=True)
     results = {"machine": host().description, "cores": cores, "models": {}}
     with tempfile.TemporaryDirectory(prefix="alt_tvm_serving_") as tmp:
         for name in args.models:
@@ -207,6 +212,9 @@ def main(argv=None) -> int:
                                        "artifact_mb": sum(p.stat().st_size for p in artifact.iterdir()) / 1e6}
     if args.batch_models:
         results["batches"] = batch_table(args.batch_models, args.batches, cores=cores, rounds=args.rounds)
+    peaks.measure()  # again at the end: one reading can land in a slow phase of the host
+    results["peak_gflops"] = peaks.describe()
+    print(f"FP32 FMA peak of this run: {peaks.describe()} on {cores} threads", flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n")
