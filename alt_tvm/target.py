@@ -471,7 +471,8 @@ _BOARD_LIST = (
     # 64 KiB L1D); L2 512 KiB per big core (AnandTech's Kirin 980 table; WikiChip and
     # AnandTech describe the 990 as the same core organisation at higher clocks). The L3
     # (DSU, shared) is taken as 2 MiB, the project's figure; AnandTech lists 4 MB DSU L3 for
-    # the Kirin 980, so 2 MiB is the conservative choice for tiling. Not measured here.
+    # the Kirin 980, so 2 MiB is the conservative choice for tiling. Taken from these sources,
+    # not from a board.
     HardwareTarget(
         name="kirin990",
         description="HiSilicon Kirin 990, 4 big Cortex-A76 cores (AArch64, NEON 128-bit)",
@@ -517,8 +518,8 @@ _BOARD_LIST = (
         cache_line_bytes=128,
         cross_compiler=None,
     ),
-    # NVIDIA H100 SXM (Hopper, sm_90): 132 SMs (the H100 80GB HBM3 lent to this project reports
-    # 132 multiprocessors and 50 MiB of L2 through PyTorch), 228 KiB shared memory per SM of
+    # NVIDIA H100 SXM (Hopper, sm_90): 132 SMs (an H100 80GB HBM3 reports 132 multiprocessors
+    # and 50 MiB of L2 through PyTorch), 228 KiB shared memory per SM of
     # which 48 KiB per block without the dynamic opt-in (TVM's kernels do not opt in), 64K
     # registers per block, warp 32. The FP32 (non-tensor-core) rate is 67 TFLOP/s in NVIDIA's
     # H100 datasheet; alt-tvm's CUDA kernels use FP32 FMA, not the tensor cores.

@@ -24,8 +24,8 @@ def isolated_measure(*, target: HardwareTarget, number: int = 10, repeat: int = 
     """Build in a process pool and time in a separate process on this machine (its GPU for a CUDA target).
 
     A batch of candidates is built ``build_workers`` at a time (default: this machine's
-    cores), then timed one at a time once the whole batch is built: here a build beside a
-    timed run disturbs the timing (``scripts/bench_fleet.py`` measured 3.8x on 2 cores).
+    cores), then timed one at a time once the whole batch is built: a build beside a timed
+    run disturbs the timing (3.8x on 2 cores in the fleet benchmark).
     """
     gpu = _is_gpu(target)
     build_workers = build_workers or process_cores()

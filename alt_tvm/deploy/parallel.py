@@ -2,8 +2,8 @@
 
 TVM's thread pool splits each parallel loop into one block per thread and waits for all of
 them, so a thread the OS has descheduled (another process holds its core) stalls every
-parallel kernel: on the 2-vCPU guest with one busy process, ResNet-18 went from 10.5 ms to
-30-50 ms. ``parallel.c`` keeps TVM's calling convention (the generated code calls the
+parallel kernel: on 2 cores with one busy process, ResNet-18 takes 30-50 ms instead of
+10.5 ms. ``parallel.c`` keeps TVM's calling convention (the generated code calls the
 library's ``__TVMBackendParallelLaunch`` pointer, and each parallel lambda computes its block
 from ``penv->num_task``) but cuts each launch into ``tasks_per_thread`` tasks per thread that
 idle threads take from the others, so the caller runs the share of a thread that is not
@@ -53,7 +53,7 @@ class LauncherConfig:
     tasks_per_thread
         Tasks per thread and launch (1 to 64). More tasks make the share a stalled thread
         leaves smaller; on a quiet machine each thread runs its own contiguous range, so
-        the count costs little (8 measured within 1% of TVM's one block per thread on
+        the count costs little (8 runs within 1% of TVM's one block per thread on
         ResNet-18 and MobileNet-V2).
     spin_polls
         Polls (``pause`` instructions) an idle worker makes before it sleeps, while its core
@@ -62,7 +62,8 @@ class LauncherConfig:
     avoid_caller_cpu
         A worker that finds itself on the calling thread's CPU when a launch starts takes
         that CPU out of its affinity mask, so the two never take turns on one core (with a
-        busy process on the other core they did, and ResNet-18 ran at its one-thread speed).
+        busy process on the other core they otherwise do, and ResNet-18 runs at its one-thread
+        speed).
         False leaves placement to the OS alone (e.g. for a caller that pins its threads).
     solo_when_stalled
         The calling thread keeps an account of what the workers save it: per launch, its own

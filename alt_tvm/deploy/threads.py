@@ -3,14 +3,14 @@
 TVM's thread pool splits every parallel loop statically, one block per thread, and each
 parallel kernel ends in a barrier. When another process holds one of the cores, the OS
 deschedules one of the model's threads for whole time slices, and every kernel waits for
-it: on a 2-vCPU machine with one busy process, ResNet-18 went from 26 ms to 108 ms with two
-threads, while one thread (on the free core) took 49 ms quiet or busy
-(``scripts/bench_load.py``, ``docs/shared_machine.md``).
+it: on 2 cores with one busy process, ResNet-18 takes 108 ms instead of 26 ms with two
+threads, while one thread (on the free core) takes 49 ms quiet or busy (the load benchmark,
+``docs/shared_machine.md``).
 
 :class:`ThreadGovernor` watches each call's wall time. While the latency with all threads
 stays near the best seen, nothing changes (a quiet machine pays nothing but the clock
 reads). When most of the latest calls take ``slack`` times that best, it runs a few calls
-on one thread, and keeps one thread if that was faster; every ``retry_s`` it tries all
+on one thread, and keeps one thread if that is faster; every ``retry_s`` it tries all
 threads again and returns to them once they are faster. TVM's ``runtime.config_threadpool``
 changes the pool's thread count between calls (about 20 us); the parallel loops then run in
 fewer, larger blocks, so the code is the same.

@@ -21,7 +21,7 @@ difference to a single form, chosen to be the one that fuses best:
   ``(L, 1, E)`` and the caller transposes it to ``(1, L, E)``. A view (``reshape``, then
   possibly a ``permute_dims``) that only puts unit axes before a 2-D matmul's ``(M, N)``
   moves to the matmul's left operand instead, so the residual add after the view joins the
-  matmul's epilogue (ViT-B/16's twelve residual adds were kernels of their own).
+  matmul's epilogue (else ViT-B/16's twelve residual adds are kernels of their own).
 * ``merge_gelu``: GELU exported to ONNX opsets without ``Gelu`` is
   ``x * 0.5 * (1 + erf(x / sqrt(2)))``: it becomes ``nn.gelu`` (the erf form) again, and
   GPT-2's ``x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`` ``nn.gelu_tanh``.

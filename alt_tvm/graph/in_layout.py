@@ -205,9 +205,9 @@ def _within_block_domains(func: tirx.PrimFunc) -> tirx.PrimFunc:
     TVM's fused reshapes index by flat positions: a residual add after a reshape and transpose
     of a ``(197, 768)`` product reads ``x[(j // 768 + i) % 197, j % 768]`` for ``x[i, j]``.
     Vectorised along ``j``, LLVM cannot see that the modulo never wraps and gathers lane by
-    lane. Simplified against ``i < 197, j < 768`` the load is contiguous: 0.143 -> 0.030 ms
-    alone with hot caches (in ViT-B/16, where the add waits on memory, 1.69 -> 1.65 ms for its
-    12 calls; those adds now join the projection's epilogue, ``canonical.unit_axis_views``).
+    lane. Simplified against ``i < 197, j < 768`` the load is contiguous: 0.030 ms instead of
+    0.143 alone with hot caches. (In ViT-B/16 those adds join the projection's epilogue,
+    ``canonical.unit_axis_views``.)
     """
     def simplify(realize: tvm.s_tir.SBlockRealize) -> tvm.s_tir.SBlockRealize:
         analyzer = _within_domain(realize.block)
@@ -231,7 +231,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     A reduction whose result has the output's shape and becomes the output element-wise (a
     global mean's sum, divided as it is stored) gets the same split: it accumulates whole
     channel vectors instead of one channel at a time across a tiled map (EfficientNet-B0's
-    squeeze-excitation means, 0.10-0.52 -> 0.02-0.06 ms each alone). Where an input (of
+    squeeze-excitation means: 5-9x faster each alone). Where an input (of
     ``inputs``, its layouts) stores the same dim in narrower vectors (a pool writing 32-channel
     tiles from a 16-channel concatenation), the vector loop is cut to that width, so each
     vector load is one contiguous piece of the input rather than a gather.
@@ -295,8 +295,8 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     if not copies:
         return func
     # Each parallel iteration pads the input rows its windows read, right before reading
-    # them (in L1), instead of a pass that copies the whole input first: ResNet-18's stem
-    # max pool 0.26 -> 0.21 ms, GoogLeNet's 13 pools 0.97 -> 0.78 ms in the model.
+    # them (in L1), instead of a pass that copies the whole input first (ResNet-18's stem max
+    # pool and GoogLeNet's 13 pools about 20% faster in the model).
     sch = tvm.s_tir.Schedule(func)
     for copy in copies:
         try:
@@ -389,7 +389,7 @@ def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
     transposes: 0.56 ms in the model; ConvNeXt-T's layer-scale transposes up to 1.3 ms each).
     That other loop moves just outside the innermost one; in tiles of both
     (:data:`TRANSPOSE_TILE` where it divides the extent), with the tile's output rows
-    unrolled, each tile reads and writes one line per row (0.079 -> 0.017 ms per key alone).
+    unrolled, each tile reads and writes one line per row (4.6x faster per key alone).
     """
     stmt = sch.get(block)
     if len(spatial) < 2 or len(stmt.iter_vars) != len(spatial) or len(stmt.writes) != 1:
@@ -508,10 +508,10 @@ def channel_vector(shape: Sequence[int], lanes: int, source: Layout | None = Non
     tile when that is a whole number of ``lanes``-wide vectors (a conv writing 32-channel
     tiles) or when no whole vector divides the channels (24 channels in 12-channel tiles),
     else ``lanes``. A pool reading 16 channels of each 32-channel tile per parallel
-    iteration loads each cache line twice (ResNet-18's stem pool: 0.165 -> 0.129 ms in the
-    model with the conv's 32-channel tiles). Without a channel-blocked layout the pool
-    writes row-major rows, each output vector a gather across the producer's tiles
-    (ShuffleNet-V2's stem pool, 24 channels: 0.207 -> 0.045 ms in the model)."""
+    iteration loads each cache line twice (ResNet-18's stem pool is 1.3x faster in the model
+    with the conv's 32-channel tiles). Without a channel-blocked layout the pool writes
+    row-major rows, each output vector a gather across the producer's tiles (ShuffleNet-V2's
+    24-channel stem pool 4.6x slower in the model)."""
     inner = source.innermost_dim if source is not None and not source.is_identity else None
     if inner is not None and inner[0] == 1 and len(shape) > 1 and shape[1] % inner[1] == 0 \
             and (inner[1] % lanes == 0 or shape[1] % lanes):

@@ -196,7 +196,7 @@ def _overwritable(kernel: tvm.tirx.PrimFunc, index: int) -> bool:
     if _guarded(writers[0].body):
         # A guarded store (padded channels) is scalarized by TVM and vectorized again by LLVM,
         # which with one buffer read and written emits scatters: RegNet-Y's 104-channel conv
-        # ran 1.22x slower in place.
+        # runs 1.22x slower in place.
         return False
     written = [w for w in writers[0].writes if w.source.same_as(output)]
     read = [r for r in writers[0].reads if r.source.same_as(operand)]

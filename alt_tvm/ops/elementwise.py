@@ -353,7 +353,7 @@ def exp_expr(x: tvm.ir.Expr) -> tvm.ir.Expr:
     """``exp(x)`` as a TIR expression that vectorises (float32; other dtypes: ``tirx.exp``).
 
     As for erf, LLVM has no vector exp: an exp epilogue or a softmax would run one libm
-    call per lane (3 ns per element here, slower than the convolution they follow).
+    call per lane (about 3 ns per element, slower than the convolution they follow).
     Range reduction ``x = n ln2 + r`` and a degree-7 polynomial (relative error about
     2e-7); ``2^n`` is built in the exponent bits. NaN stays NaN, overflow gives ``inf``
     and underflow 0 (denormal results are flushed).
@@ -415,7 +415,7 @@ def _centred_sigmoid(x: tvm.ir.Expr, *, scale: float) -> tvm.ir.Expr:
     (``ieee.clamp_expr``). ``scale = 2`` gives tanh.
 
     Four clamps, a square, eight FMAs, a product and a division: a SiLU built on it takes
-    3.9 ns per 16 lanes against 5.0 for ``1 / (1 + exp(-x))`` (one Zen 4 thread, L2).
+    3.9 ns per 16 lanes against 5.0 for ``1 / (1 + exp(-x))`` (one AVX-512 thread, L2).
     """
     f32 = lambda v: tvm.tirx.const(v, "float32")  # noqa: E731 - a short local constant maker
 
@@ -440,7 +440,7 @@ def _horner(x: tvm.ir.Expr, coefficients: Sequence[tvm.ir.Expr]) -> tvm.ir.Expr:
 def _let(value: tvm.ir.Expr, name: str, body: Callable[[tvm.tirx.Var], tvm.ir.Expr]) -> tvm.ir.Expr:
     """``body(v)`` with ``v`` bound to ``value`` once: an operand used several times (a clamp's
     compare and select, a polynomial's powers) would otherwise be copied into the expression
-    each time (273 copies of a sigmoid's input made EfficientNet-B0's build 4x slower)."""
+    each time (273 copies of a sigmoid's input make EfficientNet-B0's build 4x slower)."""
     var = tvm.tirx.Var(name, dtype_of(value))
     return tvm.tirx.Let(var, value, body(var))
 

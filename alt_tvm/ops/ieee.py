@@ -170,8 +170,8 @@ def _reduce_step(acc: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr, *, larger: bool) 
 
     A NaN ``acc`` stays (every ordered compare with it is false). Only the incoming value is
     tested, with ``tirx.isnan``: testing the accumulator (as :func:`max_expr` must when both
-    operands may be NaN) kept a 3x3 max-pool 12x slower than TVM's, this form about 1.2x,
-    measured on a (1, 64, 112, 112) input. The reduction loop is innermost and not
+    operands may be NaN) keeps a 3x3 max-pool 12x slower than TVM's, this form about 1.2x,
+    on a (1, 64, 112, 112) input. The reduction loop is innermost and not
     vectorized, so :func:`is_nan`'s vectorizable bit test buys nothing here.
     """
     if not is_float(dtype_of(value)):

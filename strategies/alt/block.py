@@ -145,14 +145,14 @@ class BlockGeometry:
 
 
 #: Fuse by default while the fused kernel's estimated work (recomputed rows, bands in rounds
-#: over the cores) is at most this multiple of the three kernels'. Measured in MobileNet-V2 on
-#: 2 cores: blocks at 1.05-1.54x the work ran 1.14-1.85x faster fused; the 7x7 blocks, whose
-#: bands are single rows (1.89x and 2.25x the work), ran 0.84-0.93x as fast.
+#: over the cores) is at most this multiple of the three kernels'. In MobileNet-V2 on 2 cores,
+#: blocks at 1.05-1.54x the work run 1.14-1.85x faster fused; the 7x7 blocks, whose bands are
+#: single rows (1.89x and 2.25x the work), run 0.84-0.93x as fast.
 MAX_WORK_RATIO = 1.6
 #: The same bound for a block that ends at its depthwise conv, which saves one map's trip
-#: through memory instead of two. Measured in EfficientNet-B0 on 2 cores: its stem and
-#: depthwise conv (1.11x the work) ran 0.91x the two kernels' time, its 112x112 expand with a
-#: stride-2 depthwise conv (1.11x) 0.97x, and its two 56x56 blocks (1.35x and 1.48x) 1.29x.
+#: through memory instead of two. In EfficientNet-B0 on 2 cores, its stem and depthwise conv
+#: (1.11x the work) take 0.91x the two kernels' time, its 112x112 expand with a stride-2
+#: depthwise conv (1.11x) 0.97x, and its two 56x56 blocks (1.35x and 1.48x) 1.29x.
 MAX_SHORT_WORK_RATIO = 1.15
 
 
@@ -241,17 +241,16 @@ class BlockTiling:
 
 
 #: Positions per register block of a stem's first conv (the expand stage of a block whose
-#: first conv has a window: 27 taps per position on a 3-channel image). Measured on the Zen 4
-#: guest, both build orders, against the 3/4-of-the-registers rule's 19 positions: 6 positions
-#: made the stem block 0.92x and 0.92x the time in MobileNet-V2, 0.94x and 0.82x in MNASNet,
-#: 0.95x and 0.98x in EfficientNet-B0 (its depthwise-ended stem block), with the other kernels
-#: at 0.99-1.00x.
+#: first conv has a window: 27 taps per position on a 3-channel image). Against the
+#: 3/4-of-the-registers rule's 19 positions, this bound (6 positions on a 112-wide map) makes
+#: the stem block 0.82-0.98x the time in MobileNet-V2, MNASNet and EfficientNet-B0, the other
+#: kernels unchanged.
 STEM_EXPAND_POSITIONS = 8
 
 
 def block_register_budget(registers: int) -> int:
     """Vector registers a fused block's register blocks use by default: 3/4 of them, not the
-    unfused conv's all-but-four, since the three stages keep more values live (28 of 32 made
+    unfused conv's all-but-four, since the three stages keep more values live (28 of 32 make
     MobileNet-V2 2.5% and MNASNet 4.6% slower)."""
     return max(1, registers * 3 // 4)
 

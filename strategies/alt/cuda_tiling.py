@@ -45,14 +45,14 @@ MAX_ACCUMULATORS = 64
 UNROLL_STEPS = (0, 16, 64, 512)
 #: The untuned conv and GEMM tilings split the reduction of a layer with fewer output blocks
 #: than SMs among blocks (split-K) until there are this many blocks per SM. On an H100,
-#: ResNet-18's 7x7 layer (112 output blocks) ran in 144, 139 and 67 us with 4, 8 and 16 splits
+#: ResNet-18's 7x7 layer (112 output blocks) runs in 144, 139 and 67 us with 4, 8 and 16 splits
 #: (3.4, 6.8 and 13.6 blocks per SM), its classifier at batch 1 (40 blocks) in 11.2, 8.0 and
 #: 7.9 us with 1, 8 and 16 splits (docs/gpu.md).
 SPLIT_K_BLOCKS_PER_SM = 8
 #: ... but no block's share of the reduction falls below this many products. The classifier's
-#: 512 products split 8, 16 and 32 ways (64, 32 and 16 per block) ran in 7.7, 9.2 and 10.7 us
+#: 512 products split 8, 16 and 32 ways (64, 32 and 16 per block) run in 7.7, 9.2 and 10.7 us
 #: on an H100 (the partial sums outweigh the reduction they split); the convs' stages hold
-#: 288 products or more (docs/gpu.md, fifth run).
+#: 288 products or more (docs/gpu.md).
 SPLIT_K_MIN_PRODUCTS = 64
 
 

@@ -175,18 +175,17 @@ def panels_first(*, rows: int, k: int, n: int, l2_bytes: int) -> bool:
     and the rows do (float32). Then the weight streams from memory once, instead of once per
     row block; the other way round, a small weight stays in L2 while the rows stream.
 
-    Measured: ViT-B/16 233.6 -> 220.6 ms in the model with panels first (768 x 3072 weights,
-    197 rows); ConvNeXt-T's first linear layer (3136 rows of 96, a 96 x 384 weight) alone
-    was 3% slower that way.
+    ViT-B/16 (768 x 3072 weights, 197 rows) is 6% faster in the model with panels first;
+    ConvNeXt-T's first linear layer (3136 rows of 96, a 96 x 384 weight) 3% slower that way.
     """
     weight, activations = 4 * k * n, 4 * rows * k
     return streams_from_memory(weight, l2_bytes) and activations < weight
 
 
-#: Rows from which a k chunk fills three quarters of L1 rather than half: 32 KiB L1 (Zen 4),
-#: 768-deep weights in 96-column panels, 64-deep chunks instead of 32, in the model against
-#: the same build with half: BERT-base (128 rows) 0.93x the time (twice), Swin-T 0.98x,
-#: ConvNeXt-T 0.98x, ViT-B/16 (197 rows) 1.01x, GPT-2 (64 rows) 1.02-1.05x, hence the bound.
+#: Rows from which a k chunk fills three quarters of L1 rather than half. With a 32 KiB L1 and
+#: 768-deep weights in 96-column panels (64-deep chunks instead of 32), BERT-base (128 rows)
+#: takes 0.93x the time, Swin-T and ConvNeXt-T 0.98x, ViT-B/16 (197 rows) 1.01x and GPT-2
+#: (64 rows) 1.02-1.05x, hence the bound.
 WIDE_CHUNK_ROWS = 128
 
 
@@ -194,8 +193,8 @@ def k_chunk(*, k: int, nt: int, l1_bytes: int, rows: int) -> int:
     """``kc`` of :func:`schedule_gemm`: the largest divisor of ``k`` (from 32) whose ``kc x nt``
     float32 chunk of a weight panel fills at most half of L1 (three quarters with at least
     ``WIDE_CHUNK_ROWS`` rows, whose row blocks reuse it more); 0 (no chunks) when the whole
-    panel fits. On transformer GEMMs (768 and 3072 deep, 24-column panels) 6-12% faster
-    than whole panels, measured alone against ONNX Runtime in the same runs."""
+    panel fits: 6-12% faster than whole panels on transformer GEMMs (768 and 3072 deep,
+    24-column panels)."""
     share = 3 / 4 if rows >= WIDE_CHUNK_ROWS else 1 / 2
     budget = int(l1_bytes * share) // (4 * nt)
     if k <= budget:
@@ -216,9 +215,9 @@ def register_tile(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]
     broadcast must fit in the vector registers. That gives AVX2's 16 registers 4 rows of 3
     vectors and AVX-512's 32 registers 6 rows of 4 (4 of 6 where 4 divides ``M``).
 
-    Measured on the 2-vCPU AVX-512 guest (alone, weights flushed from the caches): 6 x 4 against
-    the former 4 x 3, +10% on ViT-B's ``197 x 3072 x 768`` and ``197 x 768 x 768`` GEMMs and
-    +40% on a ``198 x 256 x 256`` one that fits in L2 (267 -> 390 GFLOP/s; 3-row blocks before).
+    On AVX-512 (alone, weights flushed from the caches), 6 x 4 beats 4 x 3 by 10% on ViT-B's
+    ``197 x 3072 x 768`` and ``197 x 768 x 768`` GEMMs and by 40% on a ``198 x 256 x 256`` one
+    that fits in L2.
 
     ``n`` without a vector multiple and ``m < 4`` keep :func:`column_tile` with :func:`row_tile`.
     """
@@ -243,9 +242,10 @@ def groups_panels(*, m: int, n: int, k: int, nt: int, cores: int) -> int:
     that order reads once per ``k`` chunk instead of once per panel; 0 (each panel by itself)
     otherwise, or when the panels do not divide among the cores.
 
-    Measured alone (2-vCPU AVX-512 guest, 6 x 4 register blocks): ``197 x 3072 x 768`` 3.10 ->
-    2.78 ms, ``128 x 3072 x 768`` 2.18 -> 2.00 ms, ``197 x 768 x 768`` 0.81 -> 0.77 ms; and
-    ``197 x 768 x 3072`` (outputs 2x the rows), 2.99 ms by panel against 3.09 ms grouped.
+    Alone on 2 AVX-512 cores with 6 x 4 register blocks, grouping takes ``197 x 3072 x 768``
+    from 3.10 to 2.78 ms, ``128 x 3072 x 768`` 2.18 -> 2.00 ms, ``197 x 768 x 768`` 0.81 ->
+    0.77 ms; ``197 x 768 x 3072`` (outputs 2x the rows) stays faster by panel (2.99 against
+    3.09 ms).
     """
     panels = n // nt
     if cores < 2 or panels % cores or n // cores >= k:
@@ -436,7 +436,7 @@ def folds_batch(*, m: int) -> bool:
     """Whether a GEMM with a shared weight takes its batch dimensions as more rows: where a
     batch entry is one row (``[197, 1, 768]``: sequence-first attention). Where it has more,
     the fused row index (``r // 14``, ``r % 14`` for ConvNeXt's ``[1, 14, 14, 384]``) costs
-    more than the partial row blocks it saves: that model ran 117.7 ms folded, 81.0 ms not."""
+    more than the partial row blocks it saves (ConvNeXt-T runs 1.45x slower folded)."""
     return m == 1
 
 

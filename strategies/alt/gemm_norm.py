@@ -16,7 +16,7 @@ Each group reads the whole weight, so the rule (:func:`norm_fits`) fuses only wh
 weight stays in the L2 cache; larger weights keep the GEMM's own order and a layer-norm
 kernel after it. The product is computed for whole register blocks of rows, the last group
 included: rows past the end repeat the last row (its index clamped), so no register block
-needs a guard in its inner loop (a guarded one kept its accumulators in memory, 2.5x slower).
+needs a guard in its inner loop (a guarded one keeps its accumulators in memory, 2.5x slower).
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ def norm_fits(*, row: int, n: int, k: int, l2_bytes: int) -> str | None:
     ``row`` is the normalised row's length (``N`` after the product, ``K`` before it).
 
     Every row group reads the whole ``K x N`` float32 weight: that is free while it stays in
-    L2 (at most half of it, :func:`.tiling.streams_from_memory`). Measured alone on the
-    2-vCPU AVX-512 guest, GEMM + layer norm fused against the GEMM template and a row kernel:
-    ``128 x 128 x 128`` and ``128 x 512 x 128`` (BERT-tiny) 0.97-1.09x, even; ``128 x 768 x
-    768`` 0.95x and ``128 x 3072 x 768`` (BERT-base, 2.4 and 9.4 MB of weights) 0.84x.
+    L2 (at most half of it, :func:`.tiling.streams_from_memory`). Fused against the GEMM
+    template and a row kernel, BERT-tiny's ``128 x 128 x 128`` and ``128 x 512 x 128`` are
+    even (0.97-1.09x the time), BERT-base's 2.4 and 9.4 MB weights 0.95x and 0.84x.
     """
     if row > MAX_ROW:
         return f"rows of {row} elements (at most {MAX_ROW})"
@@ -78,8 +77,8 @@ def group_cap(*, unit: int, row_bytes: int, l2_bytes: int) -> int:
     """The most blocks of ``unit`` rows a group may hold (0: no bound) so that its row buffers,
     ``row_bytes`` per row, fit half the L2 cache beside the weight (:func:`norm_fits` keeps that
     in the other half). With two groups of 1568 rows, ConvNeXt-T's first stage (``LayerNorm ->
-    96 x 384 GEMM -> GELU`` on 3136 rows: 3 MB of row buffers per group) ran its fused kernel
-    7% slower in the model (docs/cnn.md, twenty-first session). 0 when ``l2_bytes`` is unknown."""
+    96 x 384 GEMM -> GELU`` on 3136 rows: 3 MB of row buffers per group) runs its fused kernel
+    7% slower in the model. 0 when ``l2_bytes`` is unknown."""
     if l2_bytes <= 0:
         return 0
     return max(1, l2_bytes // 2 // (unit * row_bytes))

@@ -2,13 +2,13 @@
 
 Inside a model, a conv's or a GEMM's weights were evicted by the kernels before it, so the
 first register block to touch each block of them reads it from the last-level cache or
-memory, and the FMA units wait: ResNet-50's 512-channel 3x3 conv on a 7x7 map took 0.66 ms in a
+memory, and the FMA units wait: ResNet-50's 512-channel 3x3 conv on a 7x7 map takes 0.66 ms in a
 chain of two and 1.0 ms in the model. In the conv template's reduction-outer order (one
 block of input channels at a time, every spatial tile of the channel tile inside it),
 :func:`prefetch_next_block` spreads ``prefetcht1`` hints (to the L2) for block ``b + 1``
 over the spatial tiles that use block ``b``, a share per tile and outside the register
 block: a prefetch call among the FMAs keeps LLVM from holding the partial sums in
-registers (it stored them every step, 2x slower). The GEMM template uses the same rewrite in
+registers (it stores them every step, 2x slower). The GEMM template uses the same rewrite in
 its chunked order, a share of the next chunk per row block.
 
 A dense conv's input tile is the other streamed operand: :func:`prefetch_next_tile` fetches

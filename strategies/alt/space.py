@@ -197,9 +197,9 @@ class BlockSpace(Space):
         g = self.geometry = geometry
         self._default = default
         self.registers, self.lanes, self.cores, self.l2_bytes = registers, lanes, cores, l2_bytes
-        # Channel tiles of more than a quarter vector. Narrower output tiles timed fast alone (MNASNet's
+        # Channel tiles of more than a quarter vector. Narrower output tiles time fast alone (MNASNet's
         # stem: 2 of 16 channels, 0.78x the default's time) but slow in the model, where the next
-        # block reads them (1.5x), so they only spent trials.
+        # block reads them (1.5x), so they would only spend trials.
         def tiles(extent: int, default_tile: int) -> tuple[int, ...]:
             return tuple(sorted({d for d in divisors(extent, cap=4 * lanes) if 4 * d > lanes} | {default_tile}))
 

@@ -23,8 +23,8 @@ __all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "defau
 RESERVED_REGISTERS = 4
 #: Accumulators of a depthwise conv's register block. Each output channel reads only its own
 #: input channel, so more accumulators reuse nothing; 8 cover the FMA latency, and more only
-#: add register pressure (the 28 of a dense conv's block made MNASNet's and EfficientNet-B0's
-#: depthwise convs slower: docs/cnn.md, fifteenth session).
+#: add register pressure (the 28 of a dense conv's block make MNASNet's and EfficientNet-B0's
+#: depthwise convs slower).
 DEPTHWISE_ACCUMULATORS = 8
 
 
@@ -162,10 +162,8 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     (ResNet-18's 512-channel 3x3 convs, 9.4 MB of weights on a 7x7 map: 1.9x faster).
     The reduction-outer loop order (``reduction_outer``, ``prefetch``) is mostly left to the
     tuner: with the per-task tiles on the stack and the epilogue in the register block, the
-    one-level order ran the convs that had it by default 3-22% faster inside ResNet-18/50,
-    MobileNet-V2, MNASNet and DenseNet-121 (docs/cnn.md, twentieth session). It is the default
-    where :func:`reads_weight_blocks_from_l1` holds: ResNet's 512-channel 3x3 convs on 7x7 maps
-    ran 1.27-1.38x faster with it inside ResNet-18/50 on Zen 5 (twenty-seventh session).
+    one-level order is faster for most convs (3-22% inside ResNet-18/50, MobileNet-V2, MNASNet
+    and DenseNet-121). It is the default only where :func:`reads_weight_blocks_from_l1` holds.
     """
 
     spatial = list(out_shape[2:])
@@ -196,21 +194,18 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     vectors = vector_registers(ot, lanes)
     tiles = ([lead] + [1] * (len(spatial) - 2) + [wt]) if len(spatial) > 1 else [wt]
     streams = streams_from_memory(weight_bytes, l2_bytes)
-    # Every conv applies its epilogue to each register block while it is in registers. For a
+    # Every conv applies its epilogue to each register block while it is in registers: for a
     # depthwise conv, with a few FLOPs per output, a second pass over the output tile costs as
-    # much as the conv (MobileNet-V3-L and EfficientNet-B0 3.6% faster on 2 threads); the
-    # dense convs it changes ran 3-6% faster in the model once per-task tiles were on the
-    # stack (docs/cnn.md, fifteenth and twentieth sessions). A depthwise conv keeps its map's
-    # tiles and takes fewer accumulators.
+    # much as the conv, and a dense conv saves a pass over memory (3-6% in the model). A
+    # depthwise conv keeps its map's tiles and takes fewer accumulators.
     depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
     accumulators = min(budget, DEPTHWISE_ACCUMULATORS) if depthwise else budget
     # A dense conv's input tile of the next task is fetched while this one computes: inside a
     # model it comes from the L3 or memory, in an order (channel blocks of a few positions)
-    # the hardware prefetchers do not follow. ResNet-50 2-10% faster (docs/cnn.md, seventeenth
-    # session). A depthwise conv, or a grouped one whose channel tile lies within a group, reads
-    # its input through a per-tile window copy instead (RegNetY's grouped convs 0.65-0.88x the
-    # time with it, docs/cnn.md, twenty-third session). With channel tiles in the parallel loop
-    # (streamed weights), the next task mostly reads the same input tile.
+    # the hardware prefetchers do not follow. A depthwise conv, or a grouped one whose channel
+    # tile lies within a group, reads its input through a per-tile window copy instead, which
+    # holds only that tile's channels. With channel tiles in the parallel loop (streamed
+    # weights), the next task mostly reads the same input tile.
     per_tile_window = window_per_channel_tile(out_shape[1], in_channels_per_group, out_channels_per_group, ot)
     prefetch_input = not per_tile_window and not streams
     outer = streams and not depthwise and reads_weight_blocks_from_l1(
@@ -232,9 +227,9 @@ def reads_weight_blocks_from_l1(*, in_channels_per_group: int, window: int, ot: 
     reduction-outer order reads one block (``it`` input channels) once and reuses it from the
     L1 for every row of the tile: that pays where the block fits the L1 with a quarter left
     for the input rows and the partial sums. ResNet's 512-channel 3x3 convs on 7x7 maps
-    (590 KiB slabs, 36 KiB blocks) ran 1.27-1.38x faster inside ResNet-18/50 that way on
-    Zen 5's 48 KiB L1; on Zen 4's 32 KiB L1 the block does not fit and the one-level order
-    stays. ``window``: taps per channel; 0 in ``l1_bytes`` or ``l2_bytes`` (unknown): False.
+    (590 KiB slabs, 36 KiB blocks) run 1.27-1.38x faster that way with a 48 KiB L1; in a
+    32 KiB L1 the block does not fit and the one-level order stays. ``window``: taps per
+    channel; 0 in ``l1_bytes`` or ``l2_bytes`` (unknown): False.
     """
     block = reduction_block(in_channels_per_group, it)
     if not (l1_bytes and l2_bytes) or not 1 < block < in_channels_per_group:
@@ -271,14 +266,13 @@ def register_block(extent: int, cap: int) -> int:
 WIDE_CHANNELS = 64
 
 #: Most channels :func:`channel_tile` pads by default, as a share of them, rather than keep a
-#: tile of half vectors (measured on Zen 4, where those issue at the full rate of lanes).
+#: tile of half vectors, where those issue at the full rate of lanes (Zen 4).
 CHANNEL_MAX_WASTE = 1 / 12
 
 #: The same where a half vector takes a whole vector's issue slot: five 8-lane pieces of a
-#: 40-channel tile cost what five 16-lane vectors do. 40 -> 48 and 72 -> 80 channels ran
-#: MobileNet-V3-Large's and EfficientNet-B0's 1x1 convs to them 1.10-1.19x faster in the model,
-#: the models 1.02-1.03x (Zen 5, both builds in one process, both orders; docs/cnn.md,
-#: twenty-seventh session).
+#: 40-channel tile cost what five 16-lane vectors do, so padding pays more often: 40 -> 48 and
+#: 72 -> 80 channels make MobileNet-V3-Large's and EfficientNet-B0's 1x1 convs to them
+#: 1.10-1.19x faster.
 HALF_RATE_MAX_WASTE = 1 / 4
 
 
@@ -297,17 +291,16 @@ def channel_tile(channels: int, lanes: int, *, max_waste: float = CHANNEL_MAX_WA
 
     A divisor that fills more than a quarter of a vector is kept when padding would add more
     than ``max_waste`` of the channels (half-vector tiles cost less than that much more
-    work: MobileNet-V3 and MNASNet ran 2.7% slower with 40 -> 48 and 72 -> 80). A fused
+    work: MobileNet-V3 and MNASNet run 2.7% slower with 40 -> 48 and 72 -> 80). A fused
     kernel's internal channels pass 0: padding them guards every epilogue.
 
     LLVM compiles a vector of a width that is not a power of two as one instruction per
     power-of-two piece (12 lanes: 8 + 4; 15: 8 + 4 + 2 + 1). A divisor with a piece under a
     quarter vector is replaced by a half vector where that divides the channels, and the
     rules above then choose between it and padding: 40 channels in 8-lane tiles instead of
-    10, 120 padded to 128 instead of 15-lane tiles. In MobileNet-V3-Large (Zen 4 guest) that
-    made its 120-channel 1x1 convs 2.4x faster and its 40-channel ones 15% faster, the model
-    4% faster. Divisors of whole pieces (12 lanes) stay: 24 channels in 8-lane tiles made
-    ShuffleNet-V2 2-4% slower (its stem pool).
+    10, 120 padded to 128 instead of 15-lane tiles (MobileNet-V3-Large's 120-channel 1x1
+    convs 2.4x faster, its 40-channel ones 15%). Divisors of whole pieces (12 lanes) stay: 24
+    channels in 8-lane tiles make ShuffleNet-V2's stem pool slower.
 
     A divisor under a vector gives way to an odd multiple of half a vector that divides the
     channels (:func:`_odd_pieces`): 24 and 72 channels in 24-lane tiles, 40 in 40-lane tiles,
@@ -338,10 +331,8 @@ def _odd_pieces(channels: int, divisor: int, lanes: int) -> int:
 
     A 12-lane tile (of 16) is an 8- and a 4-lane FMA for 12 lanes, and an 8-lane tile one FMA
     per input broadcast; in tiles of three or five 8-lane pieces, which issue at the full rate
-    of lanes on Zen 4, each broadcast feeds three or five. In the model (Zen 4, 2 threads, both
-    builds in one process, both orders): EfficientNet-B0's 1x1 convs to 24 channels 0.75-0.86x
-    the time and to 40 channels 0.81-0.89x, MobileNet-V3-Large's 24 -> 72 conv 0.79x and its
-    1x1s to 40 channels 0.82-0.94x, ShuffleNet-V2's stem and its pool 0.85-0.89x and 0.72-0.82x.
+    of lanes on Zen 4, each broadcast feeds three or five (the 1x1 convs of EfficientNet-B0,
+    MobileNet-V3-Large and ShuffleNet-V2 to 24, 40 and 72 channels take 0.72-0.94x the time).
     """
     half = lanes // 2
     if divisor >= lanes or half < 2:

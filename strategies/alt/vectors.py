@@ -4,9 +4,8 @@ registers one position of a register block holds.
 LLVM splits a vector whose width is not a power of two into power-of-two pieces (12 lanes:
 8 + 4). A tile of an odd number of half vectors (24 or 40 of 16 lanes) is vectorized in half
 vectors instead: as one 24-lane vector, MobileNet-V3-Large's 24 -> 72 1x1 conv and its fused
-blocks ran 4.6-15x slower in the model; as three 8-lane pieces, 0.79x the time of the 12-lane
-tiles they replace (Zen 4, where an 8- and a 16-lane FMA issue at the same rate of lanes;
-docs/cnn.md, twenty-sixth session).
+blocks run 4.6-15x slower in the model; as three 8-lane pieces, 0.79x the time of the 12-lane
+tiles they replace (where an 8- and a 16-lane FMA issue at the same rate of lanes, as on Zen 4).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ so NaN and infinities land where a direct conv puts them. Finite results carry W
 rounding error, relative to the largest values of their input tile (Barabasz et al. 2018).
 
 Where it pays (:func:`winograd_tile`): the products are a GEMM per point, efficient when
-there are enough tiles to fill register blocks (measured alone on the 2-vCPU AVX-512
-guest, 2 threads, against the direct template's 0.54-0.70 ms in the model: ResNet's
+there are enough tiles to fill register blocks (alone on 2 AVX-512 cores, against the
+direct template's 0.54-0.70 ms in the model: ResNet's
 64-channel conv on 56x56 0.25 ms, 128 channels on 28x28 0.23 ms, 256 on 14x14 with
 ``m = 2`` 0.36 ms; 512 on 7x7, 16 tiles, 0.70 ms, no gain).
 """
@@ -59,7 +59,7 @@ TILE_BLOCK = 6
 VECTOR_BLOCK = 4
 #: Most work, relative to the conv's, that whole tiles over a ragged output may take: 55x55 in
 #: 4x4 tiles (+4%) and 27x27 (+8%) gain (0.46 -> 0.31 ms and 0.37 -> 0.22 ms alone for
-#: SqueezeNet's 16 -> 64 and 32 -> 128 convs, 2 threads, Zen 4); 13x13 in 2x2 tiles (+16%)
+#: SqueezeNet's 16 -> 64 and 32 -> 128 convs on 2 threads); 13x13 in 2x2 tiles (+16%)
 #: does not (48 -> 192: 0.26 -> 0.28 ms).
 MAX_RAGGED_WORK = 1.1
 

@@ -147,9 +147,9 @@ class CSAParams:
         Reduce a unit-stride pointwise convolution over all its channels in one set instead
         of the largest ``N_c`` of eq. (2). Its micro-kernel then writes finished outputs
         through the epilogue straight into the output, where several sets would add partial
-        sums into an accumulator that a final pass copies out; measured on this package's
-        x86 host, one set was 0-18% faster on the 20 multi-set pointwise layers of the
-        benchmark, never slower beyond noise (docs/sconv.md). Such a plan is always IS.
+        sums into an accumulator that a final pass copies out. One set is 0-18% faster on the
+        20 multi-set pointwise layers of the SConv benchmark on x86, never slower beyond
+        noise (docs/sconv.md). Such a plan is always IS.
     """
 
     alpha: float = 0.9
@@ -273,8 +273,8 @@ def micro_kernel_for(target: HardwareTarget, *, dtype_bytes: int = 4, accumulato
 
     On AVX-512 this gives 32 windows x 12 filters, not the paper's 16 x 24
     (:data:`PAPER_AVX512`): 16 x 24 needs 25 loads per 24 FMAs, more than two load ports
-    issue while two FMA ports retire 24 FMAs, so it is load-bound; measured on this
-    repository's AVX-512 host it is about 25% slower (docs/sconv.md).
+    issue while two FMA ports retire 24 FMAs, so it is load-bound: about 25% slower on
+    AVX-512 (docs/sconv.md).
 
     Raises
     ------
@@ -337,10 +337,10 @@ def micro_kernel_for_conv(shape: ConvShape, target: HardwareTarget, *, dtype_byt
     by :func:`fit_filters` when ``fit``); one replaces the target's kernel only if
     :func:`conv_cycles` models it at least ``margin`` faster, since the model ignores
     packing and memory. Small images gain: a 7x7 output with 5x5 filters and padding 2
-    computes 73 windows, as 3 tiles of 32 or 5 tiles of 16 (measured 1.23x faster with 16);
-    13x13 pointwise maps (169 windows: 192 or 176 computed) 1.02-1.10x. On this repository's
-    AVX-512 host every 1x1 layer modelled >= 2.5% cheaper with 16 windows measured faster,
-    and those modelled 1.4% cheaper or less went either way (docs/sconv.md), hence 2%.
+    computes 73 windows, as 3 tiles of 32 or 5 tiles of 16 (1.23x faster with 16); 13x13
+    pointwise maps (169 windows: 192 or 176 computed) 1.02-1.10x. On AVX-512 every 1x1 layer
+    modelled >= 2.5% cheaper with 16 windows runs faster, and those modelled 1.4% cheaper or
+    less go either way (docs/sconv.md), hence 2%.
 
     Raises
     ------
@@ -491,7 +491,7 @@ def analyze(shape: ConvShape, target: HardwareTarget, *, params: CSAParams | Non
                                    line=target.cache_line_bytes, params=params))
     # Ties go to IS: its packing happens one tile at a time, right before use. A pointwise
     # convolution in one set packs each tile once whichever the order, and WS's K2 tiles
-    # packed ahead (C x N_win each) leave L1: IS measured 0-7% faster on all 8 layers tried.
+    # packed ahead (C x N_win each) leave L1: IS is 0-7% faster on the 8 such layers benchmarked.
     chosen = schedule or ("IS" if one_set or costs[0].total <= costs[1].total else "WS")
     pick = costs[0] if chosen == "IS" else costs[1]
     windows = shape.out_h * shape.out_w

@@ -158,7 +158,7 @@ class SConvGeometry:
     def tile_major(self) -> bool:
         """Accumulate in (n, tile, filter, window) order, or (n, filter, q).
 
-        Tile-major pays off where each output takes many MACs (measured: +13-23% on 3x3
+        Tile-major pays off where each output takes many MACs (+13-23% on 3x3
         convolutions with 256 channels); where it takes few (1x1, the 3-channel first
         layer) the gathering crop costs more than it saves.
         """

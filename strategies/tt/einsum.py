@@ -20,7 +20,8 @@ The paper's optimisations, as alt-tvm primitives:
 * register blocking (§4.3.4): :func:`choose_register_block` minimises the load/store counts
   of eqs. (20)-(25) under the register budget of eq. (19);
 * L2 tiling and loop order (§4.3.5): :func:`choose_loop_order` applies eqs. (26)-(28);
-* threads by per-einsum FLOPs (§4.2.3): :func:`threads_for` with thresholds measured here.
+* threads by per-einsum FLOPs (§4.2.3): :func:`threads_for`, with thresholds measured on a
+  2-core x86 host (:data:`HOST_THREAD_THRESHOLDS`).
 
 Two additions to the paper, both measured on the Table 3 sizes (``docs/tt_einsum.md``):
 
@@ -261,8 +262,8 @@ def choose_register_block(shape: EinsumShape, *, vector_registers: int, vl: int,
     divisors_only : bool
         Only factors that divide their loops. TVM expresses a remainder as a predicate inside
         the unrolled body, not as the separate padding micro-kernel eq. (22) prices, and that
-        costs far more (measured here: CB2 middle 28 GFLOP/s with 5x5 vs 58-67 with 4x4 or
-        2x8), so :func:`plan_einsum` sets it.
+        costs far more (CB2 middle: 28 GFLOP/s with 5x5 vs 58-67 with 4x4 or 2x8), so
+        :func:`plan_einsum` sets it.
     max_factor : int
         Largest unroll factor tried per loop.
 
@@ -369,10 +370,10 @@ def choose_loop_order(shape: EinsumShape, *, threads: int, cache: L2Cache, dtype
 #: §4.2.3 on the SpacemiT K1 (4 cores): FLOPs from which 2, 3, 4 threads pay off.
 PAPER_THREAD_THRESHOLDS: tuple[int, ...] = (2_000_000, 4_000_000, 8_000_000)
 
-#: This 2-vCPU machine, measured 2026-11-21 with ``scripts/bench_tt.py --threshold-sweep`` while
-#: other sessions loaded it: two threads lost to one up to 8.4e6 FLOPs per einsum and were even
-#: (0.93x-1.33x in two sweeps) at 3.4e7, so the second thread starts at 3.2e7. On an idle
-#: machine the crossover is likely lower; rerun the sweep. See docs/tt_einsum.md.
+#: A 2-core x86 host under load from other processes: two threads lose to one up to 8.4e6
+#: FLOPs per einsum and are even (0.93x-1.33x) at 3.4e7, so the second thread starts at 3.2e7.
+#: On an idle machine the crossover is likely lower; the TT benchmark's ``--threshold-sweep``
+#: measures it (docs/tt_einsum.md).
 HOST_THREAD_THRESHOLDS: tuple[int, ...] = (32_000_000,)
 
 
@@ -444,8 +445,7 @@ class EinsumPlan:
 
 
 #: Final einsums with ``n * k`` up to this use the b-vector kernel (:attr:`EinsumPlan.b_lanes`):
-#: measured 2026-11-21 on the Table 3 finals (n*k = 32..128 gained 1.4-8x, 1024 was even,
-#: 2048 and 7168 lost 2-10x).
+#: on the Table 3 finals, n*k = 32..128 gain 1.4-8x, 1024 is even, 2048 and 7168 lose 2-10x.
 B_VECTOR_MAX_NK = 256
 
 

@@ -102,8 +102,8 @@ def is_transient(error_code: ErrorCode | str | None, error_msg: str = "") -> boo
     Transient: ``RPC_ERROR`` (see :class:`ErrorCode`) and a ``RUN_TIMEOUT`` on a remote
     device (its message starts with :data:`REMOTE_PREFIX`: the board may be busy or gone).
     Build errors, build timeouts, run errors and local run timeouts are the candidate's
-    own and final. ``None`` (a success) is not transient. (Logs from before codes were
-    kept are of schema version 1, which readers skip.)
+    own and final. ``None`` (a success) is not transient. (Logs without error codes are of
+    schema version 1, which readers skip.)
 
     Parameters
     ----------
