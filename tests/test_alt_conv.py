@@ -568,7 +568,7 @@ def test_prefetch_next_tile_fetches_the_next_tasks_run():
 @pytest.mark.parametrize("size,stride,kernel,pad", [(28, 2, 3, 1), (29, 2, 3, 1), (32, 2, 7, 3), (14, 1, 3, 1)])
 def test_strided_conv_pads_only_what_its_windows_read(size, stride, kernel, pad):
     """A stride that skips the last padded row or column (3x3 stride 2 on an even map): the
-    unfolded input has one tile per output tile (it had one more along each dim, 2x the
+    unfolded input has one tile per output tile (not one more along each dim, 2x the
     windows), and the result is unchanged."""
     import re
 

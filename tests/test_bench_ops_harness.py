@@ -124,7 +124,7 @@ def test_calibrated_warms_up_every_turn_and_keeps_its_first_plan():
 
 
 def test_gmm_is_tuned_once_whichever_layout_is_asked_and_its_failure_is_kept(monkeypatch, tmp_path):
-    # The issue: --ms-layouts nhwc tuned nothing for GMM, so its MetaSchedule column was a silent nan.
+    # GMM has no layout to choose: --ms-layouts nhwc must still tune it, or its MetaSchedule column is a silent nan.
     cfg = bench.OpConfig("GMM", 1, 16, 8, (4,))
     monkeypatch.setattr(bench, "_alt_tvm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("alt off")))
     monkeypatch.setattr(bench, "_untuned", lambda *a, **k: (lambda number, repeat: 1.0))

@@ -303,8 +303,8 @@ SHORT_56 = block.BlockGeometry(n=1, c=24, m=144, o=144, h=56, w=56, oh=56, ow=56
 def test_a_short_tail_saves_one_map_so_it_allows_less_recomputation():
     """Without a project conv the fused kernel's work and buffers count two stages, and the
     default rule fuses only where recomputed rows add at most 15%: EfficientNet-B0's 112x112
-    stride-2 block (1.11x the work, measured 0.88-0.92x the time) but not its 56x56 block (1.35x,
-    measured 1.29x the time with the next one)."""
+    stride-2 block (1.11x the work, 0.88-0.92x the time) but not its 56x56 block (1.35x the
+    work, 1.29x the time with the next one)."""
     assert SHORT_112.flops(4) == 2 * 16 * 96 * 112 * 9 + 2 * 9 * 96 * 4 * 56
     assert SHORT_112.band_bytes(4) == 4 * 96 * 9 * 114  # expanded rows only: no depthwise buffer
     assert block.work_ratio(SHORT_112, 4, cores=2) <= block.MAX_SHORT_WORK_RATIO

@@ -1,8 +1,8 @@
 """NaN and infinities go through alt-tvm as through ONNX Runtime and PyTorch (IEEE 754-2019).
 
-TVM's ``tirx.max(a, b)`` is ``select(a > b, a, b)``: ``max(NaN, 0)`` is 0, so a ReLU used to
-turn NaN into zeros, and inputs that overflow (1e38 through a few convolutions gives
-``inf - inf = NaN``) came out finite. These tests check the rule of ``alt_tvm.ops.ieee`` on
+TVM's ``tirx.max(a, b)`` is ``select(a > b, a, b)``: ``max(NaN, 0)`` is 0, so a ReLU built on
+it turns NaN into zeros, and inputs that overflow (1e38 through a few convolutions gives
+``inf - inf = NaN``) come out finite. These tests check the rule of ``alt_tvm.ops.ieee`` on
 its own, in the strategies' epilogues, in the legalization of the ops no strategy takes, and
 on the reference models against ONNX Runtime, plus the ``fast_math=True`` opt-out.
 """
@@ -270,7 +270,7 @@ def test_fast_math_build_is_accepted_and_correct_on_finite_inputs(module):
 
 
 # ------------------------------------------------------------ reference models vs ONNX Runtime
-# Build time per model on the 2-vCPU CI machine: small_cnn about 5 s; the others 15-45 s.
+# Build time per model on 2 cores: small_cnn about 5 s, the others 15-45 s (so only small_cnn is fast).
 MODEL_OPTIONS = {"small_cnn": {}, "resnet18": {"size": 32}, "mobilenet_v2": {"size": 32},
                  "resnet3d_18": {"frames": 2, "size": 16}}
 FAST_MODELS = ("small_cnn",)

@@ -494,7 +494,7 @@ def test_an_op_between_layouts_of_different_vector_widths_loads_whole_input_vect
     """The concatenation stores channel vectors of the machine's width; the squeeze conv may
     want wider channel tiles, which the pool writes. Its vector loops are then cut to the
     input's width: each load is one contiguous input vector (a 32-wide loop over two 16-channel
-    blocks was a gather: SqueezeNet's and GoogLeNet's pools ran 3-4x slower, RegNet-Y's
+    blocks is a gather: SqueezeNet's and GoogLeNet's pools 3-4x slower, RegNet-Y's
     squeeze-excitation means 3-5x)."""
     import re
 

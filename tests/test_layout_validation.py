@@ -1,7 +1,7 @@
 """Layout primitives refuse bad input with a clear error instead of truncating or wrapping.
 
-The first tests are the reported bugs (one per finding, the exact probe); then the further
-hostile-user probes; then checks that valid input, NumPy integers included, still works.
+The first tests are one exact probe per kind of bad input; then further hostile-user
+probes; then checks that valid input, NumPy integers included, works.
 """
 
 import json
@@ -336,7 +336,7 @@ def test_numpy_integers_are_accepted_and_normalised():
     plain = Layout((4, 6)).split(1, [2, 3]).reorder([2, 0, 1]).pad(1, (1, 0)).fuse([1, 2])
     assert layout == plain and hash(layout) == hash(plain)
     assert all(type(s) is int for s in layout.shape)
-    # NumPy ints used to leak into to_json and break json.dumps.
+    # NumPy ints must not leak into to_json, where they would break json.dumps.
     assert Layout.from_json(json.dumps(layout.to_json())) == plain
     x = _data((4, 6))
     np.testing.assert_array_equal(layout.inverse_apply(layout.apply(x)), x)

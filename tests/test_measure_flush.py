@@ -30,7 +30,7 @@ from alt_tvm.tuning.task import measure_in_process
 # read from memory when flushed; a call takes well under a millisecond.
 N = 1024
 # The median flushed call over ROUNDS rounds must be this much slower than the median hot
-# one. Measured here (2 shared vCPUs, 32 MiB L3): about 2x.
+# one: about 2x on 2 shared cores with a 32 MiB L3, so 1.25 leaves room for noise.
 MIN_RATIO, ROUNDS = 1.25, 5
 
 

@@ -329,7 +329,7 @@ def test_sconv_is_not_chosen_over_alt_by_default():
 
 @pytest.mark.slow
 def test_resnet18_built_with_sconv_matches_onnx_runtime(tmp_path):
-    """ResNet-18 of the whole-model issue (about 25 s to build); run with ``-m slow``."""
+    """ResNet-18 built whole with SConv convolutions (about 25 s to build); run with ``-m slow``."""
     models = pytest.importorskip("alt_tvm.models")
     ort = pytest.importorskip("onnxruntime")
     import alt_tvm.strategies.sconv.kernel  # noqa: F401

@@ -1,6 +1,6 @@
 """The CUDA loop space of the ALT conv/GEMM templates on the V100 board.
 
-No GPU is lent to this project, so kernels are compile-tested: lowered through
+The tests need no GPU, so kernels are compile-tested: lowered through
 ``tvm.compile`` to CUDA source and checked by TVM's GPU verifier against the V100's
 limits. The schedules' arithmetic is checked on this CPU by building the same loop nest
 without thread bindings or shared buffers (``cuda_cpu_emulation``) and comparing with

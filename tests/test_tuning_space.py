@@ -138,7 +138,7 @@ def test_tiling_records_with_inconsistent_levels_are_refused():
 
 def test_a_depthwise_space_offers_no_reduction_outer_order():
     """One input channel per group has no channel blocks to run outside the rows: the space
-    does not offer the order (each such point used to spend a trial on a build error)."""
+    does not offer the order (each such point would spend a trial on a build error)."""
     depthwise = ConvSpace(out_shape=(1, 32, 16, 16), in_channels_per_group=1, out_channels_per_group=1,
                           default={"spatial": [2, 8], "ot": 16, "it": 16, "reg": 4}, registers=32, lanes=16)
     layout, loop = depthwise.default()
