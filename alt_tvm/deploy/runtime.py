@@ -1,7 +1,7 @@
 """TVM's runtime without its compiler: what loading and running a model needs.
 
 ``import tvm`` loads the compiler library (259 MB) and, through ``tvm_ffi``, PyTorch: about
-3 s in a fresh process on the 2-core machines. Running a model needs TVM's runtime library
+3 s in a fresh process on 2 cores. Running a model needs TVM's runtime library
 (3.4 MB) and the FFI only. This module loads just those, ``tvm_ffi`` (skipping its eager
 import of PyTorch where PyTorch is not loaded yet: it is there for tensor conversion, which
 the deploy path does through DLPack) and ``libtvm_runtime``, and runs the Relax VM through the
