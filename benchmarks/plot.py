@@ -38,10 +38,21 @@ def load_results(*, path: str) -> Any:
 
     Returns
     -------
-    The decoded JSON value.
+    The run's results: the file's ``"results"`` where it is written by
+    ``alt_tvm.bench.results.write_results`` (beside the machine's facts), else the whole value.
     """
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        data = json.load(f)
+    if isinstance(data, dict) and "suite" in data and "results" in data:
+        return data["results"]
+    return data
+
+
+def _rows(data: Any) -> Sequence[Mapping[str, Any]]:
+    """A list of rows, whether the results are the list itself or hold it under ``"rows"``."""
+    if isinstance(data, Mapping):
+        return data.get("rows", [])
+    return data
 
 
 def short_model_name(*, model: str) -> str:
@@ -235,7 +246,8 @@ def sconv_ratios(*, data: Mapping[str, Any]) -> Ratios:
         for row in rows:
             for key, label in (("speedup_vs_base", "im2col+sgemm / SConv"), ("speedup_vs_torch", "PyTorch / SConv")):
                 if row.get(key):
-                    groups.setdefault(row.get("model", "?"), {}).setdefault(f"{label}, {threads_key}", []).append(row[key])
+                    per_model = groups.setdefault(row.get("model", "?"), {})
+                    per_model.setdefault(f"{label}, {threads_key}", []).append(row[key])
         for model, series in groups.items():
             for label, values in series.items():
                 out.setdefault(model, {})[label] = math.exp(sum(math.log(v) for v in values) / len(values))
@@ -320,22 +332,23 @@ def line_chart(*, lines: Mapping[str, Sequence[tuple[float, float]]], title: str
 
 
 _FASTER = "peer time / alt-tvm time (above 1: alt-tvm faster)"
+_RUNNER = "runner time / alt-tvm time"
 
 # suite -> (data -> values, chart kind, title, axis label, log scale)
 _PLOTS: dict[str, tuple[Callable[[Any], Any], str, str, str, bool]] = {
-    "cnn_suite": (lambda d: suite_ratios(rows=d), "bar", "CNNs, untuned", _FASTER, False),
-    "transformers": (lambda d: suite_ratios(rows=d), "bar", "Transformers, untuned", _FASTER, False),
-    "public_sweep": (lambda d: suite_ratios(rows=d), "bar", "Public architectures, untuned", _FASTER, False),
-    "cnn_tuned": (lambda d: runner_ratios(rows=d), "bar", "CNNs, tuned", "runner time / alt-tvm time", False),
-    "transformers_tuned": (lambda d: runner_ratios(rows=d), "bar", "Transformers, tuned",
-                           "runner time / alt-tvm time", False),
-    "e2e": (lambda d: runner_ratios(rows=d), "bar", "Whole models, untuned", "runner time / alt-tvm time", True),
-    "e2e_tuned": (lambda d: runner_ratios(rows=d), "bar", "Whole models, tuned", "runner time / alt-tvm time", True),
-    "e2e_sconv": (lambda d: runner_ratios(rows=d), "bar", "ResNet-18 through SConv",
-                  "runner time / alt-tvm time", False),
+    "cnn_suite": (lambda d: suite_ratios(rows=_rows(d)), "bar", "CNNs, untuned", _FASTER, False),
+    "transformers": (lambda d: suite_ratios(rows=_rows(d)), "bar", "Transformers, untuned", _FASTER, False),
+    "public_sweep": (lambda d: suite_ratios(rows=_rows(d)), "bar", "Public architectures, untuned", _FASTER, False),
+    "cnn_tuned": (lambda d: runner_ratios(rows=_rows(d)), "bar", "CNNs, tuned", _RUNNER, False),
+    "transformers_tuned": (lambda d: runner_ratios(rows=_rows(d)), "bar", "Transformers, tuned",
+                           _RUNNER, False),
+    "e2e": (lambda d: runner_ratios(rows=_rows(d)), "bar", "Whole models, untuned", _RUNNER, True),
+    "e2e_tuned": (lambda d: runner_ratios(rows=_rows(d)), "bar", "Whole models, tuned", _RUNNER, True),
+    "e2e_sconv": (lambda d: runner_ratios(rows=_rows(d)), "bar", "ResNet-18 through SConv",
+                  _RUNNER, False),
     "gpu": (lambda d: gpu_ratios(data=d), "bar", "ResNet-18 layers on the GPU", _FASTER, False),
     "ops": (lambda d: ops_ratios(data=d), "bar", "Operators, tuned (ALT paper §7.1)", _FASTER, True),
-    "load": (lambda d: load_ratios(rows=d), "bar", "Beside one busy process",
+    "load": (lambda d: load_ratios(rows=_rows(d)), "bar", "Beside one busy process",
              "busy latency / quiet latency (lower is better)", False),
     "r18_first_layer": (lambda d: r18_ratios(data=d), "bar", "ResNet-18 first layer, one schedule, four layouts",
                         "time / tiled layout's time", True),
