@@ -26,6 +26,7 @@ setup(
     python_requires=">=3.10",
     packages=[
         "alt_tvm",
+        "alt_tvm.bench",
         "alt_tvm.cli",
         "alt_tvm.layout",
         "alt_tvm.ops",
@@ -55,10 +56,10 @@ setup(
         # transformers: public architecture definitions (built from configs, offline) that the
         # tests export and build; onnxscript: PyTorch's default (dynamo) ONNX exporter needs it.
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5", "transformers>=5,<6", "onnxscript>=0.5"],
-        # IREE: the einsum-kernel baseline of scripts/bench_tt.py (skipped when absent).
+        # IREE: the einsum-kernel baseline of benchmarks/bench_tt.py (skipped when absent).
         # transformers, onnxscript: public architecture definitions exported by both of
-        # PyTorch's exporters (scripts/export_public.py, scripts/sweep_public.py).
-        # OpenVINO: a CPU peer (oneDNN's JIT kernels) of scripts/bench_serving.py.
+        # PyTorch's exporters (alt_tvm.models.public: scripts/export_public.py, benchmarks/sweep_public.py).
+        # OpenVINO: a CPU peer (alt_tvm.bench.openvino) of the benchmarks and the quick start.
         "bench": ["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0", "transformers>=5,<6",
                   "onnxscript>=0.5", "openvino==2026.4.1"],
     },

@@ -69,7 +69,7 @@ def test_conv_tiling_rejects_bad_values():
 
 
 def test_measured_peak_is_vector_fma_speed():
-    from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.bench.peak import measure_peak_gflops
 
     peak = measure_peak_gflops(threads=1, steps=4096, repeat=3)
     # One core issuing vector FMAs does far better than a few scalar GFLOP/s.

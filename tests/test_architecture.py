@@ -33,7 +33,9 @@ FORBIDDEN = {
     # what runs a compiled model: loading an artifact must not pull in the build code
     "alt_tvm.deploy": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.integration",
                        "alt_tvm.in_model", "alt_tvm.cli", "alt_tvm.models", "alt_tvm.layout", "alt_tvm.ops",
-                       "alt_tvm.records", "alt_tvm.vta_mapping"),
+                       "alt_tvm.records", "alt_tvm.vta_mapping", "alt_tvm.bench"),
+    # the benchmarking package: peers and timing, used by the in-model stage and the tuner's runners
+    "alt_tvm.bench": ("alt_tvm.tuning", "alt_tvm.integration", "alt_tvm.in_model", "alt_tvm.cli"),
     "alt_tvm.rpc": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.deploy"),
     "alt_tvm.toolchain": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.deploy"),
     "alt_tvm.native_log": ("alt_tvm.graph", "alt_tvm.strategies", "alt_tvm.tuning", "alt_tvm.deploy"),
@@ -43,7 +45,7 @@ FORBIDDEN = {
 PACKAGES = ("alt_tvm.layout", "alt_tvm.ops", "alt_tvm.strategies", "alt_tvm.graph", "alt_tvm.tuning",
             "alt_tvm.records", "alt_tvm.integration", "alt_tvm.in_model", "alt_tvm.target", "alt_tvm.vta_mapping",
             "alt_tvm.cli", "alt_tvm.deploy", "alt_tvm.rpc", "alt_tvm.toolchain", "alt_tvm.native_log",
-            "alt_tvm.models", "alt_tvm.timing")
+            "alt_tvm.models", "alt_tvm.bench")
 
 
 def module_name(path: Path) -> str:

@@ -169,7 +169,7 @@ def scalar_clip_onnx() -> onnx.ModelProto:
 
 
 def test_a_compiled_model_takes_0d_inputs_and_names_a_wrong_shape_or_dtype():
-    from alt_tvm.graph.baselines import tvm_default_build
+    from alt_tvm.bench import tvm_default_build
 
     model = scalar_clip_onnx()
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
@@ -185,7 +185,7 @@ def test_a_compiled_model_takes_0d_inputs_and_names_a_wrong_shape_or_dtype():
 
 
 def test_the_torch_baseline_takes_a_0d_input():
-    from alt_tvm.graph.baselines import torch_runner
+    from alt_tvm.bench import torch_runner
 
     class Scale(torch.nn.Module):
         def forward(self, x, s):

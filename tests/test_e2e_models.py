@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from alt_tvm.graph.baselines import onnxruntime_session
+from alt_tvm.bench import onnxruntime_session
 from alt_tvm.graph.build import build
 from alt_tvm.graph.frontend import ModelImportError
 from alt_tvm.models import MODELS, export_onnx, get_model

@@ -20,7 +20,7 @@ from conftest import build_and_run, host_target
 from tvm import relax, te
 
 from alt_tvm import ops
-from alt_tvm.graph.baselines import onnxruntime_session
+from alt_tvm.bench import onnxruntime_session
 from alt_tvm.graph.build import build
 from alt_tvm.graph.ieee import legalize_overrides
 from alt_tvm.models import MODELS, export_onnx, get_model

@@ -230,7 +230,7 @@ def test_the_model_check_reports_the_per_round_ratio_it_decided_on():
 
 
 def test_runs_interleave_with_a_different_runner_first_each_round():
-    from alt_tvm.graph.baselines import run_interleaved
+    from alt_tvm.bench import run_interleaved
 
     calls = []
     results = run_interleaved(3, rounds=4, run=lambda i: calls.append(i) or 10 * i)

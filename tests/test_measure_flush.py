@@ -2,7 +2,7 @@
 
 A layer's weights (MBs) are cold when the model runs it: the layers before evicted them.
 The tuner's measure functions and runners therefore flush every argument but the first
-(the activation) before each timed call (:class:`alt_tvm.timing.TimingPolicy`). These
+(the activation) before each timed call (:class:`alt_tvm.bench.timing.TimingPolicy`). These
 tests check that the default path asks TVM's ``time_evaluator`` for the flush, that the
 flush has its effect on a real kernel that streams a 4 MiB weight (which fits in this
 machine's caches, so hot calls read it from cache), and that the LocalRunner's workers
@@ -20,8 +20,8 @@ import pytest
 import tvm
 from tvm import te
 
+from alt_tvm.bench.timing import CACHE_FLUSH_FUNC, TimingPolicy, is_cpu, time_compiled
 from alt_tvm.target import host, process_cores
-from alt_tvm.timing import CACHE_FLUSH_FUNC, TimingPolicy, is_cpu, time_compiled
 from alt_tvm.tuning.measure import BuildResult, LocalRunner, MeasureInput, RPCRunner, argument_specs
 from alt_tvm.tuning.measure.base import _time_module
 from alt_tvm.tuning.task import measure_in_process

@@ -18,7 +18,7 @@ import tvm
 from onnx import TensorProto, helper
 from tvm import relax
 
-from alt_tvm.graph.baselines import (
+from alt_tvm.bench import (
     onnxruntime_session,
     time_callable,
     torch_runner,

@@ -46,7 +46,7 @@ def test_time_interleaved_warms_each_turn_after_a_pause():
     may leave its thread pool spinning), and rounds rotate which runner goes first."""
     import time
 
-    from alt_tvm.graph.baselines import time_interleaved
+    from alt_tvm.bench import time_interleaved
 
     calls = {"a": [], "b": []}
 
@@ -183,7 +183,7 @@ def test_a_shared_function_counts_per_call_towards_each_workload_that_calls_it()
 
 
 def test_memory_bandwidth_is_measured_in_gb_per_s():
-    from alt_tvm.timing import measure_memory_bandwidth
+    from alt_tvm.bench.peak import measure_memory_bandwidth
 
     # (not use_runtime_threads(1): it would set TVM_NUM_THREADS=1 for the tests after this one)
     assert 0.5 < measure_memory_bandwidth(threads=1, megabytes=8, repeat=2) < 2000

@@ -17,10 +17,10 @@ import numpy as np
 import tvm
 
 from alt_tvm import lowering
+from alt_tvm.bench.timing import TimingPolicy, check_cache_flush
 from alt_tvm.strategies.base import Partition, PartitionContext, Strategy, const_value, dtype_of, static_shape
 from alt_tvm.strategies.space import Space
 from alt_tvm.target import HardwareTarget
-from alt_tvm.timing import TimingPolicy, check_cache_flush
 
 
 @dataclass
@@ -117,7 +117,7 @@ def measure_in_process(task: Task, params: dict[str, Any] | None, *, number: int
     The simplest measure function for :class:`~alt_tvm.tuning.tuner.Tuner`: no process
     isolation, so use it for trusted templates (the process-pool and RPC runners in
     ``alt_tvm.tuning.measure`` isolate crashes and time remote boards). Timed with the
-    runners' :class:`~alt_tvm.timing.TimingPolicy`; it runs in this process's TVM thread
+    runners' :class:`~alt_tvm.bench.timing.TimingPolicy`; it runs in this process's TVM thread
     pool, as it is.
 
     Parameters

@@ -3,6 +3,9 @@
     alt-tvm bench resnet18 --vs onnxruntime torch tvm
     alt-tvm bench model.onnx --records logs/model.jsonl --vs onnxruntime --png bench.png
     alt-tvm bench resnet18.alt --vs onnxruntime --threads 2 --json
+    alt-tvm bench model.onnx --compare default logs/model.jsonl --per-kernel
+    alt-tvm bench model.onnx --compare fast_math=false fast_math=true
+    alt-tvm bench model.onnx --compare /tmp/old/model /tmp/new/model
 
 Fair timing: every runner gets ``--threads`` threads; ONNX Runtime's idle threads do not
 spin and TVM's pool polls only briefly before its workers sleep (``TVM_THREAD_POOL_SPIN_COUNT``
@@ -12,9 +15,19 @@ one being timed; runners are timed in interleaved rounds
 median of the rounds is reported. Every baseline's outputs are checked against alt-tvm's
 first (a mismatch is an error, not a row). ``tvm`` is TVM's own untuned build of the same
 Relax module (``tvm.compile``); ``torch`` needs a reference model (an ONNX file has no
-PyTorch module); an artifact is compared with the model it was built from.
+PyTorch module); ``openvino`` needs OpenVINO (``pip install 'alt-tvm[bench]'``); an
+artifact is compared with the model it was built from.
 
-Exit status: 0, 1 when a baseline's outputs differ from alt-tvm's, 2 for a bad argument.
+``--compare A B`` times two build configurations of MODEL against each other instead: each
+is ``default``, a tuning log, an artifact directory (e.g. one written by another version of
+the code), or ``key=value`` build options joined by commas (``records``, ``fast_math``,
+``variant``, ``strategies=alt+sconv``). The two are checked to compute the same, then timed
+in interleaved rounds; the medians, the paired median ratio B/A and the rounds B won are
+printed. ``--per-kernel`` profiles the kernels instead and sums the ones whose code differs
+(by TIR digest) apart from the rest, whose ratio is the run's noise control.
+
+Exit status: 0, 1 when a baseline's (or B's) outputs differ from alt-tvm's (A's), 2 for a bad
+argument.
 """
 
 from __future__ import annotations
@@ -37,9 +50,7 @@ from .common import (
     unwritable,
 )
 
-BASELINES = ("onnxruntime", "torch", "tvm")
-#: Outputs of a baseline must match alt-tvm's within this, relative to the output's largest magnitude.
-RTOL = 1e-3
+BASELINES = ("onnxruntime", "openvino", "torch", "tvm")
 
 
 def _parser():
@@ -52,6 +63,11 @@ def _parser():
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (>= 1; median reported)")
     parser.add_argument("--repeat", type=int, default=10, help="timed calls per runner and round (>= 1)")
     parser.add_argument("--png", default=None, help="also draw the latencies as a bar chart into this PNG")
+    parser.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"),
+                        help="time two build configurations of MODEL instead: default, a tuning log, an artifact, "
+                             "or key=value options (records, fast_math, variant, strategies)")
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="with --compare: time the changed kernels inside the runs, the rest as noise control")
     add_output_options(parser)
     return parser
 
@@ -76,21 +92,22 @@ def _source(model: ModelArgument, wanted: list[str]) -> ModelArgument | str:
 
 def _baseline(name: str, source: ModelArgument, threads: int, workdir: str):
     """A callable on NumPy arrays running ``source`` with baseline ``name``."""
-    if name == "onnxruntime":
-        from alt_tvm.graph.baselines import onnxruntime_session
+    if name in ("onnxruntime", "openvino"):
+        from alt_tvm.bench import onnxruntime_session, openvino_session
 
         path = source.text
         if source.kind == "reference":
             from alt_tvm.models import export_onnx
 
             path = os.fspath(export_onnx(source.text, os.path.join(workdir, f"{source.text}.onnx")))
-        return onnxruntime_session(path, threads=threads)
+        session = onnxruntime_session if name == "onnxruntime" else openvino_session
+        return session(path, threads=threads)
     if name == "torch":
-        from alt_tvm.graph.baselines import torch_runner
+        from alt_tvm.bench import torch_runner
         from alt_tvm.models import get_model
 
         return torch_runner(get_model(source.text)[0], threads=threads)
-    from alt_tvm.graph.baselines import tvm_default_build
+    from alt_tvm.bench import tvm_default_build
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.graph.prepare import prepare
 
@@ -102,22 +119,6 @@ def _baseline(name: str, source: ModelArgument, threads: int, workdir: str):
     else:
         imported = load_model(source.text)
     return tvm_default_build(prepare(imported.mod))
-
-
-def _mismatch(want, got) -> str | None:
-    import numpy as np
-
-    if len(want) != len(got):
-        return f"{len(got)} outputs instead of {len(want)}"
-    for i, (a, b) in enumerate(zip(want, got)):
-        b = np.asarray(b)
-        if a.shape != b.shape:
-            return f"output {i} has shape {b.shape} instead of {a.shape}"
-        scale = max(float(np.max(np.abs(a))) if a.size else 0.0, 1e-30)
-        error = float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) / scale if a.size else 0.0
-        if not error <= RTOL:
-            return f"output {i} differs by {error:.2e} of its largest magnitude (allowed {RTOL:g})"
-    return None
 
 
 def _plot(path: str, title: str, medians: dict[str, float]) -> None:
@@ -143,6 +144,10 @@ def main(argv=None) -> int:
     require_positive(parser, {"--threads": args.threads, "--rounds": args.rounds, "--repeat": args.repeat})
     if args.png is not None and (why := unwritable(args.png)):
         parser.error(f"--png: {why}")
+    if args.per_kernel and args.compare is None:
+        parser.error("--per-kernel applies with --compare A B")
+    if args.compare is not None:
+        return _compare(parser, args)
     model = checked_model(parser, args.model, args.records, artifacts=True)
     wanted = list(dict.fromkeys(args.vs))
     source = _source(model, wanted)
@@ -150,9 +155,15 @@ def main(argv=None) -> int:
         parser.error(source)
     if "torch" in wanted and source.kind != "reference":
         parser.error(f"--vs torch needs a reference model (a PyTorch module); {source.text!r} is an ONNX file")
+    if "openvino" in wanted:
+        from alt_tvm.bench import openvino_available
+
+        if why := openvino_available():
+            parser.error(f"--vs openvino: {why}")
     # Before TVM's pool starts: the model's threads, and no spinning against the baselines.
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    from alt_tvm.graph.baselines import quiet_tvm_pool, time_interleaved
+    from alt_tvm.bench import quiet_tvm_pool, time_interleaved
+    from alt_tvm.bench.compare import output_mismatch
 
     quiet_tvm_pool()
     configure_logging(args.verbose)
@@ -164,7 +175,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="alt_tvm_bench_") as workdir:
         for name in wanted:
             runner = _baseline(name, source, args.threads, workdir)
-            problem = _mismatch(want, runner(*arrays))
+            problem = output_mismatch(want, runner(*arrays))
             if problem is not None:
                 print(f"{parser.prog}: {name}'s outputs differ from alt-tvm's: {problem}", file=sys.stderr)
                 return 1
@@ -185,6 +196,67 @@ def main(argv=None) -> int:
         print(f"{label:14s} {ms:9.3f} {ms / mine:18.2f}x")
     if args.png is not None:
         print(f"chart: {args.png}")
+    return 0
+
+
+def _build_config(model: ModelArgument, config: dict, threads: int):
+    """MODEL built (or the artifact loaded) as one configuration of ``--compare`` says."""
+    import alt_tvm
+
+    if "artifact" in config:
+        return alt_tvm.load(config["artifact"])
+    if model.kind == "reference":
+        from alt_tvm.models import get_model
+
+        module, inputs = get_model(model.text)
+        return alt_tvm.build(module, example_inputs=inputs, **config)
+    return alt_tvm.build(model.text, **config)
+
+
+def _compare(parser, args) -> int:
+    """``--compare A B``: two configurations of MODEL, checked, then timed interleaved."""
+    from alt_tvm.bench.compare import compare_builds, parse_config
+
+    configs = []
+    for text in args.compare:
+        try:
+            configs.append(parse_config(text))
+        except ValueError as err:
+            parser.error(f"--compare: {err}")
+    if args.records is not None:
+        parser.error("--records does not apply with --compare: give each configuration its log")
+    if all("artifact" in c for c in configs):
+        model = ModelArgument(args.model, "artifact")
+    else:
+        model = checked_model(parser, args.model, None, artifacts=False)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    from alt_tvm.bench import quiet_tvm_pool
+
+    quiet_tvm_pool()
+    configure_logging(args.verbose)
+    a, b = (_build_config(model, config, args.threads) for config in configs)
+    try:
+        result = compare_builds(a, b, labels=tuple(args.compare), rounds=args.rounds, repeat=args.repeat,
+                                per_kernel=args.per_kernel)
+    except ValueError as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 1
+    if args.png is not None:
+        _plot(args.png, f"{model.name}, {args.threads} thread(s)", {"A": result.a_ms, "B": result.b_ms})
+    if args.json:
+        print_json({"model": model.text, "threads": args.threads, **result.to_json()})
+        return 0
+    what = "profiled run totals" if args.per_kernel else "whole-model calls"
+    print(f"{model.name}: {args.threads} thread(s), {result.rounds} interleaved rounds of {what}")
+    print(f"  A {args.compare[0]}: {result.a_ms:9.3f} ms (median)")
+    print(f"  B {args.compare[1]}: {result.b_ms:9.3f} ms (median)")
+    print(f"  B/A {result.b_over_a:.3f} (paired median), "
+          f"B faster in {result.rounds_b_faster} of {result.rounds} rounds")
+    if result.changed is not None:
+        print(f"  kernels whose code differs: {len(result.changed)}")
+    if args.per_kernel and result.changed_b_over_a is not None:
+        print(f"  changed kernels B/A {result.changed_b_over_a:.3f}; unchanged (noise control) "
+              f"B/A {result.unchanged_b_over_a:.3f}")
     return 0
 
 

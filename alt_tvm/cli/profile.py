@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     configure_logging(args.verbose)
 
     compiled = runnable(model, records=args.records)
-    from alt_tvm.timing import PeakReadings, measure_memory_bandwidth
+    from alt_tvm.bench.peak import PeakReadings, measure_memory_bandwidth
 
     # The peak is read before and after the profile: one reading can land in a slow phase.
     peak = PeakReadings(threads=args.threads)

@@ -115,7 +115,7 @@ class KernelProfile:
         share of a run, GFLOP/s and GB/s; a last line sums the rows by kind.
 
         With the machine's measured FMA peak and memory bandwidth
-        (:func:`~alt_tvm.timing.measure_peak_gflops`, :func:`~alt_tvm.timing.measure_memory_bandwidth`),
+        (:func:`~alt_tvm.bench.peak.measure_peak_gflops`, :func:`~alt_tvm.bench.peak.measure_memory_bandwidth`),
         a ``roof`` column gives how close each kernel is to the nearer of the two roofs:
         ``max(GFLOP/s / peak, GB/s / bandwidth)``.
 

@@ -187,18 +187,16 @@ def check_onnx(name: str, path: str | os.PathLike, *, batch: int = 1, seed: int 
     OnnxCheck
     """
     import numpy as np
-    import onnxruntime as ort
+
+    from alt_tvm.bench.onnxruntime import onnxruntime_session
 
     info = model_info(name)
     module, inputs = get_model(name, batch=batch, seed=seed, **options)
     with torch.no_grad():
         expected = module(*inputs)
     expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-    session_options = ort.SessionOptions()
-    session_options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), session_options, providers=["CPUExecutionProvider"])
-    feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
-    got = session.run(None, feeds)
+    session = onnxruntime_session(path, threads=1)
+    got = session(*(x.numpy() for x in inputs))
     if len(got) != len(expected):
         raise ValueError(f"{path}: ONNX Runtime returned {len(got)} outputs, PyTorch {len(expected)}")
     max_err, ok = 0.0, True

@@ -6,7 +6,7 @@ implementations of the sibling modules fill in, and :func:`measure` chains one o
 The helpers every implementation shares (argument specs and random inputs, parameter
 checks, error messages, the timing loop of both runners) live here too, so no
 implementation imports another. How a kernel is timed (:class:`TimingPolicy`, re-exported
-from :mod:`alt_tvm.timing`) is defined once, for the runners and
+from :mod:`alt_tvm.bench.timing`) is defined once, for the runners and
 :func:`~alt_tvm.tuning.task.measure_in_process` alike.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import tvm
 
+from alt_tvm.bench.timing import TimingPolicy
 from alt_tvm.records import TuningRecord, candidate_key, target_key
-from alt_tvm.timing import TimingPolicy
 
 __all__ = [
     "ArgSpec",
@@ -289,7 +289,7 @@ class MeasureResult:
     latencies_ms : tuple of float
         One entry per repeat (each the mean of ``number`` calls), in milliseconds; with
         ``cache_flush`` (the runners' default), every call was timed on flushed CPU caches
-        (see :class:`~alt_tvm.timing.TimingPolicy`).
+        (see :class:`~alt_tvm.bench.timing.TimingPolicy`).
     error_code : ErrorCode
     error_msg : str
     build_s, run_s : float
@@ -433,7 +433,7 @@ def _time_module(module: Any, func_name: str, dev: Any, specs: tuple[ArgSpec, ..
     """Latencies (ms) of ``module[func_name]`` on ``dev`` (local or remote), after a warm-up call.
 
     Timed with ``timing`` (by default on flushed CPU caches: see
-    :class:`~alt_tvm.timing.TimingPolicy`).
+    :class:`~alt_tvm.bench.timing.TimingPolicy`).
     """
     args = random_arguments(specs, dev, seed=seed)
     module[func_name](*args)  # warm-up; also surfaces run errors before timing

@@ -11,8 +11,8 @@ from typing import Any
 
 import tvm
 
+from alt_tvm.bench.timing import TimingPolicy, check_cache_flush
 from alt_tvm.target import process_cores
-from alt_tvm.timing import TimingPolicy, check_cache_flush
 
 from .base import (
     _DEVICES,
@@ -94,7 +94,7 @@ class LocalRunner(Runner):
         Minimum duration of one repeat; ``number`` grows until it is reached (0: off). Only
         with ``cache_flush=False``.
     cache_flush : bool
-        Flush the CPU caches before every timed call (see :class:`~alt_tvm.timing.TimingPolicy`:
+        Flush the CPU caches before every timed call (see :class:`~alt_tvm.bench.timing.TimingPolicy`:
         the weights are cold, as in the model); False: time on hot caches. Does not apply
         to ``device="cuda"``.
     num_cores : int, optional

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tvm
 
+from alt_tvm.bench.timing import CACHE_FLUSH_FUNC, TimingPolicy, check_cache_flush
 from alt_tvm.rpc import call_with_timeout, request_session, tracker_problem
-from alt_tvm.timing import CACHE_FLUSH_FUNC, TimingPolicy, check_cache_flush
 from alt_tvm.toolchain import elf_machine
 
 from .base import (
@@ -57,7 +57,7 @@ class RPCRunner(Runner):
         As for :class:`LocalRunner`.
     cache_flush : bool
         Flush the board's CPU caches before every timed call, as :class:`LocalRunner` does
-        (see :class:`~alt_tvm.timing.TimingPolicy`); False: time on hot caches. The
+        (see :class:`~alt_tvm.bench.timing.TimingPolicy`); False: time on hot caches. The
         server's TVM runtime must have the builtin ``cache_flush_cpu_non_first_arg`` (else
         ``RPC_ERROR``, "checking the cache flush"); TVM flushes on x86-64 and AArch64 only,
         so for kernels built for another CPU (RISC-V) a ``RuntimeWarning`` says they are

@@ -1,0 +1,42 @@
+"""Benchmarking: fair timing, the peers' sessions, the machine's ceilings, and where results go.
+
+One package that the benchmarks (``benchmarks/``), the CLI (``alt-tvm bench``) and the
+in-model stage (:mod:`alt_tvm.in_model`) share, shaped like MetaSchedule's runners: a small
+contract (:mod:`.base`: a :class:`Runner` names itself, runs inputs, says its threads) and
+one peer per module:
+
+- :mod:`.onnxruntime` -- ONNX Runtime's CPU session, ``threads`` intra-op threads, no spinning
+- :mod:`.openvino` -- OpenVINO's CPU plugin, ``threads`` threads, latency and f32 hints (optional)
+- :mod:`.torch` -- PyTorch eager in inference mode
+- :mod:`.tvm` -- TVM's own untuned build of the same Relax module
+
+:mod:`.timing` holds the fair timing (the tuner's :class:`TimingPolicy`, interleaved rounds
+and their medians, a quiet TVM pool), :mod:`.peak` the FP32 FMA peak and memory bandwidth,
+:mod:`.results` the results' place and format, :mod:`.compare` the A/B comparison of two
+builds of one model, :mod:`.ops` the single-operator suite. Importing this package imports no
+build code (the graph's frontend is imported only when an untuned TVM build is made).
+"""
+
+from .base import Runner, check_threads
+from .onnxruntime import ORTRunner, onnxruntime_session
+from .openvino import OpenVINORunner, openvino_available, openvino_session
+from .peak import PeakReadings, measure_memory_bandwidth, measure_peak_gflops
+from .results import machine_kind, results_path, write_results
+from .timing import (
+    Timing,
+    TimingPolicy,
+    quiet_tvm_pool,
+    round_order,
+    run_interleaved,
+    time_callable,
+    time_compiled,
+    time_interleaved,
+)
+from .torch import TorchRunner, torch_runner
+from .tvm import TVMRunner, tvm_default_build
+
+__all__ = ["ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner", "Timing", "TimingPolicy",
+           "TorchRunner", "check_threads", "machine_kind", "measure_memory_bandwidth", "measure_peak_gflops",
+           "onnxruntime_session", "openvino_available", "openvino_session", "quiet_tvm_pool", "results_path",
+           "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved", "torch_runner",
+           "tvm_default_build", "write_results"]

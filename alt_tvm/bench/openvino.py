@@ -1,0 +1,69 @@
+"""OpenVINO as a peer: its CPU plugin (oneDNN's JIT kernels) on an ONNX file. Optional:
+``openvino`` is imported only when a session is made (``pip install alt-tvm[bench]``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .base import check_threads
+
+__all__ = ["OpenVINORunner", "openvino_available", "openvino_session"]
+
+
+class OpenVINORunner:
+    """An OpenVINO model compiled for the CPU; call with NumPy arrays in input order.
+
+    Attributes
+    ----------
+    compiled : openvino.CompiledModel
+    request : openvino.InferRequest
+        The one request every call runs (a latency setting: one call at a time).
+    threads : int
+        Inference threads.
+    """
+
+    name = "openvino"
+
+    def __init__(self, compiled: Any, *, threads: int = 1) -> None:
+        self.compiled = compiled
+        self.threads = threads
+        self.request = compiled.create_infer_request()
+        self.inputs = len(compiled.inputs)
+
+    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
+        if len(args) != self.inputs:
+            raise ValueError(f"the model takes {self.inputs} inputs, got {len(args)}")
+        self.request.infer(dict(enumerate(args)))
+        return [self.request.get_output_tensor(i).data.copy() for i in range(len(self.compiled.outputs))]
+
+
+def openvino_available() -> str:
+    """Empty if OpenVINO imports here, else why not (for a skipped peer's note)."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError as err:
+        return f"OpenVINO is not installed ({err}; pip install 'alt-tvm[bench]')"
+    return ""
+
+
+def openvino_session(path: str | os.PathLike, *, threads: int = 1) -> OpenVINORunner:
+    """OpenVINO's CPU plugin on an ONNX file, as a latency-oriented user would set it:
+    ``threads`` inference threads, the latency hint, FP32 (no bf16 or f16 downcast), threads
+    not pinned to cores (pinned, they would fight the runtime timed next to them).
+
+    Raises
+    ------
+    ImportError
+        Where OpenVINO is not installed (``pip install 'alt-tvm[bench]'``).
+    ValueError
+        If ``threads`` is not an int >= 1.
+    """
+    check_threads(threads)
+    import openvino
+
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": "NO"}
+    return OpenVINORunner(openvino.Core().compile_model(os.fspath(path), "CPU", config), threads=threads)
