@@ -26,8 +26,8 @@ def _data(shape):
     return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) + 1
 
 
-# ---------------------------------------------------------------- reported findings
-# 1. Float factors and shapes were truncated: split(1, [2.9, 4]) became [2, 4].
+# ------------------------------------------------------------- one probe per kind
+# 1. Float factors and shapes are refused, not truncated (split(1, [2.9, 4]) is not [2, 4]).
 def test_float_split_factor_is_refused():
     with pytest.raises(TypeError, match=r"split: factors\[0\] must be an int, got 2\.9 of type float"):
         Layout((2, 8)).split(1, [2.9, 4])
@@ -66,7 +66,7 @@ def test_split_primitive_refuses_float_factor_directly():
         Split(0, (2.5, 2))
 
 
-# 2. decouple_at with nothing attached silently dropped a slot.
+# 2. decouple_at with nothing attached is refused, not a silently dropped slot.
 def test_decouple_at_without_store_at_is_refused():
     with pytest.raises(ValueError, match=r"decouple_at: nothing is attached at dim 1 of shape \(3, 4\)"):
         Layout((3, 4)).decouple_at(1)
@@ -84,7 +84,7 @@ def test_decouple_at_needs_a_slot_at_the_end_of_that_dim(build, match):
         build()
 
 
-# 3. forward() on an out-of-range index wrapped instead of failing.
+# 3. forward() on an out-of-range index fails instead of wrapping.
 @pytest.mark.parametrize("index, value, dim", [
     ([5, 0], 5, 0), ([-1, 0], -1, 0), ([0, 4], 4, 1), ([np.int64(3), 0], 3, 0),
     ([np.array([0, 3]), np.array([0, 0])], 3, 0), ([tirx.IntImm("int32", 7), 0], 7, 0),
@@ -145,7 +145,7 @@ def test_symbolic_indices_are_still_mapped():
     assert len(out) == 3 and out[0].same_as(i)
 
 
-# 4. unpad(...).inverse() returned a lossy pad with no warning.
+# 4. unpad(...).inverse() is refused unless lossy=True (it cannot restore what was cut).
 def test_unpad_inverse_is_refused_without_lossy():
     with pytest.raises(ValueError, match=r"unpad\(dim=0, before=0, after=2\) discards 2 elements .*lossy=True"):
         Layout((12,)).unpad(0, 2).inverse()
@@ -177,7 +177,7 @@ def test_gapped_unfold_has_no_inverse():
         Layout((9,)).unfold(0, 2, 3).inverse()
 
 
-# 5. split(1, 4) and from_json(None) gave bare TypeError/AttributeError.
+# 5. split(1, 4) and from_json(None) raise clear errors, not bare TypeError/AttributeError.
 def test_split_with_int_factor_says_what_to_write():
     with pytest.raises(TypeError, match=r"split: factors must be a sequence of ints, e\.g\. \[4\].*"
                                         r"got the int 4; for tiles of 4 on dimension 1 \(extent 8\) use \[2, 4\]"):
@@ -328,7 +328,7 @@ def test_hostile_probe_is_refused_clearly(build, exc, match):
         build()
 
 
-# -------------------------------------------------------------- valid input still works
+# -------------------------------------------------------------------- valid input works
 def test_numpy_integers_are_accepted_and_normalised():
     i64, i32 = np.int64, np.int32
     layout = (Layout((i64(4), i32(6))).split(i64(1), np.array([2, 3])).reorder(np.array([2, 0, 1]))

@@ -45,7 +45,7 @@ class _TrainingBatchNorms(relax.PyExprMutator):
     """Give every training-mode batch norm (ONNX ``training_mode=1``) its batch statistics.
 
     ``DecomposeOpsForInference`` decomposes every batch norm with its running statistics,
-    whatever its ``training`` attribute says, which made such a batch norm silently wrong.
+    whatever its ``training`` attribute says, which makes such a batch norm silently wrong.
     Here it becomes an inference batch norm over the batch's mean and (biased) variance,
     returning the running statistics updated as Relax's legalization does:
     ``(1 - momentum) * running + momentum * batch``.
