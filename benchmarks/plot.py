@@ -424,7 +424,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="the results folder (default: benchmarks/results)")
     args = parser.parse_args(argv)
-    written, skipped = plot_all(results=args.results)
+    try:
+        written, skipped = plot_all(results=args.results)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     for png in written:
         print(f"wrote {png}")
     for path in skipped:
