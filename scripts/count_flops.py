@@ -1,6 +1,6 @@
 """How far each CNN of a sweep is from the FMA peak, for ONNX Runtime and alt-tvm.
 
-    python scripts/count_flops.py --sweep docs/cnn_suite_2026-11-26c_zen4.jsonl --models-dir models/sweep \
+    python scripts/count_flops.py --sweep benchmarks/results/znver4/cnn_suite.json --models-dir models/sweep \
         --peak 229
 
 Counts the arithmetic of each ONNX model's convolutions and matrix products (2 FLOPs per
@@ -20,53 +20,25 @@ import math
 import os
 import sys
 
+from alt_tvm.bench.onnx_flops import count_flops, node_flops
 
-def count_flops(path: str) -> int:
-    """FLOPs of one inference of the ONNX model at ``path``: its Conv, Gemm and MatMul nodes
-    (:func:`node_flops`)."""
-    return sum(node_flops(path).values())
+__all__ = ["count_flops", "main", "node_flops", "read_sweep", "rows"]
 
 
-def node_flops(path: str) -> dict[str, int]:
-    """FLOPs of each Conv, Gemm and MatMul node of the ONNX model at ``path``, by the name of
-    the tensor it writes.
-
-    The shapes are the ones ONNX Runtime computes on a random input (shape inference does not
-    follow every export through its Split and Reshape nodes); a dynamic input dimension is 1.
-    """
-    import numpy as np
-    import onnx
-    import onnxruntime
-
-    from alt_tvm.flops import conv_flops, matmul_flops
-
-    model = onnx.load(path)
-    graph = model.graph
-    counted = [n for n in graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
-    known = {t.name: list(t.dims) for t in graph.initializer}
-    wanted = {name for n in counted for name in (n.input[0], n.input[1], n.output[0]) if name not in known}
-    present = {o.name for o in graph.output}
-    for name in sorted(wanted - present):
-        graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every node
-    options.intra_op_num_threads = 1
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-             for i in session.get_inputs()}
-    names = [o.name for o in session.get_outputs()]
-    known.update((name, list(value.shape)) for name, value in zip(names, session.run(names, feeds)))
-    flops = {}
-    for node in counted:
-        if node.op_type == "Conv":  # ONNX weights are OIHW
-            flops[node.output[0]] = conv_flops(output_shape=known[node.output[0]], weight_shape=known[node.input[1]])
-        else:
-            a = known[node.input[0]]
-            trans_a = any(x.name == "transA" and x.i for x in node.attribute)
-            flops[node.output[0]] = matmul_flops(output_shape=known[node.output[0]],
-                                                 reduction=a[-2] if trans_a else a[-1])
-    return flops
+def read_sweep(path: str) -> list[dict]:
+    """The rows of a sweep: a results file (``benchmarks/results/<kind>/<suite>.json``) or a
+    ``sweep_public.py`` JSON-lines journal."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(data, dict) and "results" in data:
+        data = data["results"]
+    if isinstance(data, dict):  # the results' rows, or a journal of one row
+        return data["rows"] if "rows" in data else [data]
+    return data
 
 
 def rows(sweep: list[dict], *, models_dir: str, peak_gflops: float, exporter: str = "torchscript") -> list[dict]:
@@ -88,7 +60,8 @@ def rows(sweep: list[dict], *, models_dir: str, peak_gflops: float, exporter: st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", required=True, help="a sweep_public.py JSON-lines file")
+    parser.add_argument("--sweep", required=True,
+                        help="a sweep's results (benchmarks/results/<kind>/<suite>.json) or JSON-lines journal")
     parser.add_argument("--models-dir", required=True, help="where the sweep's <model>.onnx files are")
     parser.add_argument("--peak", type=float, default=None, help="FP32 GFLOP/s (default: measured here)")
     parser.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
@@ -96,14 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak is not None and args.peak <= 0:
         parser.error(f"--peak must be positive, got {args.peak}")
     if args.peak is None:
-        from alt_tvm.timing import measure_peak_gflops
+        from alt_tvm.bench import measure_peak_gflops
 
         args.peak = measure_peak_gflops(threads=2)
     try:
-        with open(args.sweep) as f:
-            sweep = [json.loads(line) for line in f if line.strip()]
+        sweep = read_sweep(args.sweep)
     except (OSError, json.JSONDecodeError) as err:
-        parser.error(f"--sweep {args.sweep}: not a readable JSON-lines file ({err})")
+        parser.error(f"--sweep {args.sweep}: not a readable results or JSON-lines file ({err})")
     table = rows(sweep, models_dir=args.models_dir, peak_gflops=args.peak, exporter=args.exporter)
     if not table:
         print(f"no model of {args.sweep} has an ONNX file in {args.models_dir} and both times", file=sys.stderr)

@@ -37,9 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import alt_tvm
+    from alt_tvm.bench import PeakReadings, measure_memory_bandwidth
     from alt_tvm.deploy.model import use_runtime_threads
     from alt_tvm.target import host
-    from alt_tvm.timing import PeakReadings, measure_memory_bandwidth
 
     threads = args.threads or host().num_cores
     use_runtime_threads(threads)

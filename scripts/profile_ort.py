@@ -23,8 +23,6 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # count_flops, beside this script
-
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,21 +37,16 @@ def main(argv=None) -> int:
     import numpy as np
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.enable_profiling = True
     # The trace goes to a folder of its own, not the working directory (an interrupted run left it there).
     trace_dir = tempfile.mkdtemp(prefix="alt_ort_profile_")
-    options.profile_file_prefix = str(Path(trace_dir) / "ort")
+    from alt_tvm.bench import PeakReadings, onnxruntime_session
     from alt_tvm.deploy.model import use_runtime_threads
-    from alt_tvm.timing import PeakReadings
 
     use_runtime_threads(args.threads)  # TVM's pool, for the peak readings (idle while ONNX Runtime runs)
     peak = PeakReadings(threads=args.threads)
     if args.peak is None:
         peak.measure()
-    session = ort.InferenceSession(str(args.model), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(args.model, threads=args.threads, profile_prefix=str(Path(trace_dir) / "ort")).session
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in session.get_inputs():
@@ -94,7 +87,8 @@ def kernel_flops(path: str, names: list[str]) -> dict[str, int]:
     of the model at ``path``: found by its name (an ONNX node's, or the tensor it writes with
     ``_nchwc`` after it), then back through fused element-wise ops to the nearest product."""
     import onnx
-    from count_flops import node_flops
+
+    from alt_tvm.bench.onnx_flops import node_flops
 
     products = node_flops(path)
     graph = onnx.load(path, load_external_data=False).graph

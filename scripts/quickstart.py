@@ -4,9 +4,11 @@ Tunes the small CNN (1x3x64x64, six conv3x3+BN+ReLU) -- the search times candida
 alone with caches flushed, then the finalists, the defaults and SConv are timed inside the
 whole model and the choice is verified against the untuned model -- builds it with and
 without the tuning log, checks both against ONNX Runtime, and prints their latency next
-to ONNX Runtime and PyTorch (interleaved rounds in one process, ONNX Runtime's pool not
-spinning) and TVM's own untuned build, all measured in this run. Then
-runs the ResNet-18 first-layer case study (scripts/r18_first_layer.py).
+to ONNX Runtime, OpenVINO (where it is installed: ``pip install 'alt-tvm[bench]'``) and
+PyTorch (interleaved rounds in one process, no runtime's idle pool spinning, the same thread
+count for all) and TVM's own untuned build, all measured in this run (:mod:`alt_tvm.bench`).
+Then runs the ResNet-18 first-layer case study (scripts/r18_first_layer.py) in a process of
+its own.
 
     python scripts/quickstart.py [--trials 48] [--threads 2] [--rounds 9] [--skip-case-study]
 """
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -28,14 +32,16 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-case-study", action="store_true")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    from alt_tvm.graph.baselines import quiet_tvm_pool
+    from alt_tvm.bench import quiet_tvm_pool
 
     quiet_tvm_pool()  # TVM's spinning pool would slow the ONNX Runtime turns timed beside it
 
     import numpy as np
 
-    from alt_tvm.graph.baselines import (
+    from alt_tvm.bench import (
         onnxruntime_session,
+        openvino_available,
+        openvino_session,
         time_callable,
         time_interleaved,
         torch_runner,
@@ -70,8 +76,12 @@ def main(argv=None) -> int:
         if not all(np.allclose(g, r, rtol=info.rtol, atol=info.atol) for g, r in zip(got, reference)):
             print(f"{label}: output differs from ONNX Runtime", file=sys.stderr)
             return 1
-    runners = {"alt-tvm tuned": (tuned, arrays), "alt-tvm untuned": (untuned, arrays), "onnxruntime": (ort, arrays),
-               "pytorch": (torch_runner(module, threads=args.threads), inputs)}
+    runners = {"alt-tvm tuned": (tuned, arrays), "alt-tvm untuned": (untuned, arrays), "onnxruntime": (ort, arrays)}
+    if why := openvino_available():
+        print(f"(no OpenVINO row: {why})")
+    else:
+        runners["openvino"] = (openvino_session(path, threads=args.threads), arrays)
+    runners["pytorch"] = (torch_runner(module, threads=args.threads), inputs)
     timed = time_interleaved(runners, rounds=args.rounds, repeat=20, warmup=5)
     print(f"\n{name} at batch 1, {args.threads} thread(s), every runtime in this process (ONNX Runtime's "
           f"pool does not spin), interleaved in {args.rounds} rounds of 20 calls; median of the rounds")
@@ -86,13 +96,11 @@ def main(argv=None) -> int:
     print(f"  {'tvm untuned':18s} {median:9.3f} ms (3 calls after the rounds: unscheduled, too slow to interleave)"
           f"   {median / base:6.2f}x the tuned time")
     if not args.skip_case_study:
-        print()
-        from r18_first_layer import main as case_study
-
-        return case_study(["--threads", str(args.threads)])
+        print(flush=True)
+        case_study = Path(__file__).resolve().with_name("r18_first_layer.py")
+        return subprocess.call([sys.executable, str(case_study), "--threads", str(args.threads)])
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.exit(main())

@@ -139,9 +139,11 @@ def one_record_log(log: Path, task, params: dict, *, target=None) -> str:
 
 
 def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` imported as module ``name`` (registered in ``sys.modules``: a
-    script's dataclasses resolve their string annotations through it)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    """``benchmarks/<name>.py`` or ``scripts/<name>.py`` imported as module ``name`` (registered
+    in ``sys.modules``: a script's dataclasses resolve their string annotations through it)."""
+    root = Path(__file__).resolve().parents[1]
+    path = next(p for folder in ("benchmarks", "scripts") if (p := root / folder / f"{name}.py").is_file())
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""scripts/bench_e2e.py's command line: ``--reuse-logs`` times logs already written, and says
+"""benchmarks/bench_e2e.py's command line: ``--reuse-logs`` times logs already written, and says
 which are missing before anything is built or timed."""
 
 import pytest
@@ -43,7 +43,7 @@ def test_a_budget_too_small_for_a_models_tasks_times_it_untuned_and_keeps_the_re
     code = script.main(["--models", str(model), "--trials", "2", "--skip-ms", "--skip-tvm-default", "--rounds", "1",
                         "--repeat", "1", "--log-dir", str(tmp_path / "logs"), "--json", str(out)])
     assert code == 0
-    results = json.loads(out.read_text())
+    results = json.loads(out.read_text())["results"]["rows"]
     (error,) = [r for r in results if "error" in r]
     assert "trials=2 is too small for 2 tasks" in error["error"]
     runners = {r["runner"] for r in results if "median_ms" in r}

@@ -1,4 +1,5 @@
-"""The timing and reporting harness of scripts/bench_ops.py: failures are shown, rounds interleave."""
+"""The single-operator suite's harness (alt_tvm.bench.ops) and its benchmark (benchmarks/bench_ops.py):
+failures are shown, rounds interleave."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 from conftest import load_script
 
+import alt_tvm.bench.ops as bench
 from alt_tvm.graph.metaschedule import first_candidate_error
 
-bench = load_script("bench_ops")
+script = load_script("bench_ops")
 GMM = bench.OpConfig("GMM", 1, 32, 16, (8,))
 
 
@@ -38,7 +40,7 @@ def test_a_baseline_that_raises_is_shown_failed_with_its_message(capsys):
         raise RuntimeError("no valid schedule in 24 trials: building failed: TVMError: boom\ntraceback...")
 
     assert bench.attempt(row, "ms_nhwc", tune) is None
-    bench._report([row], trials=24, threads=2, peak=100.0, ms_import_s=0.0)
+    bench.report([row], trials=24, threads=2, peak=100.0, ms_import_s=0.0)
     out = capsys.readouterr().out
     table_line = next(line for line in out.splitlines() if line.startswith("GMM") and "0.500" in line)
     assert table_line.split()[7] == "failed"  # the MS column
@@ -53,7 +55,7 @@ def test_alt_stage_failure_marks_its_three_runners_and_skipped_ms_says_so(capsys
     row.skipped.append("ms_nchw")
     assert [row.outcome(k) for k in ("alt_kernel", "alt_default", "alt_model", "ms", "tvm_untuned")] == [
         "failed", "failed", "failed", "skipped", "n/a"]
-    bench._report([row], trials=4, threads=2, peak=100.0, ms_import_s=0.0)
+    bench.report([row], trials=4, threads=2, peak=100.0, ms_import_s=0.0)
     out = capsys.readouterr().out
     assert "alt-tvm (tune, build, check) on GMM M=8 K=32 N=16: ZeroDivisionError: division by zero" in out
     assert "nan" not in out
@@ -65,7 +67,7 @@ def test_one_failed_layout_keeps_the_other_layouts_ms_value():
     assert row.outcome("ms") == 1.5 and row.outcome("ms_nhwc") == "failed"
 
 
-def test_rounds_alternate_the_order_and_report_medians():
+def test_rounds_rotate_the_order_and_report_medians():
     calls = []
     values = {"a": iter([1.0, 5.0, 3.0]), "b": iter([10.0, 30.0, 20.0]), "c": iter([7.0, 7.0, 100.0])}
 
@@ -76,8 +78,8 @@ def test_rounds_alternate_the_order_and_report_medians():
         return run
 
     result = bench.interleaved_medians({k: runner(k) for k in "abc"}, rounds=3)
-    assert calls == list("abc") + list("cba") + list("abc")
-    assert result.order == [list("abc"), list("cba"), list("abc")]
+    assert calls == list("abc") + list("bca") + list("cab")  # a different runner first each round
+    assert result.order == [list("abc"), list("bca"), list("cab")]
     assert result.medians == {"a": 3.0, "b": 20.0, "c": 7.0}
     assert result.rounds["c"] == [7.0, 7.0, 100.0] and result.failures == {}
     with pytest.raises(ValueError, match="rounds must be >= 1"):
@@ -126,26 +128,26 @@ def test_calibrated_warms_up_every_turn_and_keeps_its_first_plan():
 def test_gmm_is_tuned_once_whichever_layout_is_asked_and_its_failure_is_kept(monkeypatch, tmp_path):
     # GMM has no layout to choose: --ms-layouts nhwc must still tune it, or its MetaSchedule column is a silent nan.
     cfg = bench.OpConfig("GMM", 1, 16, 8, (4,))
-    monkeypatch.setattr(bench, "_alt_tvm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("alt off")))
-    monkeypatch.setattr(bench, "_untuned", lambda *a, **k: (lambda number, repeat: 1.0))
+    monkeypatch.setattr(script, "_alt_tvm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("alt off")))
+    monkeypatch.setattr(script, "_untuned", lambda *a, **k: (lambda number, repeat: 1.0))
     asked = []
 
     def fake_ms(*args, layout, **kwargs):
         asked.append(layout)
         return (lambda number, repeat: 2.0), 1.0, 0.5
-    monkeypatch.setattr(bench, "_metaschedule", fake_ms)
+    monkeypatch.setattr(script, "_metaschedule", fake_ms)
     args = argparse.Namespace(seed=0, ms_layouts=["nhwc"], skip_ms=False, trials=2)
     row = bench.Row(cfg, bench.flops(cfg) / 1e9)
-    timed, import_s = bench._set_up(cfg, row, index=0, args=args, threads=1, machine=_FakeMachine(),
+    timed, import_s = script._set_up(cfg, row, index=0, args=args, threads=1, machine=_FakeMachine(),
                                     log_dir=str(tmp_path))
     assert asked == ["nhwc"] and "ms_nhwc" in timed and import_s == 0.5
     assert set(timed) == {"torch", "tvm_untuned", "ms_nhwc"} and "alt" in row.failures
 
     def failing_ms(*args, **kwargs):
         raise RuntimeError("no valid schedule in 2 trials: running failed: x")
-    monkeypatch.setattr(bench, "_metaschedule", failing_ms)
+    monkeypatch.setattr(script, "_metaschedule", failing_ms)
     row = bench.Row(cfg, bench.flops(cfg) / 1e9)
-    bench._set_up(cfg, row, index=0, args=args, threads=1, machine=_FakeMachine(), log_dir=str(tmp_path))
+    script._set_up(cfg, row, index=0, args=args, threads=1, machine=_FakeMachine(), log_dir=str(tmp_path))
     assert row.outcome("ms") == "failed"
     assert row.failures["ms_nhwc"] == "RuntimeError: no valid schedule in 2 trials: running failed: x"
 
@@ -155,13 +157,13 @@ def test_a_log_that_keeps_the_default_schedule_times_the_default_as_the_tuned_ke
     # best_params has no entry when alt-tvm's in-model check kept the defaults; {} would not lower (KeyError).
     cfg = bench.OpConfig("GMM", 1, 16, 8, (4,))
     compiled = type("Compiled", (), {"time": lambda self, x, number, repeat: (1.0, 1.0)})()
-    monkeypatch.setattr(bench, "_alt_tvm", lambda *a, row, **k: ("task", compiled, None))
-    monkeypatch.setattr(bench, "_untuned", lambda *a, **k: (lambda number, repeat: 1.0))
+    monkeypatch.setattr(script, "_alt_tvm", lambda *a, row, **k: ("task", compiled, None))
+    monkeypatch.setattr(script, "_untuned", lambda *a, **k: (lambda number, repeat: 1.0))
     lowered = []
-    monkeypatch.setattr(bench, "_task_timed", lambda task, params, seed: lowered.append(params) or (lambda n, r: 1.0))
+    monkeypatch.setattr(script, "_task_timed", lambda task, params, seed: lowered.append(params) or (lambda n, r: 1.0))
     args = argparse.Namespace(seed=0, ms_layouts=["nchw"], skip_ms=True, trials=2)
     row = bench.Row(cfg, bench.flops(cfg) / 1e9)
-    timed, _ = bench._set_up(cfg, row, index=0, args=args, threads=1, machine=_FakeMachine(), log_dir=str(tmp_path))
+    timed, _ = script._set_up(cfg, row, index=0, args=args, threads=1, machine=_FakeMachine(), log_dir=str(tmp_path))
     assert lowered == [None, None] and row.failures == {} and row.skipped == ["ms_nchw"]
     assert {"alt_kernel", "alt_default", "alt_model"} <= set(timed)
 
@@ -176,7 +178,7 @@ def test_report_of_a_saved_run_keeps_its_failures(tmp_path, capsys):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"trials": 4, "threads": 2, "peak_gflops": 100.0, "ms_import_s": 0.0,
                                 "timing": "timing: test", "rows": [asdict(row)]}, default=str))
-    assert bench.main(["--report", str(path)]) == 0
+    assert script.main(["--report", str(path)]) == 0
     out = capsys.readouterr().out
     assert "timing: test" in out and "MetaSchedule (nchw) on GMM M=8 K=32 N=16: RuntimeError: boom" in out
 
@@ -213,6 +215,6 @@ def test_a_real_tvm_kernel_through_the_harness():
     lib = tvm.compile(te.create_prim_func([a, b]), target="llvm")
     args = [tvm.runtime.tensor(np.ones(256, "float32")), tvm.runtime.tensor(np.zeros(256, "float32"))]
     row = _row()
-    bench.time_row(row, {"tvm_untuned": bench.calibrated(bench._tvm_timed(lib.mod, args), repeat=3)}, rounds=2)
+    bench.time_row(row, {"tvm_untuned": bench.calibrated(bench.tvm_timed(lib.mod, args), repeat=3)}, rounds=2)
     assert 0 < row.tvm_untuned_ms < 10 and len(row.round_ms["tvm_untuned"]) == 2
     np.testing.assert_allclose(args[1].numpy(), 2.0)

@@ -58,6 +58,9 @@ def test_the_table_sets_each_runtime_against_the_time_at_the_peak(script, tmp_pa
     with pytest.raises(SystemExit):
         script.main(["--sweep", str(sweep_path), "--models-dir", str(tmp_path), "--peak", "0"])
     assert script.main(["--sweep", str(sweep_path), "--models-dir", str(tmp_path / "none"), "--peak", "1"]) == 2
+    results = tmp_path / "cnn_suite.json"  # a sweep's results file reads as its journal does
+    results.write_text(json.dumps({"suite": "cnn_suite", "results": {"rows": sweep[:1]}}))
+    assert script.read_sweep(str(results)) == script.read_sweep(str(sweep_path)) == sweep[:1]
 
 
 @pytest.mark.parametrize("content", [None, "{not json\n"])
@@ -68,4 +71,4 @@ def test_a_missing_or_corrupt_sweep_is_a_clear_error(script, tmp_path, capsys, c
     with pytest.raises(SystemExit) as exit_info:
         script.main(["--sweep", str(sweep), "--models-dir", str(tmp_path), "--peak", "1"])
     assert exit_info.value.code == 2
-    assert f"--sweep {sweep}: not a readable JSON-lines file" in capsys.readouterr().err
+    assert f"--sweep {sweep}: not a readable results or JSON-lines file" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The public-model sweep (``scripts/sweep_public.py``): every architecture, both exporters,
+"""The public-model sweep (``benchmarks/sweep_public.py``): every architecture, both exporters,
 builds with alt-tvm and matches ONNX Runtime, for this machine and, on an AVX-512 machine, for
 an AVX2 CPU too (the portability sweep: the AVX2 kernels run on AVX-512). Slow (about 20
 minutes a target on 2 cores): each model is exported twice, built twice and checked in a child
@@ -8,16 +8,13 @@ are fast."""
 from __future__ import annotations
 
 import platform
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+import alt_tvm.models.public as export_public
 
-import export_public  # noqa: E402
-import sweep_public  # noqa: E402
+sweep_public = load_script("sweep_public")
 
 
 def _available(name: str) -> bool:
@@ -73,6 +70,8 @@ def test_cnn_suite_group_names_torchvision_cnns_of_the_zoo():
 def test_names_take_groups_and_kind_filters():
     group = list(export_public.GROUPS["cnn_suite"])
     assert sweep_public.parse_args(["--names", "cnn_suite"]).names == group
+    assert sweep_public.parse_args(["--names", "cnn_suite"]).suite == "cnn_suite"  # filed under its suite
+    assert sweep_public.parse_args(["--names", "tv_googlenet", "cnn_suite"]).suite == "public_sweep"
     # A group and a name in it, once each, in the order given.
     assert sweep_public.parse_args(["--names", "tv_googlenet", "cnn_suite"]).names == (
         ["tv_googlenet"] + [n for n in group if n != "tv_googlenet"])
@@ -92,4 +91,4 @@ def test_unknown_names_error_with_the_choices(capsys):
     with pytest.raises(SystemExit):  # the group has no transformer
         sweep_public.parse_args(["--names", "cnn_suite", "--kind", "transformer"])
     with pytest.raises(SystemExit):
-        export_public.main(["--names", "cnn-suite"])
+        load_script("export_public").main(["--names", "cnn-suite"])

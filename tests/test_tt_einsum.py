@@ -286,9 +286,9 @@ def test_chain_rank3_input_with_epilogue():
 
 def _bench_module():
     # Imported by name (not from a file spec): the IREE worker process unpickles its entry point.
-    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
     return importlib.import_module("bench_tt")
 
 

@@ -392,7 +392,7 @@ def test_metaschedule_build_workers_must_be_positive():
 
 
 def test_gpu_benchmark_layers_give_tasks_whose_split_points_compute_the_layer():
-    """scripts/bench_gpu.py runs on a GPU only; its layers, tasks and ``--split-k`` points are
+    """benchmarks/bench_gpu.py runs on a GPU only; its layers, tasks and ``--split-k`` points are
     checked here (the points' loop nests emulated on the CPU, as the benchmark checks them there)."""
     bench = load_script("bench_gpu")
     h100 = board("h100")

@@ -90,7 +90,7 @@ def test_slab_subsample_is_deterministic_and_counts_whole_layer():
 
 def test_bench_configs_and_parse_errors():
     bench = _bench()
-    raw = json.loads((ROOT / "scripts" / "data" / "deepbench_conv.json").read_text())
+    raw = json.loads((ROOT / "benchmarks" / "data" / "deepbench_conv.json").read_text())
     assert len(raw) >= 100
     geos = [bench.parse_config(raw=r, index=i) for i, r in enumerate(raw)]
     cats = {bench.category(g, GemmShape()) for g in geos}
@@ -116,7 +116,9 @@ def test_bench_main_writes_json(tmp_path):
     src, out = tmp_path / "c.json", tmp_path / "o.json"
     src.write_text(json.dumps(cfgs))
     assert bench.main(["--configs", str(src), "--json", str(out), "--limit", "3"]) == 0
-    res = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    assert written["suite"] == "vta" and written["machine"]["kind"]  # the machine's facts beside the rows
+    res = written["results"]["rows"]
     assert [r["name"] for r in res] == ["lowc", "dw", "dil"]
     for r in res:
         assert r["mapped"] and r["csp"]["matched_numpy"] and r["static"]["matched_numpy"]
@@ -129,7 +131,7 @@ def test_bench_main_writes_json(tmp_path):
     assert res[0]["speedup_cycles"] > 1 and res[1]["speedup_cycles"] > 1 and res[2]["speedup_cycles"] > 1
     assert "zero-dilated" in res[2]["reference_note"] and res[2]["static"]["matched_numpy"]
     assert len(res[0]["top_k_cycles"]) >= 1 and res[0]["csp"]["cycles"] == min(res[0]["top_k_cycles"])
-    summ = json.loads(out.with_suffix(".summary.json").read_text())
+    summ = written["results"]["summary"]
     assert summ["1x16x16"]["mapped"] == 3
     with pytest.raises(SystemExit, match="--limit"):
         bench.main(["--configs", str(src), "--limit", "0"])
@@ -141,12 +143,12 @@ def test_bench_main_writes_json(tmp_path):
 def test_bench_full_size_layers(tmp_path):
     """Three full-size DeepBench layers (speech, ResNet, face) end to end, numerics sub-sampled."""
     bench = _bench()
-    raw = json.loads((ROOT / "scripts" / "data" / "deepbench_conv.json").read_text())
+    raw = json.loads((ROOT / "benchmarks" / "data" / "deepbench_conv.json").read_text())
     out = tmp_path / "o.json"
     src = tmp_path / "c.json"
     src.write_text(json.dumps([raw[0], raw[41], raw[10]]))
     assert bench.main(["--configs", str(src), "--json", str(out)]) == 0
-    res = json.loads(out.read_text())
+    res = json.loads(out.read_text())["results"]["rows"]
     assert all(r["mapped"] and r["csp"]["matched_numpy"] and r["static"]["matched_numpy"] for r in res)
     assert res[0]["speedup_cycles"] > 2  # low-channel speech layer
     assert 0.95 <= res[1]["speedup_cycles"] <= 1.05  # 64->64 ResNet layer: parity

@@ -1,6 +1,6 @@
 """What deployment costs: build vs load time, artifact size, and latency loaded, built and on a board.
 
-    python scripts/bench_deploy.py --models resnet18 mobilenet_v2 [--remote]
+    python benchmarks/bench_deploy.py --models resnet18 mobilenet_v2 [--remote]
 
 Per model: the build (``alt_tvm.build``, in this process), ``export``, the artifact's size, the
 load in a fresh process (median of 3; ``import tvm`` excluded, ``import alt_tvm`` included),
@@ -13,7 +13,6 @@ be equal: the same code). ``--remote`` also starts a TVM RPC tracker and server 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -62,11 +61,12 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=["resnet18"])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--remote", action="store_true", help="also time on a loopback RPC server")
-    parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--json", default=None,
+                        help="write the rows here (default benchmarks/results/<machine kind>/deploy.json)")
     args = parser.parse_args(argv)
 
     import alt_tvm
-    from alt_tvm.graph.baselines import quiet_tvm_pool, time_interleaved
+    from alt_tvm.bench import quiet_tvm_pool, time_interleaved, write_results
     from alt_tvm.models import get_model
 
     quiet_tvm_pool()
@@ -106,8 +106,7 @@ def main(argv=None) -> int:
         remote = f"{r['remote_ms']:10.3f}" if "remote_ms" in r else f"{'-':>10s}"
         print(f"{r['model']:14s} {r['build_s']:8.2f} {r['export_s']:9.2f} {r['artifact_mb']:6.1f} {r['load_s']:7.3f} "
               f"{r['built_ms']:9.3f} {r['loaded_ms']:10.3f} {remote} {r['bit_exact']}")
-    if args.json:
-        Path(args.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    print(f"results: {write_results('deploy', {'rows': rows}, path=args.json)}")
     return 0
 
 

@@ -21,11 +21,11 @@ interleaved rounds (``--repeat`` calls each); the medians and their ratio are pr
 ``--compare-options JSON`` does the same for the default build against one given those
 ``strategy_options`` (an A/B of one fusion rule: ``'{"alt": {"fuse_norms": false}}'``).
 
-    python scripts/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
+    python benchmarks/bench_e2e.py [--models resnet18 mobilenet_v2 bert_tiny small_cnn resnet3d_18]
                                 [--threads 2] [--variants alt alt-wp alt-ol] [--sconv] [--trials N] [--json out.json]
-    python scripts/bench_e2e.py --trials N --log-dir DIR --reuse-logs [--models ...]  # time DIR's logs again
-    python scripts/bench_e2e.py --fast-math-compare [--models ...] [--rounds 11] [--repeat 20]
-    python scripts/bench_e2e.py --compare-options '{"alt": {"fuse_norms": false}}' --models model.onnx
+    python benchmarks/bench_e2e.py --trials N --log-dir DIR --reuse-logs [--models ...]  # time DIR's logs again
+    python benchmarks/bench_e2e.py --fast-math-compare [--models ...] [--rounds 11] [--repeat 20]
+    python benchmarks/bench_e2e.py --compare-options '{"alt": {"fuse_norms": false}}' --models model.onnx
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true",
                         help="print each alt-tvm build's report with every layout conversion's time in the model")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None,
+                        help="write the rows here (default benchmarks/results/<machine kind>/e2e.json)")
     parser.add_argument("--fast-math-compare", action="store_true",
                         help="only compare fast_math=False (IEEE NaN semantics) with fast_math=True builds")
     parser.add_argument("--compare-options", type=json.loads, default=None, metavar="JSON",
@@ -80,8 +81,8 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     """Model ``name`` (a reference model, or the path of an ONNX file): (torch module or None,
     its inputs, as arrays, ONNX path, ORT session, ORT's outputs). An ONNX file is run on
     seeded random inputs of its declared shapes."""
+    from alt_tvm.bench import onnxruntime_session
     from alt_tvm.deploy.model import aligned, seeded_inputs
-    from alt_tvm.graph.baselines import onnxruntime_session
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.models import export_onnx, get_model
 
@@ -101,14 +102,11 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
     """Latency of two builds of each model (``alt_tvm.build`` keyword arguments ``settings``),
     both checked against ONNX Runtime, then timed with ONNX Runtime in ``--rounds`` interleaved
     rounds; prints the medians and their ratio. 1 on a wrong result."""
-    import statistics
-
     import numpy as np
 
-    from alt_tvm.graph.baselines import time_callable
+    from alt_tvm.bench import PeakReadings, time_interleaved
     from alt_tvm.graph.build import build
     from alt_tvm.models import MODELS
-    from alt_tvm.timing import PeakReadings
 
     peaks = PeakReadings(threads=args.threads)
     peak = peaks.measure()
@@ -139,12 +137,10 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
                     return 1
             if args.profile:
                 print(f"{name} {label}: " + builds[-1].report.summary(builds[-1].profile(*arrays, repeat=5)))
-        runners = {"first": builds[0], "second": builds[1], "ort": ort_session}
-        medians: dict = {key: [] for key in runners}
-        for _ in range(args.rounds):
-            for key, runner in runners.items():  # interleaved: machine load drifts affect all alike
-                medians[key].append(time_callable(runner, arrays, repeat=args.repeat)[1])
-        first, second, ort_ms = (statistics.median(medians[key]) for key in runners)
+        runners = {"first": (builds[0], arrays), "second": (builds[1], arrays), "ort": (ort_session, arrays)}
+        timed = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat)
+        medians = {key: rounds for key, (_, rounds) in timed.items()}
+        first, second, ort_ms = (timed[key][0] for key in runners)
         shown = os.path.basename(name)
         print(f"  {shown[:24]:24s} {first:12.3f} {second:12.3f} {first / second:12.3f}x {ort_ms:8.3f} "
               f"{ort_ms / second:12.3f}x {build_s[0]:6.1f}/{build_s[1]:<6.1f}")
@@ -157,7 +153,8 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
     results[0].update(peak_gflops=peaks.best, peak_readings=peaks.readings)
     print(f"FP32 FMA peak of the run: {peaks.describe()}")
-    _write_json(args.json, results)
+    if args.json:  # a comparison is not the suite's result: written only where asked
+        _write_json(args.json, results, peak_gflops=peaks.best, threads=args.threads)
     return 0
 
 
@@ -177,7 +174,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    from alt_tvm.graph.baselines import quiet_tvm_pool
+    from alt_tvm.bench import quiet_tvm_pool
 
     quiet_tvm_pool()  # TVM's spinning pool would slow the ONNX Runtime turns timed beside it
     from alt_tvm.models import MODEL_NAMES
@@ -199,7 +196,8 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from alt_tvm.graph.baselines import (
+    from alt_tvm.bench import (
+        PeakReadings,
         TVMRunner,
         time_callable,
         time_interleaved,
@@ -213,7 +211,6 @@ def main(argv=None) -> int:
     from alt_tvm.integration import tune
     from alt_tvm.models import MODELS
     from alt_tvm.target import host
-    from alt_tvm.timing import PeakReadings
     from alt_tvm.tuning.driver import BudgetError
 
     # The ceiling of this run (machine states differ between days): FP32 FMA peak, read again at
@@ -325,15 +322,17 @@ def main(argv=None) -> int:
         peak[key] = readings.best
     results[0]["peak_readings"] = {key: readings.readings for key, readings in peaks.items()}
     print("FP32 FMA peak of the run: " + ", ".join(f"{k.replace('_', ' ')} {r.describe()}" for k, r in peaks.items()))
-    _write_json(args.json, results)
+    _write_json(args.json, results, peak_gflops=peak[f"threads_{args.threads}"], threads=args.threads)
     return 0
 
 
-def _write_json(path: str | None, results: list) -> None:
-    """Write ``results`` to ``path`` (nothing when None), replacing what an earlier call wrote."""
-    if path:
-        with open(path, "w") as fh:
-            json.dump(results, fh, indent=2)
+def _write_json(path: str | None, results: list, *, peak_gflops: float | None = None,
+                threads: int | None = None) -> None:
+    """Write ``results`` to ``path`` (default ``benchmarks/results/<machine kind>/e2e.json``),
+    replacing what an earlier call wrote."""
+    from alt_tvm.bench import write_results
+
+    write_results("e2e", {"rows": results}, path=path, peak_gflops=peak_gflops, threads=threads)
 
 
 if __name__ == "__main__":

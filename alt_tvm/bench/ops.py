@@ -1,47 +1,31 @@
-"""The ALT paper's §7.1 single-operator suite on this machine, all baselines measured in this run.
+"""The ALT paper's §7.1 single-operator suite: its configurations and its timing harness.
 
-Nine operator families (C2D, GRP, DEP, DIL, C3D, C1D, GMM, T2D, T3D); configurations are
-drawn with a fixed seed from ranges sized for a 2-core CPU (the paper's: batch 1–16,
-input channels 3–1280, 10 per family, 1000 trials). For every configuration, at the same
-number of **measured trials**:
-
-* alt-tvm: ``alt_tvm.tune`` of the one-operator model (joint layout + loop stage, then
-  loop-only), the best record lowered and timed as a kernel (its input/weight/output in the
-  tuned layouts, as inside a model where layouts propagate), plus the whole one-op model
-  built from the log (with the layout conversions at its boundary, through the VM);
-* TVM MetaSchedule (``tvm.s_tir.meta_schedule``, Ansor's successor) on the same operator in
-  NCHW-style and channels-last layouts (the paper reports the best layout for tuners), each
-  with the same trial budget;
-* PyTorch (oneDNN) and TVM's untuned build of the canonical kernel.
-
-Every kernel is checked against PyTorch before it is timed. Speedups are geometric means
-per family and overall. Each configuration's kernels are timed together right after it is
-tuned, under the same conditions (the script prints them): every runtime on the same
-threads (TVM_NUM_THREADS = torch's threads = the target's cores unless ``--threads``),
-``--rounds`` interleaved rounds whose order alternates, the median over rounds reported in
-ms and as GFLOP/s and % of the FP32 FMA peak measured in the same run. A runner that fails
-(tuning finds nothing, a build or check fails, ...) is shown as ``failed`` with its error
-listed under the tables; the others go on. The JSON is rewritten after every
-configuration, so an interrupted run keeps what it finished.
-
-    python scripts/bench_ops.py [--trials 24] [--per-family 1] [--families C2D DEP ...]
-                                [--threads 2] [--rounds 5] [--seed 0] [--json docs/bench_ops.json]
+Nine operator families (C2D, GRP, DEP, DIL, C3D, C1D, GMM, T2D, T3D), drawn with a fixed seed
+(:func:`draw_configs`); one :class:`Row` of measurements per configuration; a runner that
+fails is recorded (:func:`attempt`) and the others go on. Every runner of a configuration is
+timed in interleaved rounds (:func:`interleaved_medians`, on :func:`~.timing.run_interleaved`),
+each turn one untimed call, then samples of enough calls to last a few milliseconds
+(:func:`calibrated`); the median over rounds is reported. :func:`report` prints the tables.
+The benchmark that tunes and builds each runner is ``benchmarks/bench_ops.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from .timing import run_interleaved, time_callable
+
+__all__ = ["FAMILIES", "RUNNERS", "STAGES", "Interleaved", "OpConfig", "Row", "Timed", "attempt", "calibrated",
+           "canonical_kernel", "check_result", "draw_configs", "failure_message", "flops", "geomean",
+           "interleaved_medians", "out_spatial", "plan_calls", "read_runs", "rel_error", "report", "time_row",
+           "timing_line", "torch_module", "torch_timed", "tvm_timed"]
+
 
 FAMILIES = ("C2D", "GRP", "DEP", "DIL", "C3D", "C1D", "GMM", "T2D", "T3D")
 
@@ -381,8 +365,8 @@ def interleaved_medians(runners: Mapping[str, Callable[[], float]], *, rounds: i
                         pause_s: float = 0.0) -> Interleaved:
     """Time every runner once per round, for ``rounds`` rounds, and take each runner's median.
 
-    The order alternates (forward, then reversed), so no runner always follows the same
-    one, and load drifting during the run affects all of them alike.
+    A different runner goes first each round (:func:`~.timing.round_order`), so no runner
+    always follows the same one, and load drifting during the run affects all of them alike.
 
     Parameters
     ----------
@@ -402,19 +386,26 @@ def interleaved_medians(runners: Mapping[str, Callable[[], float]], *, rounds: i
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     labels = list(runners)
-    values: dict[str, list[float]] = {label: [] for label in labels}
     failures: dict[str, str] = {}
-    order = []
-    for r in range(rounds):
-        turn = [label for label in (labels if r % 2 == 0 else labels[::-1]) if label not in failures]
-        order.append(turn)
-        for label in turn:
-            if pause_s > 0:
-                time.sleep(pause_s)
-            try:
-                values[label].append(float(runners[label]()))
-            except Exception as err:  # noqa: BLE001 - reported with the runner, the others go on
-                failures[label] = failure_message(err)
+    order: list[list[str]] = [[] for _ in range(rounds)]
+    turns = dict.fromkeys(labels, 0)  # each runner's turns so far: the round it is in
+
+    def turn(i: int) -> float | None:
+        label = labels[i]
+        r, turns[label] = turns[label], turns[label] + 1
+        if label in failures:  # dropped from the rounds after it failed
+            return None
+        order[r].append(label)
+        if pause_s > 0:
+            time.sleep(pause_s)
+        try:
+            return float(runners[label]())
+        except Exception as err:  # noqa: BLE001 - reported with the runner, the others go on
+            failures[label] = failure_message(err)
+            return None
+
+    samples = run_interleaved(len(labels), rounds=rounds, run=turn) if labels else []
+    values = {label: [v for v in got if v is not None] for label, got in zip(labels, samples)}
     medians = {label: statistics.median(v) for label, v in values.items() if v and label not in failures}
     return Interleaved(medians, {k: v for k, v in values.items() if v}, failures, order)
 
@@ -435,217 +426,35 @@ def geomean(values) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    parser.add_argument("--per-family", type=int, default=1, help="configurations per family")
-    parser.add_argument("--trials", type=int, default=24, help="measured trials per operator, for each tuner")
-    parser.add_argument("--joint-fraction", type=float, default=0.3, help="alt-tvm's joint-stage share (paper 0.3)")
-    parser.add_argument("--ms-layouts", nargs="+", default=["nchw", "nhwc"], choices=["nchw", "nhwc"])
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads of every runtime (default: the target's cores)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
-    parser.add_argument("--repeat", type=int, default=20,
-                        help="timed samples per kernel per round (at least 3; fewer if a kernel is slow)")
-    parser.add_argument("--skip-ms", action="store_true", help="skip MetaSchedule (e.g. for a quick run)")
-    parser.add_argument("--log-dir", default=None,
-                        help="keep alt-tvm's logs and MetaSchedule's databases here (default: temporary)")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--report", nargs="+", default=None, metavar="JSON",
-                        help="only print the tables of earlier runs' JSON files (a later file's row replaces an "
-                             "earlier row of the same configuration, e.g. a re-measurement)")
-    args = parser.parse_args(argv)
-    for name in ("per_family", "trials", "threads", "rounds", "repeat"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    return args
-
-
 def timing_line(*, threads: int, cores: int, rounds: int, repeat: int, pause_s: float) -> str:
     """How every runtime of this run is timed, printed before the measurements."""
     cores_note = "the target's cores" if threads == cores else f"--threads; the target has {cores} cores"
     return (f"timing: {threads} thread(s) for every runtime ({cores_note}): TVM_NUM_THREADS={threads} (alt-tvm, "
             f"MetaSchedule, TVM untuned), torch.set_num_threads({threads}); ONNX Runtime is not used. "
-            f"{rounds} interleaved rounds, order reversed every other round; each runner's turn: "
+            f"{rounds} interleaved rounds, a different runner first each round; each runner's turn: "
             f"{pause_s * 1e3:.0f} ms pause, one untimed call, then up to {repeat} samples (at least 3, fewer only "
             f"if over 2 s) of enough calls for >= 5 ms each; a round's value is the median sample, the table the "
             f"median over rounds. TVM kernels are timed by time_evaluator, PyTorch by perf_counter around its "
-            f"Python calls. GFLOP/s are reported against the FP32 FMA peak (alt_tvm.timing.measure_peak_gflops, "
+            f"Python calls. GFLOP/s are reported against the FP32 FMA peak (alt_tvm.bench.measure_peak_gflops, "
             f"{threads} thread(s)) measured at the start and after every configuration, the best of them.")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.report:
-        return _report_files(args.report)
-    from alt_tvm.target import host
-
-    machine = host()  # no kernel has run yet: TVM's thread pool still reads TVM_NUM_THREADS below
-    threads = args.threads or machine.num_cores
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-    try:
-        import torch
-    except ImportError as err:  # every operator and its reference come from torch.nn
-        raise SystemExit(f"bench_ops needs PyTorch for the operators and their reference: {err}") from err
-    from alt_tvm.timing import PeakReadings
-
-    torch.set_num_threads(threads)
-    configs = draw_configs(families=args.families, per_family=args.per_family, seed=args.seed)
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="alt_bench_ops_")
-    os.makedirs(log_dir, exist_ok=True)
-    rows: list[Row] = []
-    ms_import_s = 0.0
-    pause_s = 0.05
-    line = timing_line(threads=threads, cores=machine.num_cores, rounds=args.rounds, repeat=args.repeat,
-                       pause_s=pause_s)
-    print(line, flush=True)
-    peaks = PeakReadings(threads=threads)
-    peak = peaks.measure()
-    print(f"FP32 FMA peak at the start: {peak:.0f} GFLOP/s", flush=True)
-    for index, cfg in enumerate(configs):
-        row = Row(cfg, flops(cfg) / 1e9)
-        rows.append(row)
-        print(f"[{index + 1}/{len(configs)}] {cfg.family} {cfg.describe()} ({row.gflop:.3f} GFLOP)", flush=True)
-        timed, import_s = _set_up(cfg, row, index=index, args=args, threads=threads, machine=machine,
-                                  log_dir=log_dir)
-        ms_import_s = max(ms_import_s, import_s)
-        # This configuration's kernels, all tuned, timed together in interleaved rounds.
-        time_row(row, {label: calibrated(fn, repeat=args.repeat) for label, fn in timed.items()},
-                 rounds=args.rounds, pause_s=pause_s)
-        print("    " + " | ".join(f"{label} {_fmt(row.outcome(label), '.3f')}" for label in
-                                  ("torch", "tvm_untuned", "ms", "alt_default", "alt_kernel", "alt_model")), flush=True)
-        # A shared machine's load drifts: the ceiling is the best peak seen in this run.
-        if peaks.measure() > peak:
-            print(f"    FP32 FMA peak now {peaks.best:.0f} GFLOP/s (was {peak:.0f}): the run's peak is the best seen",
-                  flush=True)
-            peak = peaks.best
-        if args.json:  # rewritten after every configuration: an interrupted run keeps what it finished
-            _write_json(args.json, rows, args, threads, peak, ms_import_s, machine, line)
-    _report(rows, trials=args.trials, threads=threads, peak=peak, ms_import_s=ms_import_s)
-    if args.json:
-        print(f"wrote {args.json}")
-    return 1 if any(r.errors or r.failures for r in rows) else 0
-
-
-def _set_up(cfg: OpConfig, row: Row, *, index: int, args: argparse.Namespace, threads: int, machine: Any,
-            log_dir: str) -> tuple[dict[str, Timed], float]:
-    """Tune, build and check every runner of one configuration: ``({label: timed}, MS import s)``.
-
-    A runner whose setup fails is left out, its error in ``row.failures``.
-    """
-    import torch
-
-    target = machine.to_tvm()
-    module, x = torch_module(cfg, args.seed + index)
-    with torch.no_grad():
-        reference = module(x).numpy()
-    weight = module.weight.detach().numpy()
-    timed: dict[str, Timed] = {"torch": _torch_timed(module, x, threads=threads)}
-
-    alt = attempt(row, "alt", lambda: _alt_tvm(module, x, reference, index=index, cfg=cfg, args=args,
-                                                 machine=machine, log_dir=log_dir, row=row))
-    if alt is not None:
-        task, compiled, best = alt
-        if best is None:
-            print("    alt-tvm's log keeps the default schedule: its tuned kernel is the default one", flush=True)
-        for label, params in (("alt_kernel", best), ("alt_default", None)):
-            kernel = attempt(row, label, lambda p=params: _task_timed(task, p, seed=args.seed))
-            if kernel is not None:
-                timed[label] = kernel
-        timed["alt_model"] = lambda number, repeat: compiled.time(x.numpy(), number=number, repeat=repeat)[1]
-
-    untuned = attempt(row, "tvm_untuned", lambda: _untuned(cfg, weight, x.numpy(), reference, target=target))
-    if untuned is not None:
-        timed["tvm_untuned"] = untuned
-    import_s = 0.0
-    # A dense has no channel layout (canonical_kernel ignores channels_last): one search, not none.
-    layouts = args.ms_layouts[:1] if cfg.family == "GMM" else args.ms_layouts
-    for layout in layouts:
-        if args.skip_ms:
-            row.skipped.append(f"ms_{layout}")
-            continue
-        work_dir = os.path.join(log_dir, f"{index:02d}_{cfg.family}_ms_{layout}")
-        found = attempt(row, f"ms_{layout}", lambda layout=layout, work_dir=work_dir: _metaschedule(
-            cfg, weight, x.numpy(), reference, layout=layout, target=target, work_dir=work_dir,
-            trials=args.trials, seed=args.seed))
-        if found is not None:
-            timed[f"ms_{layout}"], row.ms_tune_s[layout], found_import_s = found
-            import_s = max(import_s, found_import_s)
-    return timed, import_s
-
-
-def _write_json(path, rows, args, threads, peak, ms_import_s, machine, line) -> None:
-    with open(path, "w") as fh:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "threads": threads,
-                   "trials": args.trials, "rounds": args.rounds, "repeat": args.repeat, "timing": line,
-                   "peak_gflops": peak, "ms_import_s": ms_import_s,
-                   "machine": {"name": machine.name, "cores": machine.num_cores, "l1d": machine.l1d_bytes,
-                               "l2": machine.l2_bytes},
-                   "rows": [dict(asdict(r), ms_best_ms=r.ms_best_ms) for r in rows]}, fh, indent=1, default=str)
-
-
-def _alt_tvm(module, x, reference, *, index: int, cfg: OpConfig, args, machine, log_dir: str, row: Row):
-    """Tune the one-op model with alt-tvm, build it and check it: ``(task, compiled model, best params)``."""
-    from alt_tvm.graph.build import build
-    from alt_tvm.integration import extract_tasks, tune
-    from alt_tvm.records import best_params
-
-    log = os.path.join(log_dir, f"{index:02d}_{cfg.family}.jsonl")
-    if os.path.exists(log):
-        os.remove(log)
-    start = time.perf_counter()
-    model, example = _importable(module, x, os.path.join(log_dir, f"{index:02d}_{cfg.family}.onnx"))
-    tune(model, trials=args.trials, log=log, target=machine, example_inputs=example, seed=args.seed,
-         joint_fraction=args.joint_fraction, progress=False)
-    row.alt_tune_s = time.perf_counter() - start
-    tasks = extract_tasks(model, target=machine, example_inputs=example)
-    if len(tasks) != 1:
-        raise RuntimeError(f"expected one tunable task, got {len(tasks)}")
-    task = tasks[0]
-    # None: the log's decision keeps the default schedule (e.g. tuned ones lost inside the model),
-    # which is then what the build uses and what "tuned kernel" means; {} would not lower.
-    params = best_params(log, target=machine).get(task.key)
-    row.alt_params = params or {}
-    compiled = build(model, target=machine, example_inputs=example, records=log)
-    _check(compiled(x.numpy())[0], reference, "alt-tvm model")
-    return task, compiled, params
-
-
-def _importable(module, x, onnx_path: str):
-    """``(model, example_inputs)`` for alt-tvm: the torch module, or its ONNX export where TVM's
-    PyTorch frontend lacks the operator (ConvTranspose3d in TVM 0.27)."""
-    import torch
-
-    from alt_tvm.graph.frontend import ModelImportError, load_model
-
-    try:
-        load_model(module, example_inputs=(x,))
-        return module, (x,)
-    except ModelImportError:
-        torch.onnx.export(module, (x,), onnx_path, dynamo=False)
-        return onnx_path, None
-
-
-def _rel_error(got, want) -> float:
+def rel_error(got, want) -> float:
     import numpy as np
 
     return float(np.abs(got - want).max() / max(1e-6, float(np.abs(want).max())))
 
 
-def _check(got, want, what: str) -> None:
+def check_result(got, want, what: str) -> None:
     """Raise if ``got`` is not PyTorch's result: a wrong kernel is a failed baseline, not a timing."""
-    error = _rel_error(got, want)
+    error = rel_error(got, want)
     if not error <= 1e-3:
         raise RuntimeError(f"{what} differs from PyTorch: relative error {error:.2e}")
 
 
-def _torch_timed(module, x, *, threads: int) -> Timed:
+def torch_timed(module, x, *, threads: int) -> Timed:
     """PyTorch's eager call, inference mode, ``threads`` intra-op threads (reset if changed)."""
     import torch
-
-    from alt_tvm.graph.baselines import time_callable
 
     def timed(number: int, repeat: int) -> float:
         if torch.get_num_threads() != threads:
@@ -656,7 +465,7 @@ def _torch_timed(module, x, *, threads: int) -> Timed:
     return timed
 
 
-def _tvm_timed(module, args_nd) -> Timed:
+def tvm_timed(module, args_nd) -> Timed:
     """A compiled TVM kernel's ``main`` through ``time_evaluator``."""
     import numpy as np
     import tvm
@@ -667,94 +476,36 @@ def _tvm_timed(module, args_nd) -> Timed:
     return timed
 
 
-def _task_timed(task, params, *, seed: int) -> Timed:
-    """alt-tvm's kernel for ``params`` (None: the default schedule), built once, on the arguments
-    the tuner measures it with (``measure_in_process``'s)."""
-    import numpy as np
-    import tvm
-
-    lowered = task.lower(params)
-    module = tvm.compile(lowered.func, target=task.target.to_tvm()).jit()
-    rng = np.random.default_rng(seed)
-    args = []
-    for i, (shape, dtype) in enumerate(lowered.arg_specs):
-        data = lowered.constants.get(i)
-        if data is None:
-            data = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
-        args.append(tvm.runtime.tensor(data, tvm.cpu()))
-    module["main"](*args)
-    return _tvm_timed(module, args)
-
-
-def _untuned(cfg: OpConfig, weight, data, reference, *, target) -> Timed:
-    """TVM's untuned build of the canonical kernel, checked."""
-    import numpy as np
-    import tvm
-
-    func, _ = canonical_kernel(cfg, weight.shape, channels_last=False)
-    lib = tvm.compile(func, target=target)
-    args_nd = [tvm.runtime.tensor(a, tvm.cpu()) for a in (data, weight)]
-    args_nd.append(tvm.runtime.tensor(np.zeros(reference.shape, "float32"), tvm.cpu()))
-    lib["main"](*args_nd)
-    _check(args_nd[-1].numpy(), reference, "TVM untuned kernel")
-    return _tvm_timed(lib.mod, args_nd)
-
-
-def _metaschedule(cfg, weight, data, reference, *, layout: str, target, trials: int, seed: int, work_dir: str):
-    """Tune the canonical (or channels-last) kernel: ``(timed, tune_s, import_s)``; raises if it fails."""
-    import numpy as np
-    import tvm
-
-    from alt_tvm.graph.metaschedule import tune_kernel
-
-    func, layouts = canonical_kernel(cfg, weight.shape, channels_last=layout == "nhwc")
-    shutil.rmtree(work_dir, ignore_errors=True)  # a fresh search, its database kept for inspection
-    result = tune_kernel(func, target=target, trials=trials, seed=seed, work_dir=work_dir)
-    if result.artifact is None:
-        raise RuntimeError(f"no valid schedule in {trials} trials: {result.error}")
-    lib = tvm.compile(result.artifact, target=target)
-    dev = tvm.cpu()
-    data_in = layouts["data"].apply(data) if layouts else data
-    weight_in = layouts["weight"].apply(weight) if layouts else weight
-    out_shape = layouts["out"].shape if layouts else reference.shape
-    args_nd = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype="float32"), dev) for a in (data_in, weight_in)]
-    args_nd.append(tvm.runtime.tensor(np.zeros(out_shape, "float32"), dev))
-    lib["main"](*args_nd)
-    out = layouts["out"].inverse_apply(args_nd[-1].numpy()) if layouts else args_nd[-1].numpy()
-    _check(out, reference, "MetaSchedule kernel")
-    return _tvm_timed(lib.mod, args_nd), result.tune_s, result.import_s
-
-
-def _fmt(value: float | str, spec: str) -> str:
+def fmt(value: float | str, spec: str) -> str:
     """A number, or the word that says why there is none (never a bare ``nan``)."""
     if isinstance(value, str):
         return value
     return format(value, spec) if math.isfinite(value) else "-"
 
 
-def _ratio(row: Row, num: str, den: str) -> float:
+def ratio(row: Row, num: str, den: str) -> float:
     return row.get_ms(num) / row.get_ms(den)
 
 
-_COLUMNS = (("torch", "torch"), ("tvm-unt", "tvm_untuned"), ("MS", "ms"), ("alt-def", "alt_default"),
+COLUMNS = (("torch", "torch"), ("tvm-unt", "tvm_untuned"), ("MS", "ms"), ("alt-def", "alt_default"),
             ("alt", "alt_kernel"), ("alt+cvt", "alt_model"))
 
 
-def _report(rows: list[Row], *, trials: int, threads: int, peak: float, ms_import_s: float) -> None:
+def report(rows: Sequence[Row], *, trials: int, threads: int, peak: float, ms_import_s: float) -> None:
     """Latency table (ms), throughput table (GFLOP/s, % of peak), failures, speedups, tuning time."""
     print("\nlatency (ms, median of the interleaved rounds); failed = see the list below, - = ratio undefined")
-    print(f"{'family':6} {'configuration':38} {'GFLOP':>7} " + " ".join(f"{name:>9}" for name, _ in _COLUMNS)
+    print(f"{'family':6} {'configuration':38} {'GFLOP':>7} " + " ".join(f"{name:>9}" for name, _ in COLUMNS)
           + f" {'vsMS':>6} {'vsTorch':>7}")
     for r in rows:
         print(f"{r.config.family:6} {r.config.describe()[:38]:38} {r.gflop:7.3f} "
-              + " ".join(f"{_fmt(r.outcome(label), '.3f'):>9}" for _, label in _COLUMNS)
-              + f" {_fmt(_ratio(r, 'ms', 'alt_kernel'), '.2f'):>6} {_fmt(_ratio(r, 'torch', 'alt_kernel'), '.2f'):>7}")
+              + " ".join(f"{fmt(r.outcome(label), '.3f'):>9}" for _, label in COLUMNS)
+              + f" {fmt(ratio(r, 'ms', 'alt_kernel'), '.2f'):>6} {fmt(ratio(r, 'torch', 'alt_kernel'), '.2f'):>7}")
 
     print(f"\nthroughput: GFLOP/s (% of the {peak:.0f} GFLOP/s FP32 FMA peak measured with {threads} thread(s))")
-    print(f"{'family':6} {'configuration':38} " + " ".join(f"{name:>12}" for name, _ in _COLUMNS))
+    print(f"{'family':6} {'configuration':38} " + " ".join(f"{name:>12}" for name, _ in COLUMNS))
     for r in rows:
         cells = []
-        for _, label in _COLUMNS:
+        for _, label in COLUMNS:
             value = r.outcome(label)
             if isinstance(value, str):
                 cells.append(f"{value:>12}")
@@ -781,24 +532,27 @@ def _report(rows: list[Row], *, trials: int, threads: int, peak: float, ms_impor
         groups.setdefault(r.config.family, []).append(r)
     groups["overall"] = rows
     for name, group in groups.items():
-        speedups = [geomean([_ratio(r, num, den) for r in group]) for num, den in (
+        speedups = [geomean([ratio(r, num, den) for r in group]) for num, den in (
             ("ms", "alt_kernel"), ("torch", "alt_kernel"), ("tvm_untuned", "alt_kernel"),
             ("alt_default", "alt_kernel"), ("ms", "alt_model"))]
-        print(f"{name:8} {_fmt(speedups[0], '.2f'):>7} {_fmt(speedups[1], '.2f'):>9} {_fmt(speedups[2], '.1f'):>15} "
-              f"{_fmt(speedups[3], '.2f'):>15} {_fmt(speedups[4], '.2f'):>18}")
+        print(f"{name:8} {fmt(speedups[0], '.2f'):>7} {fmt(speedups[1], '.2f'):>9} {fmt(speedups[2], '.1f'):>15} "
+              f"{fmt(speedups[3], '.2f'):>15} {fmt(speedups[4], '.2f'):>18}")
     alt_s = sum(r.alt_tune_s for r in rows if math.isfinite(r.alt_tune_s))
     ms_s = sum(sum(r.ms_tune_s.values()) for r in rows)
     print(f"\ntuning wall time: alt-tvm {alt_s:.0f} s, MetaSchedule {ms_s:.0f} s "
           f"(+ {ms_import_s:.0f} s one-time intrinsic import)")
 
 
-def _report_files(paths) -> int:
-    """Merge the rows of earlier runs and print their tables (no measuring)."""
+def read_runs(paths: Sequence[str]) -> tuple[dict[str, Any], list[Row]]:
+    """The rows of earlier runs' JSON files, merged (a later file's row replaces an earlier row
+    of the same configuration), and the first run's facts."""
     merged: dict = {}
-    meta = None
+    meta: dict[str, Any] | None = None
     for path in paths:
         with open(path) as fh:
             run = json.load(fh)
+        if isinstance(run, dict) and "suite" in run and "results" in run:  # written by write_results
+            run = run["results"]
         meta = meta or run
         for raw in run["rows"]:
             cfg = dict(raw["config"])
@@ -806,12 +560,6 @@ def _report_files(paths) -> int:
             raw = {k: v for k, v in raw.items() if k not in ("config", "ms_best_ms")}
             row = Row(OpConfig(**cfg), **raw)
             merged[row.config] = row
-    if meta.get("timing"):
-        print(meta["timing"])
-    _report(list(merged.values()), trials=meta["trials"], threads=meta["threads"], peak=meta["peak_gflops"],
-            ms_import_s=meta["ms_import_s"])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if meta is None:
+        raise ValueError("no results file given")
+    return meta, list(merged.values())

@@ -23,15 +23,14 @@ TFLOP/s and the share of the FP32 rate of the GPU measured in the same run (an F
 matrix product through cuBLAS with TF32 off). The inputs of one layer fit in the L2 cache:
 every runner is timed hot, as in a model whose layers run back to back.
 
-    python scripts/bench_gpu.py [--layers layer1 layer2 ...] [--trials 64] [--ms-trials 64]
-                                [--repeat 7] [--seed 0] [--json docs/gpu.json] [--log-dir DIR]
+    python benchmarks/bench_gpu.py [--layers layer1 layer2 ...] [--trials 64] [--ms-trials 64]
+                                [--repeat 7] [--seed 0] [--json FILE] [--log-dir DIR]
                                 [--split-k 1 2 4 8 16]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ import numpy as np
 import torch
 import tvm
 
+from alt_tvm.bench.results import write_results
 from alt_tvm.integration import extract_tasks
 from alt_tvm.records import best_params
 from alt_tvm.target import HardwareTarget, detect_cuda
@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms-trials", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="write the rows and the device here")
+    parser.add_argument("--json", default=None,
+                        help="write the rows and the device here (default benchmarks/results/<machine kind>/gpu.json)")
     parser.add_argument("--log-dir", default=None, help="keep the tuning logs here (default: a temporary folder)")
     parser.add_argument("--split-k", nargs="*", type=int, default=[],
                         help="also time the untuned point with each of these split_k values (where valid)")
@@ -320,11 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(log_dir, exist_ok=True)
     for name in args.layers:
         rows.append(bench_layer(name, target, args, log_dir))
-        if args.json:  # rewritten after every layer: an interrupted run keeps what it finished
-            with open(args.json, "w") as f:
-                json.dump({"device": device, "args": vars(args), "rows": [asdict(r) for r in rows]}, f, indent=1)
+        # rewritten after every layer: an interrupted run keeps what it finished
+        written = write_results("gpu", {"device": device, "args": vars(args), "rows": [asdict(r) for r in rows]},
+                                path=args.json)
         print(rows[-1], flush=True)
     print_table(rows, peak)
+    if rows:
+        print(f"results: {written}")
     return 0
 
 

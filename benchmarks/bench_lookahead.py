@@ -8,16 +8,15 @@ the ratio of the two bests.
 Every candidate is built and timed in this process, one at a time: a lock serialises the
 batches a lookahead keeps out, so no timing is disturbed by another build and only the
 information the search had when it proposed each batch differs. The wall time of this script
-therefore says nothing about the pipelining's speed (``scripts/bench_fleet.py`` measures that).
+therefore says nothing about the pipelining's speed (``benchmarks/bench_fleet.py`` measures that).
 
-    python scripts/bench_lookahead.py [--layers layer1 layer2 layer3] [--trials 64] [--seeds 0 1]
+    python benchmarks/bench_lookahead.py [--layers layer1 layer2 layer3] [--trials 64] [--seeds 0 1]
                                       [--rounds 5] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -26,15 +25,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the fleet benchmark's layers, beside this file (a benchmark's folder is on its import path)
+from bench_fleet import LAYERS, conv_task
 
-from bench_fleet import LAYERS, conv_task  # noqa: E402
-
-from alt_tvm.records import choose_best, load_records  # noqa: E402
-from alt_tvm.tuning.driver import tune_tasks  # noqa: E402
-from alt_tvm.tuning.fleet import Outcome  # noqa: E402
-from alt_tvm.tuning.measure import classify_exception  # noqa: E402
-from alt_tvm.tuning.task import measure_in_process  # noqa: E402
+from alt_tvm.bench import run_interleaved, write_results
+from alt_tvm.records import choose_best, load_records
+from alt_tvm.tuning.driver import tune_tasks
+from alt_tvm.tuning.fleet import Outcome
+from alt_tvm.tuning.measure import classify_exception
+from alt_tvm.tuning.task import measure_in_process
 
 
 class SerialBatches:
@@ -75,7 +74,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved re-timings of each best")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None,
+                        help="write the rows here (default benchmarks/results/<machine kind>/lookahead.json)")
     args = parser.parse_args()
     if args.trials < 8 or args.rounds < 1:
         parser.error("--trials must be >= 8 and --rounds >= 1")
@@ -87,20 +87,18 @@ def main() -> int:
         task = conv_task(layer)
         for seed in args.seeds:
             bests = {ahead: best_params(task, trials=args.trials, seed=seed, lookahead=ahead) for ahead in (0, 1)}
-            times: dict[int, list[float]] = {0: [], 1: []}
-            for _ in range(args.rounds):
-                for ahead, params in bests.items():
-                    times[ahead].append(measure_in_process(task, params))
+            samples = run_interleaved(2, rounds=args.rounds,
+                                      run=lambda ahead, task=task, bests=bests: measure_in_process(task, bests[ahead]))
+            times = dict(enumerate(samples))
             med = {ahead: statistics.median(t) for ahead, t in times.items()}
             rows.append({"layer": layer, "seed": seed, "ms": med, "ratio": med[1] / med[0]})
             print(f"{layer:8s} {seed:4d} {med[0]:12.3f} {med[1]:12.3f} {med[1] / med[0]:6.2f}x")
             sys.stdout.flush()
     geo = math.exp(statistics.fmean(math.log(r["ratio"]) for r in rows))
     print(f"geometric mean of lookahead 1 / lookahead 0 best latency: {geo:.3f} (above 1: lookahead found slower)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"trials": args.trials, "rounds": args.rounds, "rows": rows, "geomean_ratio": geo}, f,
-                      indent=1)
+    written = write_results("lookahead", {"trials": args.trials, "rounds": args.rounds, "rows": rows,
+                                          "geomean_ratio": geo}, path=args.json)
+    print(f"results: {written}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """Serving a model: throughput of concurrent callers against ONNX Runtime, and the cold start.
 
-    python scripts/bench_serving.py --models resnet18 mobilenet_v2 [--concurrency 1 2 4]
-                                    [--seconds 3] [--rounds 3] [--json serving.json]
-    python scripts/bench_serving.py --models --batch-models tv_resnet50 tv_mobilenet_v2 --batches 8 32
+    python benchmarks/bench_serving.py --models resnet18 mobilenet_v2 [--concurrency 1 2 4]
+                                       [--seconds 3] [--rounds 3] [--json FILE]
+    python benchmarks/bench_serving.py --models --batch-models tv_resnet50 tv_mobilenet_v2 --batches 8 32
 
 **Throughput.** ``N`` Python threads call one model at batch 1 for ``--seconds``, each call on
 ``cores // N`` threads (at least one): alt-tvm's built model with ``model.set_threads``, ONNX
@@ -16,7 +16,10 @@ alt_tvm``, ``alt_tvm.load`` (the metadata and checksums, TVM's runtime library, 
 library) and the first call; the median of ``--rounds`` processes, and whether the process
 loaded TVM's compiler, PyTorch or any build code (it must not).
 
-**Batches.** Public models (``scripts/export_public.py`` names) exported at each of
+The results go to ``benchmarks/results/<machine kind>/serving.json`` unless ``--json`` says
+where (:mod:`alt_tvm.bench.results`).
+
+**Batches.** Public models (:mod:`alt_tvm.models.public` names) exported at each of
 ``--batches``, built by alt-tvm (untuned: the defaults were fitted at batch 1) and timed in
 interleaved rounds against ONNX Runtime and OpenVINO (FP32, latency hint, not pinned) on
 all cores, every output checked against ONNX Runtime's first; images per second.
@@ -104,11 +107,9 @@ def batch_table(names: list[str], batches: list[int], *, cores: int, rounds: int
     import torch
 
     import alt_tvm
+    from alt_tvm.bench import onnxruntime_session, openvino_available, openvino_session, time_interleaved
     from alt_tvm.deploy.model import aligned
-    from alt_tvm.graph.baselines import onnxruntime_session, openvino_session, time_interleaved
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from export_public import instantiate, public_models
+    from alt_tvm.models.public import instantiate, public_models
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="alt_tvm_batch_") as tmp:
@@ -125,10 +126,10 @@ def batch_table(names: list[str], batches: list[int], *, cores: int, rounds: int
                 build_s = time.perf_counter() - started
                 x = aligned(x.numpy())
                 runners = {"alt-tvm": built, "onnxruntime": onnxruntime_session(path, threads=cores)}
-                try:
+                if why := openvino_available():
+                    print(why, flush=True)
+                else:
                     runners["openvino"] = openvino_session(path, threads=cores)
-                except ImportError:
-                    print("OpenVINO is not installed: pip install openvino==2026.4.1", flush=True)
                 want = runners["onnxruntime"](x)[0]
                 errors = {label: float(np.abs(run(x)[0] - want).max() / max(np.abs(want).max(), 1e-30))
                           for label, run in runners.items() if label != "onnxruntime"}
@@ -153,7 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--seconds", type=float, default=3.0, help="per runtime, level and round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; cold-start processes")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the results here (default benchmarks/results/<machine kind>/serving.json)")
     parser.add_argument("--batch-models", nargs="*", default=[], help="public models timed at --batches")
     parser.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     args = parser.parse_args(argv)
@@ -163,11 +165,10 @@ def main(argv=None) -> int:
     import torch
 
     import alt_tvm
+    from alt_tvm.bench import PeakReadings, onnxruntime_session, quiet_tvm_pool, run_interleaved, write_results
     from alt_tvm.deploy.model import aligned, use_runtime_threads
-    from alt_tvm.graph.baselines import onnxruntime_session, quiet_tvm_pool
     from alt_tvm.models import get_model
     from alt_tvm.target import host
-    from alt_tvm.timing import PeakReadings
 
     quiet_tvm_pool()
     cores = host().num_cores
@@ -194,11 +195,14 @@ def main(argv=None) -> int:
                 per_call = max(1, cores // callers)
                 built.set_threads(per_call)
                 ort = onnxruntime_session(onnx_path, threads=per_call)
-                readings = {"alt-tvm": [], "onnxruntime": []}
-                for _ in range(args.rounds):
-                    for label, runner in (("alt-tvm", built), ("onnxruntime", ort)):
-                        runner(x)  # warm
-                        readings[label].append(throughput(runner, x, callers=callers, seconds=args.seconds))
+                served = (("alt-tvm", built), ("onnxruntime", ort))
+
+                def turn(i: int, served=served, x=x, callers: int = callers) -> float:
+                    served[i][1](x)  # warm
+                    return throughput(served[i][1], x, callers=callers, seconds=args.seconds)
+
+                samples = run_interleaved(len(served), rounds=args.rounds, run=turn)
+                readings = {label: values for (label, _), values in zip(served, samples)}
                 row = {"callers": callers, "threads_per_call": per_call,
                        **{f"{k} calls/s": statistics.median(v) for k, v in readings.items()}}
                 row["ratio"] = row["alt-tvm calls/s"] / row["onnxruntime calls/s"]
@@ -215,9 +219,8 @@ def main(argv=None) -> int:
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
     results["peak_gflops"] = peaks.describe()
     print(f"FP32 FMA peak of this run: {peaks.describe()} on {cores} threads", flush=True)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    written = write_results("serving", results, path=args.json, peak_gflops=peaks.best, threads=cores)
+    print(f"results: {written}")
     return 0
 
 

@@ -20,7 +20,7 @@ Two parts, both on tasks of ResNet-18's convolutions (batch 1, conv + bias + ReL
    candidates' latencies under each configuration are compared, since on a machine that
    both builds and times, a build beside a timed run can disturb the timing.
 
-    python scripts/bench_fleet.py [--sim-trials 256] [--boards 1 2 4 8] [--build-s 0.1] [--run-s 0.5]
+    python benchmarks/bench_fleet.py [--sim-trials 256] [--boards 1 2 4 8] [--build-s 0.1] [--run-s 0.5]
                                   [--in-flight 1 2 4] [--lookahead 0 1]
                                   [--candidates 8] [--workers 2] [--rounds 3] [--skip-real] [--json F]
 """
@@ -28,7 +28,6 @@ Two parts, both on tasks of ResNet-18's convolutions (batch 1, conv + bias + ReL
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from alt_tvm.bench import run_interleaved, write_results
 from alt_tvm.integration import extract_tasks
 from alt_tvm.tuning.driver import tune_tasks
 from alt_tvm.tuning.fleet import PipelinedMeasure
@@ -101,20 +101,23 @@ def real_builds(task: Any, *, count: int, workers: int, rounds: int, seed: int) 
         measures[name] = PipelinedMeasure(builder=builder, runner=runner, build_workers=build_workers,
                                           overlap=overlap)
         list(measures[name].measure_batch(task, points[:build_workers]))  # start the workers, untimed
-    walls: dict[str, list[float]] = {name: [] for name in configs}
-    latencies: dict[str, list[list[float]]] = {name: [] for name in configs}
-    builds: dict[str, list[float]] = {name: [] for name in configs}
-    for _ in range(rounds):
-        for name, measure in measures.items():
-            measure.stats.build_s.clear()
-            start = time.perf_counter()
-            outcomes = dict(measure.measure_batch(task, points))
-            walls[name].append(time.perf_counter() - start)
-            bad = [o for o in outcomes.values() if not o.ok]
-            if bad:
-                raise RuntimeError(f"{name}: {bad[0].error_code}: {bad[0].error_msg}")
-            latencies[name].append([outcomes[i].latency_ms for i in range(count)])
-            builds[name].append(sum(measure.stats.build_s))
+    names = list(measures)
+
+    def turn(i: int) -> tuple[float, list[float], float]:
+        name, measure = names[i], measures[names[i]]
+        measure.stats.build_s.clear()
+        start = time.perf_counter()
+        outcomes = dict(measure.measure_batch(task, points))
+        wall = time.perf_counter() - start
+        bad = [o for o in outcomes.values() if not o.ok]
+        if bad:
+            raise RuntimeError(f"{name}: {bad[0].error_code}: {bad[0].error_msg}")
+        return wall, [outcomes[i].latency_ms for i in range(count)], sum(measure.stats.build_s)
+
+    runs = dict(zip(names, run_interleaved(len(names), rounds=rounds, run=turn)))
+    walls = {name: [wall for wall, _, _ in runs[name]] for name in names}
+    latencies = {name: [latency for _, latency, _ in runs[name]] for name in names}
+    builds = {name: [built for _, _, built in runs[name]] for name in names}
     for measure in measures.values():
         measure.close()
     base = statistics.median(walls["one build at a time"])
@@ -147,7 +150,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--skip-sim", action="store_true")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None,
+                        help="write the report here (default benchmarks/results/<machine kind>/fleet.json)")
     args = parser.parse_args()
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
     if min(args.lookahead) < 0:
@@ -189,9 +193,7 @@ def main() -> int:
             print(f"{name:36s} {row['wall_s']:7.1f} {row['speedup']:7.2f}x {row['build_s_sum']:16.1f} "
                   f"{row['latency_vs_serial']:17.3f}x")
         report["real"] = rows
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    print(f"results: {write_results('fleet', report, path=args.json)}")
     return 0
 
 

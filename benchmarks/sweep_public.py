@@ -1,21 +1,23 @@
-"""Public-model sweep: every architecture of ``scripts/export_public.py`` through both exporters.
+"""Public-model sweep: every architecture of :mod:`alt_tvm.models.public` through both exporters.
 
 For each model, in a child process of its own (a crash or a hang is that model's result, not
 the sweep's end): export it with PyTorch's TorchScript and dynamo exporters, build each export
 with ``alt_tvm.build`` (untuned), compare with ONNX Runtime on the same file, then time the two
 builds and ONNX Runtime in interleaved rounds (ORT's pool not spinning, the same thread count).
-Rows are appended to a JSON-lines file as models finish (``--resume`` skips finished ones) and
-the table is written as Markdown.
+Rows are appended to a JSON-lines journal as models finish (``--resume`` skips finished ones);
+at the end the run is written to ``benchmarks/results/<machine kind>/<suite>.json``
+(:mod:`alt_tvm.bench.results`; ``--suite`` defaults to ``cnn_suite`` for that group,
+``transformers`` for ``transformer_suite``, else ``public_sweep``) and the table is printed.
 
-    python scripts/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--kind cnn] [--out sweep.jsonl]
-                                   [--markdown docs/public_sweep.md] [--timeout 1200] [--resume]
-                                   [--target cpu:haswell]
+    python benchmarks/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--kind cnn] [--out sweep.jsonl]
+                                      [--json FILE] [--markdown table.md] [--timeout 1200] [--resume]
+                                      [--target cpu:haswell]
 
 ``--target`` builds for another description than this machine's (a board name, or
 ``cpu:<LLVM CPU>``: ``cpu:haswell`` is AVX2 with FMA, which an AVX-512 machine also runs),
 so one machine checks the kernels of another instruction set.
 
-``--names`` takes model names and group names of ``export_public.GROUPS`` (``cnn_suite``: the
+``--names`` takes model names and group names of ``alt_tvm.models.public.GROUPS`` (``cnn_suite``: the
 torchvision CNN suite); ``--kind`` keeps the models of one kind.
 
 ``torchvision`` models run only where ``import torchvision`` works; where no torchvision wheel
@@ -35,18 +37,20 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from export_public import (  # noqa: E402
+from alt_tvm.bench.results import SUITES, results_path, write_results
+from alt_tvm.models.public import (
     EXPORTERS,
     GROUPS,
     KINDS,
+    example_input,
     export,
     public_models,
     select_or_exit,
     use_torchvision_source,
 )
+
+#: The suite a group's run is filed under (other selections: ``public_sweep``).
+GROUP_SUITES = {"cnn_suite": "cnn_suite", "transformer_suite": "transformers"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,7 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--names", nargs="+", default=None,
                         help=f"models or groups ({', '.join(sorted(GROUPS))}); default: all")
     parser.add_argument("--kind", choices=KINDS, default=None, help="only the models of this kind")
-    parser.add_argument("--out", type=Path, default=Path("sweep_public.jsonl"))
+    parser.add_argument("--out", type=Path, default=Path("sweep_public.jsonl"),
+                        help="the JSON-lines journal rows are appended to as models finish")
+    parser.add_argument("--suite", choices=SUITES, default=None, help="the suite the results are filed under")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the run here (default benchmarks/results/<machine kind>/<suite>.json)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
     parser.add_argument("--export-dir", type=Path, default=Path("models") / "sweep")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -71,6 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's model
     args = parser.parse_args(argv)
     if args.one is None:  # the model names, groups expanded and --kind applied
+        if args.suite is None:
+            groups = [GROUP_SUITES[n] for n in args.names or () if n in GROUP_SUITES]
+            args.suite = groups[0] if len(groups) == 1 and len(args.names) == 1 else "public_sweep"
         args.names = select_or_exit(parser, args.names, args.kind)
     return args
 
@@ -100,11 +111,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     """Export, build, check and time one model; its row."""
     import warnings
 
-    from export_public import example_input
-
     import alt_tvm
+    from alt_tvm.bench import onnxruntime_session, time_interleaved
     from alt_tvm.deploy.model import aligned
-    from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
     from alt_tvm.target import resolve
 
     warnings.simplefilter("ignore")
@@ -202,7 +211,7 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.one is not None:
-        from alt_tvm.graph.baselines import quiet_tvm_pool
+        from alt_tvm.bench import quiet_tvm_pool
 
         quiet_tvm_pool()  # before TVM's pool starts: a spinning pool slows ONNX Runtime's turns
         if args.torchvision_src is not None and args.one.startswith("tv_"):
@@ -211,8 +220,8 @@ def main(argv=None) -> int:
         print(json.dumps(run_one(args.one, args)), flush=True)
         return 0
     names = args.names
+    from alt_tvm.bench import PeakReadings
     from alt_tvm.deploy.model import use_runtime_threads
-    from alt_tvm.timing import PeakReadings
 
     use_runtime_threads(args.threads)  # TVM's pool is sized when its first parallel kernel runs
     # The ceiling of this run (machine states differ between days), before any model loads it.
@@ -238,6 +247,9 @@ def main(argv=None) -> int:
     if args.markdown is not None:
         args.markdown.write_text(table)
     print(table)
+    written = write_results(args.suite, {"peaks_gflops": peaks.readings, "rows": rows},
+                            path=args.json or results_path(args.suite), peak_gflops=peaks.best, threads=args.threads)
+    print(f"results: {written}")
     failed = [r["model"] for r in rows if "error" in r or any(
         e.get("status") != "ok" for e in r["exporters"].values())]
     if failed:

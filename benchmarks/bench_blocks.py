@@ -9,10 +9,10 @@ a kernel of its own, as before). Every build is checked against ONNX Runtime. Th
 * per block, inside the model (``CompiledModel.profile``, median of ``--repeat`` runs): the
   fused kernel's time against the sum of the three unfused kernels (expand, depthwise,
   project) of the same block, and the traffic fusion removes;
-* whole models timed interleaved (:func:`alt_tvm.graph.baselines.time_interleaved`, TVM's
+* whole models timed interleaved (:func:`alt_tvm.bench.time_interleaved`, TVM's
   pool not spinning, ONNX Runtime with 2 intra-op threads and spinning off).
 
-    python scripts/bench_blocks.py models/public/tv_mobilenet_v2.onnx [more.onnx] [--rounds 9]
+    python benchmarks/bench_blocks.py models/public/tv_mobilenet_v2.onnx [more.onnx] [--rounds 9]
         [--repeat 30] [--json out.json]
 """
 
@@ -35,7 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("models", nargs="+", type=Path, help="ONNX files")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the whole-model timing")
     parser.add_argument("--repeat", type=int, default=30, help="profiled runs per build (median per kernel)")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the rows here (default benchmarks/results/<machine kind>/blocks.json)")
     parser.add_argument("--scale-fold", action="store_true",
                         help="also build without squeeze-excitation scaling folded into the next conv")
     return parser.parse_args(argv)
@@ -77,23 +78,22 @@ def main(argv=None) -> int:
     import onnx
 
     import alt_tvm
+    from alt_tvm import bench
     from alt_tvm.deploy.model import use_runtime_threads
-    from alt_tvm.graph import baselines
     from alt_tvm.target import host
-    from alt_tvm.timing import measure_memory_bandwidth, measure_peak_gflops
 
-    baselines.quiet_tvm_pool()
+    bench.quiet_tvm_pool()
     machine = host()
     threads = machine.num_cores
     use_runtime_threads(threads)
-    peak = measure_peak_gflops(threads=threads)
-    bandwidth = measure_memory_bandwidth(threads=threads)
+    peak = bench.measure_peak_gflops(threads=threads)
+    bandwidth = bench.measure_memory_bandwidth(threads=threads)
     print(f"{threads} threads; FP32 FMA peak {peak:.0f} GFLOP/s, memory bandwidth {bandwidth:.0f} GB/s, "
           f"L2 {machine.l2_bytes >> 10} KiB")
     results = []
     for path in args.models:
         model = onnx.load(str(path))
-        ort = baselines.onnxruntime_session(path, threads=threads)
+        ort = bench.onnxruntime_session(path, threads=threads)
         builds = {name: alt_tvm.build(model, strategy_options={"alt": {"fuse_blocks": value}})
                   for name, value in VARIANTS.items()}
         if args.scale_fold:
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         blocks = block_rows(builds["always"], unfused, profiles["always"], profiles["unfused"])
         runners = {name: (built, x) for name, built in builds.items()}
         runners["onnxruntime"] = (ort, x)
-        timed = baselines.time_interleaved(runners, rounds=args.rounds, repeat=10)
+        timed = bench.time_interleaved(runners, rounds=args.rounds, repeat=10)
         print(f"\n{path.name}: max relative error vs ONNX Runtime "
               + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
         print("| block (input -> output) | depthwise | unfused: expand + dw + project ms | fused ms | speed-up |"
@@ -132,20 +132,22 @@ def main(argv=None) -> int:
         results.append({"model": path.name, "errors": errors, "blocks": blocks,
                         "model_ms": {n: t[0] for n, t in timed.items()}, "peak_gflops": peak,
                         "bandwidth_gbs": bandwidth})
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+    written = bench.write_results("blocks", {"models": results}, path=args.json, peak_gflops=peak, threads=threads)
+    print(f"results: {written}")
     return 0
 
 
 def _without_scale_folding(build, model):
     """``build(model)`` with the conv strategy not absorbing squeeze-excitation multiplies."""
     from alt_tvm.strategies.alt.conv import AltConvStrategy
+    from alt_tvm.strategies.alt.patterns import CHANNEL_SCALE
 
-    AltConvStrategy.absorbs_scale = False
+    declared = AltConvStrategy.patterns
+    AltConvStrategy.patterns = tuple(p for p in declared if p.name != CHANNEL_SCALE.name)
     try:
         return build(model)
     finally:
-        AltConvStrategy.absorbs_scale = True
+        AltConvStrategy.patterns = declared
 
 
 def _same_block(row: dict, builds: dict) -> bool:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Pack what a GPU machine without a package index needs to run alt-tvm's GPU checks
 # (docs/gpu.md, "How the software got there"). Run here, in the repository root:
-#   bash scripts/gpu/pack.sh
+#   bash benchmarks/gpu/pack.sh
 # It writes two ignored folders, each under the 64 MiB that one device call carries:
 #   .gpu/c  TVM's compiler library, xz-packed (about 59 MB; about 5 minutes on 2 cores)
 #   .gpu/w  Python 3.12 wheels the GPU image lacks and TVM's Python package without the compiler

@@ -17,15 +17,14 @@ to IREE in two forms and the faster counts: ``linalg.generic`` on the canonical 
 packs its core offline) followed by a ``linalg.transpose`` to ``[m, bt, r]``. Without IREE
 installed (``pip install iree-base-compiler iree-base-runtime``) its columns are skipped.
 
-    python scripts/bench_tt.py --threads 2 --repeat 5
-    taskset -c 1 python scripts/bench_tt.py --threads 1 --layers '' --kernels all --repeat 7
-    python scripts/bench_tt.py --threshold-sweep
+    python benchmarks/bench_tt.py --threads 2 --repeat 5
+    taskset -c 1 python benchmarks/bench_tt.py --threads 1 --layers '' --kernels all --repeat 7
+    python benchmarks/bench_tt.py --threshold-sweep
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -50,7 +49,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--iree-threads", default="1,2", help="IREE local-task worker counts to try (best counts)")
     p.add_argument("--iree-forms", default="generic,matmul", help="IREE formulations to try (best counts)")
     p.add_argument("--threshold-sweep", action="store_true", help="measure 1 vs 2 threads vs einsum FLOPs")
-    p.add_argument("--json", default="", help="write results to this file")
+    p.add_argument("--json", default="",
+                   help="write the results here (default benchmarks/results/<machine kind>/tt.json)")
     return p.parse_args()
 
 
@@ -275,9 +275,9 @@ def main() -> int:
             print(f"FLOPs {s.flops:10.3e}: 1 thread {times[1][0]:.4f} ms, 2 threads {times[2][0]:.4f} ms "
                   f"({times[1][0] / times[2][0]:.2f}x)")
             results["sweep"].append({"flops": s.flops, "t1_ms": times[1][0], "t2_ms": times[2][0]})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    from alt_tvm.bench.results import write_results
+
+    print(f"results: {write_results('tt', results, path=args.json or None)}")
     return 0
 
 

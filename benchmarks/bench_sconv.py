@@ -17,8 +17,8 @@ separated), phase image + tile packing in SConv (timed separately, an over-estim
 
 Usage::
 
-    python scripts/bench_sconv.py --threads 1 [--models resnet18,vgg16] [--limit 5]
-    python scripts/bench_sconv.py --configs my_layers.json --json out.json
+    python benchmarks/bench_sconv.py --threads 1 [--models resnet18,vgg16] [--limit 5]
+    python benchmarks/bench_sconv.py --configs my_layers.json --json out.json
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", help="JSON list of convolution configurations (replaces --models)")
     parser.add_argument("--limit", type=int, default=0, help="at most this many convolutions per model (0: all)")
     parser.add_argument("--repeat", type=int, default=5, help="timed batches per measurement (median)")
-    parser.add_argument("--json", help="write one result object per convolution here")
+    parser.add_argument("--json", help="write the rows here (default benchmarks/results/<machine kind>/sconv.json)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -357,11 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit:
         groups = {m: convs[:args.limit] for m, convs in groups.items()}
     blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-    from alt_tvm.timing import measure_peak_gflops
+    from alt_tvm.bench import measure_peak_gflops, write_results
 
+    peaks = {t: measure_peak_gflops(threads=t) for t in sorted({1, args.threads})}
     print(f"target: {host().description}; threads: {args.threads}; FP32 FMA peak measured now: "
-          + ", ".join(f"{t} thread(s) {measure_peak_gflops(threads=t):.0f} GFLOP/s"
-                      for t in sorted({1, args.threads})))
+          + ", ".join(f"{t} thread(s) {peak:.0f} GFLOP/s" for t, peak in peaks.items()))
     print(f"Base BLAS: NumPy {np.__version__} with {blas.get('name', '?')} {blas.get('version', '')}; "
           f"PyTorch {torch.__version__} conv2d (oneDNN)")
     cache: dict = {}
@@ -386,10 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['plan'][:2]:<8}", flush=True)
     for line in summarize(results):
         print(line)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump([r for rows in results.values() for r in rows], handle, indent=1)
-        print(f"wrote {args.json}")
+    written = write_results("sconv", {"rows": [r for rows in results.values() for r in rows]}, path=args.json,
+                            peak_gflops=peaks[args.threads], threads=args.threads)
+    print(f"results: {written}")
     return 0
 
 

@@ -2,8 +2,8 @@
 # On the GPU machine, in the repository root, after a first call that carried .gpu/c and ran
 #   xz -dc .gpu/c/libtvm_compiler.so.xz > /tmp/lc.so
 # a second call carries .gpu/w and runs
-#   bash scripts/gpu/run.sh [LAYER ...]
-# It installs TVM and alt-tvm under /tmp/site, runs tests/test_gpu.py, then scripts/bench_gpu.py
+#   bash benchmarks/gpu/run.sh [LAYER ...]
+# It installs TVM and alt-tvm under /tmp/site, runs tests/test_gpu.py, then benchmarks/bench_gpu.py
 # on the layers given. Results go to $OUT. Settings: TEST_S and BENCH_S (time limits in
 # seconds; TEST_S=1 skips the tests in effect), TRIALS (measured trials per tuner, 32), SPLIT_K
 # (split_k values at which the untuned point is also timed, e.g. "1 2 4 8 16"; none by default).
@@ -30,7 +30,7 @@ timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -c /dev/null -
     | tee "$OUT/test_gpu.log"
 echo "tests done at $(( $(date +%s) - t0 )) s"
 if [ $# -gt 0 ]; then
-    timeout "${BENCH_S:-300}" python3 "$REPO/scripts/bench_gpu.py" --layers "$@" --trials "${TRIALS:-32}" \
+    timeout "${BENCH_S:-300}" python3 "$REPO/benchmarks/bench_gpu.py" --layers "$@" --trials "${TRIALS:-32}" \
         ${SPLIT_K:+--split-k $SPLIT_K} --json "$OUT/gpu.json" --log-dir "$OUT/logs" 2>&1 | tee "$OUT/bench.log"
 fi
 echo "all done at $(( $(date +%s) - t0 )) s"

@@ -10,8 +10,8 @@ subset that includes the first and the last slab (the JSON says how many slabs w
 
 Example::
 
-    python scripts/bench_vta.py --configs scripts/data/deepbench_conv.json --json vta.json --limit 10
-    python scripts/bench_vta.py --configs scripts/data/intrinsic_variation.json --gemm 1,16,16 \\
+    python benchmarks/bench_vta.py --configs benchmarks/data/deepbench_conv.json --json vta.json --limit 10
+    python benchmarks/bench_vta.py --configs benchmarks/data/intrinsic_variation.json --gemm 1,16,16 \\
         --gemm 8,8,8 --gemm 1,32,32 --json gemm.json
 
 Config keys: n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w (required), dilation (int or
@@ -212,7 +212,8 @@ def summary(results: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=Path, default=DEFAULT_CONFIGS, help="JSON list of conv2d configurations")
-    ap.add_argument("--json", type=Path, help="write one result object per configuration (and GEMM shape) here")
+    ap.add_argument("--json", type=Path, help="write one result object per configuration (and GEMM shape) and "
+                    "the summary here (default benchmarks/results/<machine kind>/vta.json)")
     ap.add_argument("--limit", type=int, help="only the first N configurations")
     ap.add_argument("--gemm", action="append", help="BATCH,BLOCK_OUT,BLOCK_IN (repeatable; default 1,16,16)")
     ap.add_argument("--check-uops", type=int, default=1 << 20,
@@ -280,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"max {c['max']:.2f}, within ±5%: {c['within_5pct']})")
         print(f"  host packing NHWC/NCHW time geomean: csp {s['csp_pack_nhwc_over_nchw_geomean']:.3f}, "
               f"static {s['static_pack_nhwc_over_nchw_geomean']:.3f}")
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
-        a.json.with_suffix(".summary.json").write_text(json.dumps(summ, indent=1))
-        print(f"wrote {a.json} and {a.json.with_suffix('.summary.json')}")
+    from alt_tvm.bench.results import write_results
+
+    written = write_results("vta", {"rows": results, "summary": summ}, path=a.json)
+    print(f"results: {written}")
     return 0
 
 

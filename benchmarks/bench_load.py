@@ -1,6 +1,6 @@
 """Latency with and without another process busy on one core, alt-tvm beside ONNX Runtime.
 
-    python scripts/bench_load.py --models resnet18 mobilenet_v2 bert_tiny path/to/public.onnx ...
+    python benchmarks/bench_load.py --models resnet18 mobilenet_v2 bert_tiny path/to/public.onnx ...
 
 Per model and per TVM thread-pool setting (each in its own process, since TVM's pool reads
 its settings once): alt-tvm (``alt_tvm.build``, untuned) and ONNX Runtime (2 intra-op
@@ -131,8 +131,8 @@ def cycle_ratios(phases: list[dict[str, float]]) -> dict[str, list[float]]:
 def _one(model: str, rounds: int, launcher_ab: dict | None = None, cycles: int = 1) -> dict:
     """In this process (the setting is in the environment): the phases of :func:`phase_names`."""
     import alt_tvm
+    from alt_tvm.bench import onnxruntime_session, time_interleaved
     from alt_tvm.deploy.model import aligned
-    from alt_tvm.graph.baselines import onnxruntime_session, time_interleaved
     from alt_tvm.models import MODEL_NAMES, export_onnx, get_model
 
     start_mask = os.sched_getaffinity(0)
@@ -200,7 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cycles", type=int, default=1,
                         help="quiet and busy phases alternate this many times (then quiet); the ratio "
                              "busy/quiet is the median over the cycles, each against the quiet phases beside it")
-    parser.add_argument("--json", default=None, help="append one JSON line per model and setting here")
+    parser.add_argument("--json", default=None,
+                        help="write the rows here (default benchmarks/results/<machine kind>/load.json)")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.launcher_ab is not None:
@@ -211,6 +212,9 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(_one(args.worker[0], args.rounds, args.launcher_ab, args.cycles)))
         return 0
+    from alt_tvm.bench.results import write_results
+
+    rows = []
     for model in args.models:
         for setting in args.settings:
             env = {**os.environ, **SETTINGS[setting]}
@@ -225,9 +229,11 @@ def main(argv=None) -> int:
                 continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
             print(_table(os.path.basename(model), setting, row), flush=True)
-            if args.json:
-                with open(args.json, "a") as out:
-                    out.write(json.dumps({"model": model, "setting": setting, **row}) + "\n")
+            rows.append({"model": model, "setting": setting, **row})
+            # rewritten after every model and setting: an interrupted run keeps what it finished
+            written = write_results("load", {"rows": rows}, path=args.json)
+    if rows:
+        print(f"results: {written}")
     return 0
 
 
