@@ -1,0 +1,195 @@
+"""alt_tvm.bench: the peers' sessions, results' place, and the A/B comparison of two builds
+(``alt-tvm bench --compare``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import alt_tvm
+from alt_tvm.bench import (
+    ORTRunner,
+    Runner,
+    check_threads,
+    machine_kind,
+    onnxruntime_session,
+    openvino_available,
+    results_path,
+    torch_runner,
+    write_results,
+)
+from alt_tvm.bench.compare import changed_kernels, compare_builds, output_mismatch, parse_config
+from alt_tvm.cli import main
+
+
+@pytest.fixture(scope="module")
+def conv_onnx(tmp_path_factory):
+    """A two-conv ONNX model whose first conv (and only it) a fast_math build changes: the
+    ReLU's NaN test goes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 1)).eval()
+    path = tmp_path_factory.mktemp("bench") / "two_convs.onnx"
+    torch.onnx.export(model, (torch.randn(1, 16, 14, 14),), str(path), dynamo=False, opset_version=17)
+    return path
+
+
+def test_importing_the_package_imports_no_build_code():
+    code = ("import sys, alt_tvm.bench\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('alt_tvm.graph', 'alt_tvm.integration', "
+            "'alt_tvm.tuning', 'alt_tvm.strategies'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_results_go_to_one_file_per_suite_and_machine_kind(tmp_path):
+    kind = machine_kind()
+    assert kind and "/" not in kind
+    assert results_path("ops", root=tmp_path) == tmp_path / kind / "ops.json"
+    assert results_path("cnn_suite", kind="znver4", root=tmp_path) == tmp_path / "znver4" / "cnn_suite.json"
+    with pytest.raises(ValueError, match=r"unknown suite 'cnn-suite'; known: cnn_suite, "):
+        results_path("cnn-suite")
+    written = write_results("ops", {"rows": [1, 2]}, path=tmp_path / "x" / "ops.json", peak_gflops=100.0, threads=2)
+    document = json.loads(written.read_text())
+    assert document["suite"] == "ops" and document["results"] == {"rows": [1, 2]}
+    assert document["peak_gflops"] == 100.0
+    assert document["machine"]["kind"] == kind and document["machine"]["threads"] == 2
+
+
+def test_peers_are_runners_with_the_same_threads_and_no_spinning(conv_onnx):
+    session = onnxruntime_session(conv_onnx, threads=2)
+    assert isinstance(session, ORTRunner) and isinstance(session, Runner)
+    assert (session.name, session.threads) == ("onnxruntime", 2)
+    options = session.session.get_session_options()
+    assert options.intra_op_num_threads == 2 and options.inter_op_num_threads == 1
+    for pool in ("intra_op", "inter_op"):
+        assert options.get_session_config_entry(f"session.{pool}.allow_spinning") == "0"
+    module = torch.nn.Conv2d(3, 4, 1)
+    runner = torch_runner(module, threads=1)
+    assert isinstance(runner, Runner) and (runner.name, runner.threads) == ("pytorch", 1)
+    with pytest.raises(ValueError, match=r"threads must be a positive int, got 0"):
+        onnxruntime_session(conv_onnx, threads=0)
+    with pytest.raises(ValueError, match=r"threads must be a positive int, got True"):
+        check_threads(True)
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got str"):
+        torch_runner("model")
+
+
+def test_an_ort_session_without_graph_optimisation_keeps_every_node(conv_onnx):
+    x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype("float32")
+    optimised, plain = onnxruntime_session(conv_onnx), onnxruntime_session(conv_onnx, optimize=False)
+    assert output_mismatch(optimised(x), plain(x)) is None
+
+
+def test_openvino_is_an_optional_peer_that_computes_what_ort_does(conv_onnx):
+    if why := openvino_available():
+        assert "pip install" in why
+        pytest.skip(why)
+    from alt_tvm.bench import openvino_session
+
+    runner = openvino_session(conv_onnx, threads=1)
+    assert isinstance(runner, Runner) and (runner.name, runner.threads) == ("openvino", 1)
+    x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype("float32")
+    assert output_mismatch(onnxruntime_session(conv_onnx)(x), runner(x)) is None
+
+
+def test_output_mismatch_says_what_differs():
+    a = [np.ones((2, 3), "float32")]
+    assert output_mismatch(a, [a[0] + 1e-5]) is None
+    assert output_mismatch(a, []) == "0 outputs instead of 1"
+    assert output_mismatch(a, [np.ones((3, 2))]) == "output 0 has shape (3, 2) instead of (2, 3)"
+    assert "differs by 1.00e+00 of its largest magnitude (allowed 0.001)" in output_mismatch(a, [a[0] * 2])
+
+
+def test_a_configuration_is_default_a_log_an_artifact_or_build_options(tmp_path):
+    log = tmp_path / "model.jsonl"
+    log.write_text("")
+    artifact = tmp_path / "model.alt"
+    artifact.mkdir()
+    assert parse_config("default") == {}
+    assert parse_config(str(log)) == {"records": str(log)}
+    with pytest.raises(ValueError, match="is a directory but not an artifact"):
+        parse_config(str(artifact))
+    (artifact / "model.json").write_text("{}")
+    assert parse_config(str(artifact)) == {"artifact": str(artifact)}
+    assert parse_config(f"fast_math=true,records={log},strategies=alt+sconv") == {
+        "fast_math": True, "records": str(log), "strategies": ["alt", "sconv"]}
+    for bad, message in (("fast", r"neither 'default'.*key=value pairs of records, fast_math, variant"),
+                         ("fast_math=yes", "fast_math must be true or false, got 'yes'"),
+                         ("speed=1", r"unknown build option 'speed' in 'speed=1'; allowed: records, fast_math"),
+                         ("records=/no/such.jsonl", r"records: tuning log '/no/such.jsonl' does not exist")):
+        with pytest.raises(ValueError, match=message):
+            parse_config(bad)
+
+
+def test_two_builds_are_checked_then_timed_with_their_unchanged_kernels_as_control(conv_onnx, tmp_path):
+    built = {name: alt_tvm.build(str(conv_onnx), fast_math=fast_math)
+             for name, fast_math in (("a", False), ("b", True))}
+    for name, model in built.items():
+        model.export(tmp_path / name / "net")
+    models = {name: alt_tvm.load(tmp_path / name / "net") for name in ("a", "b")}
+    assert models["a"].kernel_info() == built["a"].kernel_info()  # the digests travel with the artifact
+    first, second = (k.name for k in built["a"].report.kernels if k.name.startswith("alt_conv2d"))
+    assert changed_kernels(models["a"], models["b"]) == {first}
+    whole = compare_builds(models["a"], models["b"], rounds=2, repeat=1)
+    assert whole.rounds == 2 and 0 <= whole.rounds_b_faster <= 2 and whole.changed == (first,)
+    assert whole.a_ms > 0 and whole.b_ms > 0 and np.isfinite(whole.b_over_a) and whole.b_over_a > 0
+    kernels = compare_builds(built["a"], built["b"], labels=("ieee", "fast"), rounds=2, repeat=1, per_kernel=True)
+    assert kernels.labels == ("ieee", "fast") and second in kernels.kernels
+    assert all(np.isfinite(r) and r > 0 for r in (kernels.changed_b_over_a, kernels.unchanged_b_over_a))
+    assert json.loads(json.dumps(kernels.to_json()))["changed_kernels"] == [first]
+    with pytest.raises(ValueError, match="rounds must be a positive int, got 0"):
+        compare_builds(models["a"], models["b"], rounds=0)
+
+
+def test_builds_that_compute_different_things_are_not_timed(conv_onnx):
+    torch.manual_seed(1)
+    other = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1)).eval()
+    a = alt_tvm.build(str(conv_onnx))
+    b = alt_tvm.build(other, example_inputs=[torch.randn(1, 16, 14, 14)])
+    with pytest.raises(ValueError, match=r"'b' does not compute what 'a' does: output 0 differs by"):
+        compare_builds(a, b, rounds=1, repeat=1)
+
+
+def test_an_artifact_without_kernel_digests_reads_as_unknown():
+    from alt_tvm.deploy.model import kernel_info_from_json
+
+    info = kernel_info_from_json({"k": {"kind": "partition", "ops": ["relax.add"], "layout": "", "flops": 1.0,
+                                        "bytes": 8}})
+    assert info["k"].digest == ""
+
+    class Model:
+        def kernel_info(self):
+            return info
+
+    assert changed_kernels(Model(), Model()) is None
+
+
+def test_bench_compare_on_the_command_line(conv_onnx, capsys):
+    assert main(["bench", str(conv_onnx), "--compare", "fast_math=false", "fast_math=true", "--rounds", "2",
+                 "--repeat", "1", "--threads", "1", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["a"], printed["b"], printed["rounds"]) == ("fast_math=false", "fast_math=true", 2)
+    assert len(printed["changed_kernels"]) == 1 and printed["b_over_a"] > 0
+    assert main(["bench", str(conv_onnx), "--compare", "default", "default", "--per-kernel", "--rounds", "1",
+                 "--repeat", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels whose code differs: 0" in out and "B/A" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--per-kernel"], "--per-kernel applies with --compare A B"),
+    (["--compare", "default", "speed=1"], "--compare: unknown build option 'speed'"),
+    (["--compare", "default", "default", "--records", "x.jsonl"], "--records does not apply with --compare"),
+])
+def test_bench_compare_errors_are_one_line(conv_onnx, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(conv_onnx), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
