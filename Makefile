@@ -31,4 +31,4 @@ test-all: install-dev
 	$(PY) -m pytest -q -m "slow or not slow"
 
 lint: install-dev
-	$(VENV)/bin/ruff check alt_tvm strategies tuning vta_mapping scripts tests
+	$(VENV)/bin/ruff check alt_tvm strategies tuning vta_mapping scripts benchmarks tests
