@@ -11,7 +11,7 @@ workload's candidates are timed where they will run:
    its ``v``-th candidate (copy 0: every workload at its defaults, i.e. the untuned
    model), so ``k`` builds time the candidates of all workloads at once.
 2. Run the copies in interleaved rounds with per-kernel timing
-   (:meth:`alt_tvm.graph.build.CompiledModel.profile`); a workload's time in a copy is
+   (:meth:`alt_tvm.graph.compiled.CompiledModel.profile`); a workload's time in a copy is
    its kernels' plus the layout conversions its layout choice caused.
 3. Per workload, keep the candidate whose time, paired round by round with the default's,
    is lowest, if it beats the default by more than ``margin``; else the defaults.
@@ -43,12 +43,14 @@ from typing import Any
 
 import numpy as np
 
+from alt_tvm.bench.timing import run_interleaved
 from alt_tvm.deploy.model import aligned, seeded_inputs
 from alt_tvm.deploy.profile import KernelProfile
-from alt_tvm.graph.baselines import run_interleaved
-from alt_tvm.graph.build import CompiledModel, build
+from alt_tvm.graph.build import build
+from alt_tvm.graph.compiled import CompiledModel
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import strategy_named
+from alt_tvm.options import BuildOptions, InModelConfig, build_options
 from alt_tvm.records import (
     RecordWriter,
     TunedLog,
@@ -71,48 +73,6 @@ logger = logging.getLogger(__name__)
 Profiler = Callable[[CompiledModel, Sequence[np.ndarray]], KernelProfile]
 #: ``time(model, arrays) -> ms``: how a whole built model is timed (one round).
 ModelTimer = Callable[[CompiledModel, Sequence[np.ndarray]], float]
-
-
-@dataclass(frozen=True)
-class InModelConfig:
-    """How decisions are made in the model.
-
-    Attributes
-    ----------
-    finalists
-        Tuned candidates per workload timed in the model (its best by the log's ranking).
-    alternatives
-        Also time the defaults of every other exact strategy that applies to a workload
-        (e.g. SConv for a convolution the ALT template lowers by default).
-    rounds
-        Interleaved rounds of per-kernel timing (each copy runs once per round).
-    model_rounds
-        Interleaved rounds of whole-model timing, tuned against untuned.
-    margin
-        Relative gain over the default a choice must show (median of the paired
-        per-round ratios below ``1 - margin``); the same margin decides the model check.
-        Two builds of the same model differ by up to 4% per workload in 7 rounds on a
-        2-core VM, hence 3%.
-    seed
-        Seed of the random model inputs.
-    """
-
-    finalists: int = 2
-    alternatives: bool = True
-    rounds: int = 7
-    model_rounds: int = 9
-    margin: float = 0.03
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name, low in (("finalists", 0), ("rounds", 1), ("model_rounds", 1), ("seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"InModelConfig.{name} must be an int >= {low}, got {value!r}")
-        if not isinstance(self.alternatives, bool):
-            raise TypeError(f"InModelConfig.alternatives must be a bool, got {self.alternatives!r}")
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int | float) or not 0 <= self.margin < 1:
-            raise ValueError(f"InModelConfig.margin must be a number in [0, 1), got {self.margin!r}")
 
 
 @dataclass(frozen=True)
@@ -277,10 +237,12 @@ def _paired_ratio(samples: Sequence[float], default: Sequence[float]) -> float:
                              for s, d in zip(samples, default))
 
 
-def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[str], target: HardwareTarget,
-                    config: InModelConfig = InModelConfig(), build_options: Mapping[str, Any] | None = None,
-                    example_inputs: Sequence[Any] | None = None, profiler: Profiler | None = None,
-                    model_timer: ModelTimer | None = None, progress: bool = True) -> InModelResult:
+def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | None = None, *,
+                    log: str | os.PathLike[str], config: InModelConfig | None = None,
+                    example_inputs: Sequence[Any] | None = None,
+                    input_shapes: Mapping[str, Sequence[int]] | None = None, profiler: Profiler | None = None,
+                    model_timer: ModelTimer | None = None, progress: bool = True,
+                    **keywords: Any) -> InModelResult:
     """Decide, inside the whole model, how each task's workload is built, and verify it.
 
     Parameters
@@ -291,19 +253,19 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
     tasks
         The tuned tasks (:func:`alt_tvm.integration.extract_tasks`): their ``key``,
         ``strategy`` and ``partition`` are used.
+    options, **keywords
+        The build options the tasks were extracted with
+        (:class:`~alt_tvm.options.BuildOptions`, or its fields as keywords); its target is
+        the one the log was tuned for (the host: the copies run here). Each copy is built
+        with them and a log of its picks.
     log
         The tuning log: its measurements rank each task's finalists, and the decisions
         and the model check are appended to it.
-    target
-        The target the log was tuned for (the host: the copies run here).
     config
-        See :class:`InModelConfig`.
-    build_options
-        The build's other options (``variant``, ``strategies``, ``strategy_options``,
-        ``input_shapes``, ``fast_math``), as for :func:`alt_tvm.build`.
-    example_inputs
-        As for :func:`alt_tvm.build`; also the inputs the model is timed on (default:
-        :func:`model_inputs`).
+        See :class:`~alt_tvm.options.InModelConfig` (None: its defaults).
+    example_inputs, input_shapes
+        As for :func:`alt_tvm.build`; ``example_inputs`` are also the inputs the model is
+        timed on (default: :func:`model_inputs`).
     profiler, model_timer
         How one round times a copy per kernel and a whole model (defaults: the VM's
         per-kernel instrument, :meth:`CompiledModel.profile`, and
@@ -316,24 +278,25 @@ def decide_in_model(model: Any, tasks: Sequence[Any], *, log: str | os.PathLike[
     InModelResult
     """
     started = time.perf_counter()
+    options = build_options(options, caller="decide_in_model", **keywords)
+    config = config or InModelConfig()
     say = logger.info if progress else logger.debug
-    options = dict(build_options or {})
-    mod = load_model(model, example_inputs=example_inputs, input_shapes=options.pop("input_shapes", None)).mod
-    allowed = options.get("strategies")
+    mod = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes).mod
+    target = options.target
     profiler = profiler or _profile_once
     model_timer = model_timer or _time_once
     target_json = target_key(target.to_tvm())
     keys = {task.key for task in tasks}
     records = [r for r in iter_records(log) if r.workload_key in keys and r.target == target_json
                and r.tvm_version == tvm_version()]
-    choices = _candidates(tasks, rank_candidates(records), config, target, allowed,
-                          options.get("strategy_options") or {})
+    choices = _candidates(tasks, rank_candidates(records), config, target, options.strategies,
+                          options.strategy_options)
     copies = max(len(c) for c in choices.values())
 
     def build_copy(name: str, picks: Mapping[str, Choice]) -> CompiledModel:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="alt-tvm:")  # the partition summary of every copy
-            return build(mod, target, records=choices_log(name, target_json, picks), **options)
+            return build(mod, options, records=choices_log(name, target_json, picks))
 
     built = []
     for v in range(copies):

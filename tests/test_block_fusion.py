@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from alt_tvm.graph import build as build_module
 from alt_tvm.graph.build import build
 from alt_tvm.graph.partition import plan_partitions, tail_pieces
+from alt_tvm.graph.prepare import prepare
 from alt_tvm.strategies.alt import block
 from alt_tvm.target import resolve
 
@@ -108,7 +108,7 @@ def _plan(model, x, options=None):
     """The build's partition plan of ``model`` on this machine."""
     from alt_tvm.graph.frontend import load_model
 
-    return plan_partitions(build_module.prepare(load_model(model, example_inputs=[x]).mod)["main"],
+    return plan_partitions(prepare(load_model(model, example_inputs=[x]).mod)["main"],
                            target=resolve(None), strategy_options=options)
 
 

@@ -7,7 +7,7 @@ import tvm
 from conftest import host_target
 from tvm import relax
 
-from alt_tvm.graph.build import AltLayoutPass
+from alt_tvm.graph.propagate import AltLayoutPass
 from alt_tvm.graph.prepare import prepare
 from alt_tvm.strategies import registry
 from alt_tvm.strategies.base import OpInfo, Strategy
@@ -376,7 +376,7 @@ def test_build_gives_tvm_thread_pool_one_thread_per_core_unless_the_user_set_it(
     code = ("import tvm; from alt_tvm.deploy.model import use_runtime_threads; "
             "print(use_runtime_threads(2), tvm.get_global_func('runtime.NumThreads')())")
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
-    # TVM alone would start one thread on a 2-vCPU x86 guest (half the logical CPUs).
+    # TVM alone starts one thread on a 2-vCPU x86 machine (half the logical CPUs).
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["2", "2"]
     out = subprocess.run([sys.executable, "-c", code], env={**env, "TVM_NUM_THREADS": "1"}, capture_output=True,

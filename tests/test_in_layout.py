@@ -209,7 +209,7 @@ def test_channel_counts_vectors_do_not_divide_are_stored_padded(x86_target):
     conversion in between."""
     torch.manual_seed(0)
     model = _PaddedChannels().eval()
-    built = build(model, x86_target, example_inputs=[torch.randn(1, 3, 16, 16)])
+    built = build(model, target=x86_target, example_inputs=[torch.randn(1, 3, 16, 16)])
     lanes = x86_target.vector_lanes("float32")
     sizes = {int(np.prod([int(d) for d in k.layout.split("x")])) for k in built.report.kernels if k.layout}
 
@@ -507,7 +507,7 @@ def test_an_op_between_layouts_of_different_vector_widths_loads_whole_input_vect
     model = make().eval()
     x = torch.randn(1, 3, 29, 29) if isinstance(model, _FirePool) else torch.randn(1, 48, 28, 28)
     target = x86_description("avx512")  # 16-lane vectors: the cases' widths differ from the convs' tiles
-    built = build(model, target, example_inputs=[x])
+    built = build(model, target=target, example_inputs=[x])
     if runs_on_host(target):
         ref = model(x).detach().numpy()
         np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

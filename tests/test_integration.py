@@ -8,7 +8,7 @@ import torch
 from tvm import relax
 
 import alt_tvm
-from alt_tvm.graph.build import AltLayoutPass
+from alt_tvm.graph.propagate import AltLayoutPass
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
 from alt_tvm.graph.prepare import prepare

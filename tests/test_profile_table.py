@@ -170,7 +170,7 @@ def test_the_report_names_each_kernel_by_the_symbol_the_profile_times():
 
 def test_a_shared_function_counts_per_call_towards_each_workload_that_calls_it():
     from alt_tvm.deploy.profile import KernelProfile
-    from alt_tvm.graph.build import Kernel
+    from alt_tvm.graph.report import Kernel
 
     profile = KernelProfile({"conv": (6.0, 9.0), "convert": (2.0, 2.0)}, (10.0, 12.0), calls={"conv": 3, "convert": 2})
     kernels = [Kernel("conv", "partition", "a"), Kernel("conv", "partition", "a"), Kernel("conv", "partition", "b"),

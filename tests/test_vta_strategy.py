@@ -8,7 +8,7 @@ from conftest import build_messages
 from tvm import relax
 
 import alt_tvm
-from alt_tvm.graph.build import BuildReport
+from alt_tvm.graph.report import BuildReport
 from alt_tvm.strategies.vta import strategy as vta_strategy
 from alt_tvm.target import board
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import numbers
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from alt_tvm.options import TuneOptions, tune_options
 from alt_tvm.records import RecordWriter, TuningRecord, candidate_key, iter_records, target_key
 
 from .measure.base import classify_exception, is_transient
@@ -108,51 +108,25 @@ def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
     return shares
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def check_options(*, trials: int, seed: int = 0, joint_fraction: float = 0.3, batch: int = 128, top_k: int = 8,
-                  revalidate: int = 3, revalidate_rounds: int = 2, features: str = "tir",
-                  num_tasks: int | None = None, log: Any = "", measure: Any = None) -> None:
-    """Raise if an option of :func:`tune_tasks` is invalid (cheap: call it before extracting tasks).
-
-    Parameters
-    ----------
-    trials, seed, joint_fraction, batch, top_k, revalidate, revalidate_rounds, features, log, measure
-        As for :func:`tune_tasks` (``log`` and ``measure`` are checked for their type only).
-    num_tasks
-        The number of tasks, if known: ``trials`` must be at least twice that.
+def check_measure(measure: Any, options: TuneOptions) -> None:
+    """Raise if ``measure`` cannot serve ``options`` (cheap: call it before extracting tasks).
 
     Raises
     ------
     TypeError
-        For a value of the wrong type (e.g. ``trials="4"`` or ``trials=True``).
+        For a ``measure`` that is neither None nor a function.
     ValueError
-        For a value out of range; :class:`BudgetError` if ``trials`` is too small.
+        For ``in_flight`` above 1 with a measure in this process, or a ``lookahead`` without
+        a batched measure.
     """
-    _check_int("trials", trials, 2)
-    if num_tasks is not None and trials < 2 * num_tasks:
-        raise BudgetError(f"trials={trials} is too small for {num_tasks} tasks: give at least {2 * num_tasks}")
-    _check_int("seed", seed, 0)
-    if isinstance(joint_fraction, bool) or not isinstance(joint_fraction, numbers.Real):
-        raise TypeError(f"joint_fraction must be a number in [0, 1], got {joint_fraction!r} "
-                        f"of type {type(joint_fraction).__name__}")
-    if not 0.0 <= joint_fraction <= 1.0:  # NaN fails too
-        raise ValueError(f"joint_fraction must be a number in [0, 1], got {joint_fraction!r}")
-    _check_int("batch", batch, 1)
-    _check_int("top_k", top_k, 1)
-    _check_int("revalidate", revalidate, 0)
-    _check_int("revalidate_rounds", revalidate_rounds, 0)
-    if features not in ("tir", "knobs"):
-        raise ValueError(f"features must be 'tir' or 'knobs', got {features!r}")
-    if not isinstance(log, str | os.PathLike):
-        raise TypeError(f"log must be the path of a JSON-lines file, got {type(log).__name__} {log!r}")
     if measure is not None and not callable(measure):
         raise TypeError(f"measure must be None or a function (task, params) -> ms, got {type(measure).__name__}")
+    if measure is None and options.in_flight > 1:
+        raise ValueError(f"in_flight={options.in_flight} needs a measure that runs elsewhere (e.g. rpc_measure): "
+                         "measuring in this process, a task's build would run beside another's timed run")
+    if options.lookahead and getattr(measure, "measure_batch", None) is None:
+        raise ValueError(f"lookahead={options.lookahead} needs a batched measure (one with measure_batch, e.g. "
+                         "rpc_measure or PipelinedMeasure); this one measures a candidate at a time")
 
 
 def _trial_record(workload_key: str, target_json: str, trial: Trial, latency: float, error_code: str | None,
@@ -252,12 +226,8 @@ def _revalidate(task: Task, trials: Sequence[Trial], *, count: int, rounds: int,
     return min(medians, default=math.inf), counted, sum(missing.values())
 
 
-def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str], seed: int = 0,
-               joint_fraction: float = 0.3, resume: bool = True, measure: MeasureFn | None = None,
-               cost_model: Any = "xgb", progress: bool = True, plot: str | os.PathLike[str] | None = None,
-               features: str = "tir", batch: int = 128, top_k: int = 8, revalidate: int = 3,
-               revalidate_rounds: int = 2, scheduler: str | TaskScheduler = "static",
-               in_flight: int = 1, lookahead: int = 0) -> list[TaskSummary]:
+def tune_tasks(tasks: Sequence[Task], options: TuneOptions | None = None, *, measure: MeasureFn | None = None,
+               **keywords: Any) -> list[TaskSummary]:
     """Tune ``tasks`` (all for one target) and append every measurement to ``log``.
 
     Parameters
@@ -265,18 +235,11 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
     tasks
         The tasks, e.g. from :func:`alt_tvm.integration.extract_tasks`; records are keyed
         by ``task.key`` and ``task.target``.
-    trials
-        Total measurements, spread over the tasks (an int, at least 2 per task).
-    log
-        JSON-lines tuning log (appended to; ``alt_tvm.build(..., records=log)`` applies it).
-    seed
-        Seed of the search (an int >= 0); task ``i`` uses ``seed + i``.
-    joint_fraction
-        Share of each task's search in the joint layout+loop stage, in [0, 1].
-    resume
-        Reuse the log's measurements of the same target instead of measuring them again;
-        transient failures among them (:func:`~alt_tvm.tuning.measure.is_transient`) are
-        measured again, and missing re-validation measurements are made.
+    options, **keywords
+        The run's settings (:class:`~alt_tvm.options.TuneOptions`, or its fields as
+        keywords: ``trials=``, ``log=``, ``seed=`` ...): the budget, the log (appended to;
+        every measurement as it finishes), the search, re-validation and scheduling. Its
+        ``build`` and in-model fields are not used here.
     measure
         ``measure(task, params) -> ms``; default: build and time in this process. A
         failure raises (``RuntimeError("<ErrorCode name>: ...")`` gives its code; an
@@ -284,40 +247,8 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
         or returns ``inf``. A measure with a ``measure_batch`` method
         (:class:`~alt_tvm.tuning.fleet.PipelinedMeasure`) gets each loop round's ``top_k``
         candidates as one batch, built and run in parallel, each logged as it finishes.
-    cost_model
-        ``"xgb"`` (XGBoost on the candidates' parameters), None, or an object with
-        ``update`` and ``predict``.
-    plot
-        Write a PNG of the tuning curves (best latency so far per task) here.
-    features
-        What the cost model learns from: ``"tir"`` (features of each candidate's lowered
-        TIR: loops, annotations, access strides, arithmetic; ~0.1 s per candidate to
-        lower) or ``"knobs"`` (the candidate's parameters; free).
-    batch, top_k
-        Candidates ranked by the cost model per loop round, and how many of them are
-        measured (ints >= 1).
-    revalidate, revalidate_rounds
-        After each task, its ``revalidate`` fastest candidates are measured
-        ``revalidate_rounds`` more times, interleaved, and the best record is chosen by the
-        median (:func:`alt_tvm.records.choose_best`). These measurements count towards
-        ``trials`` (at most a quarter of a task's budget: fewer finalists, or none, on small
-        budgets) and are logged as records whose candidate has ``"revalidation": true``.
-        0 turns it off.
-    scheduler
-        How the tasks share ``trials``: ``"static"`` (each task its share, proportional to
-        its weight, in order), ``"gradient"`` (a round of ``top_k`` at a time to the task
-        expected to cut the most off the model's latency,
-        :class:`~alt_tvm.tuning.scheduler.GradientScheduler`), or a
-        :class:`~alt_tvm.tuning.scheduler.TaskScheduler`.
-    in_flight
-        Tasks tuned at once (an int >= 1), each in its own thread: with a batched measure,
-        one task's batch builds while another's runs. Measuring in this process (``measure``
-        None) it must be 1: a build beside a timed run disturbs the timing.
-    lookahead
-        Search steps of one task sent to be built before the oldest step's results are in
-        (an int >= 0; :class:`~alt_tvm.tuning.tuner.TuneConfig`): with a batched measure,
-        batch n+1 builds while batch n runs, and the boards do not wait for the search.
-        Needs a measure with ``measure_batch``; 0 on a machine that both builds and times.
+        ``in_flight`` above 1 needs a measure that runs elsewhere (a build beside a timed
+        run disturbs the timing); ``lookahead`` needs a batched one.
 
     Returns
     -------
@@ -328,41 +259,40 @@ def tune_tasks(tasks: Sequence[Task], *, trials: int, log: str | os.PathLike[str
     Raises
     ------
     TypeError, ValueError
-        For an invalid option (:func:`check_options`), no tasks, or tasks for several targets.
+        For an invalid option (:class:`~alt_tvm.options.TuneOptions`, :func:`check_measure`),
+        no tasks, or tasks for several targets; :class:`BudgetError` if ``trials`` is below 2
+        per task.
     """
-    check_options(trials=trials, seed=seed, joint_fraction=joint_fraction, batch=batch, top_k=top_k,
-                  revalidate=revalidate, revalidate_rounds=revalidate_rounds, features=features,
-                  num_tasks=len(tasks), log=log, measure=measure)
-    _check_int("in_flight", in_flight, 1)
-    _check_int("lookahead", lookahead, 0)
-    if measure is None and in_flight > 1:
-        raise ValueError(f"in_flight={in_flight} needs a measure that runs elsewhere (e.g. rpc_measure): "
-                         "measuring in this process, a task's build would run beside another's timed run")
-    if lookahead and getattr(measure, "measure_batch", None) is None:
-        raise ValueError(f"lookahead={lookahead} needs a batched measure (one with measure_batch, e.g. "
-                         "rpc_measure or PipelinedMeasure); this one measures a candidate at a time")
+    options = tune_options(options, caller="tune_tasks", **keywords)
+    check_measure(measure, options)
     if not tasks:
         raise ValueError("no tasks to tune: the model has no partition a tunable strategy implements")
+    if options.trials < 2 * len(tasks):
+        raise BudgetError(f"trials={options.trials} is too small for {len(tasks)} tasks: "
+                          f"give at least {2 * len(tasks)}")
     targets = {target_key(task.target.to_tvm()) for task in tasks}
     if len(targets) != 1:
         raise ValueError(f"tasks for {len(targets)} different targets; tune one target at a time")
-    top_k = int(top_k)
-    policy = make_scheduler(scheduler, round_trials=top_k) if isinstance(scheduler, str) else scheduler
+    scheduler = options.scheduler
+    policy = make_scheduler(scheduler, round_trials=options.top_k) if isinstance(scheduler, str) else scheduler
     if not isinstance(policy, TaskScheduler):
         raise TypeError(f"scheduler must be 'static', 'gradient' or a TaskScheduler, got {scheduler!r}")
     (target_json,) = targets
-    options = _RunOptions(target_json=target_json, seed=int(seed), joint_fraction=joint_fraction, batch=int(batch),
-                          top_k=top_k, revalidate=int(revalidate), revalidate_rounds=int(revalidate_rounds),
-                          features=features, cost_model=cost_model, progress=progress, lookahead=int(lookahead),
-                          measure=measure or (lambda task, params: measure_in_process(task, params)))
-    previous = list(iter_records(log)) if resume and os.path.exists(log) else []
+    run_options = _RunOptions(target_json=target_json, seed=options.seed, joint_fraction=options.joint_fraction,
+                              batch=options.batch, top_k=options.top_k, revalidate=options.revalidate,
+                              revalidate_rounds=options.revalidate_rounds, features=options.features,
+                              cost_model=options.cost_model, progress=options.progress, lookahead=options.lookahead,
+                              measure=measure or (lambda task, params: measure_in_process(task, params)))
+    log = options.log
+    previous = list(iter_records(log)) if options.resume and os.path.exists(log) else []
     with RecordWriter(log) as writer:
-        runs = [_TaskRun(task, index, len(tasks), budget, options, writer, previous)
-                for index, (task, budget) in enumerate(zip(tasks, split_budget(tasks, int(trials))))]
-        _dispatch(runs, policy, in_flight, _Sizer(options.measure, progress))
-    if plot is not None:
+        runs = [_TaskRun(task, index, len(tasks), budget, run_options, writer, previous)
+                for index, (task, budget) in enumerate(zip(tasks, split_budget(tasks, options.trials)))]
+        _dispatch(runs, policy, options.in_flight, _Sizer(run_options.measure, options.progress))
+    if options.plot is not None:
         plot_curves([run.tuner.result for run in runs],
-                    [s.key.split("|")[0] + f" #{i + 1}" for i, s in enumerate(run.summary for run in runs)], plot)
+                    [s.key.split("|")[0] + f" #{i + 1}" for i, s in enumerate(run.summary for run in runs)],
+                    options.plot)
     return [run.summary for run in runs]
 
 

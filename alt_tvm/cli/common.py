@@ -133,17 +133,20 @@ def checked_model(parser: Parser, text: str, records: str | None, *, artifacts: 
 
 
 def build_model(model: ModelArgument, *, records: str | None = None, target: str | None = None) -> Any:
-    """Build an ONNX file or reference model with alt-tvm (``records`` applied)."""
+    """Build an ONNX file or reference model with alt-tvm, with the build options its flags give
+    (``--records``, ``--target``)."""
     import alt_tvm
+    from alt_tvm.options import BuildOptions
 
+    options = BuildOptions(target=target, records=records)
     if model.kind == "reference":
         from alt_tvm.models import get_model
 
         module, inputs = get_model(model.text)
-        built = alt_tvm.build(module, target=target, records=records, example_inputs=inputs)
+        built = alt_tvm.build(module, options, example_inputs=inputs)
         built.source = model.text
         return built
-    return alt_tvm.build(model.text, target=target, records=records)
+    return alt_tvm.build(model.text, options)
 
 
 def runnable(model: ModelArgument, *, records: str | None = None) -> Any:

@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import sys
+from typing import Any
 
 from alt_tvm.rpc import parse_address
 
@@ -87,25 +88,14 @@ def _parse(parser: Parser, argv) -> argparse.Namespace:
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the arguments that needs neither TVM nor the model (None: nothing)."""
-    if args.trials < 2:
-        return f"--trials must be an int >= 2 (at least 2 per tunable task), got {args.trials}"
+    """What is wrong with the flags only this command has (threads, workers, boards, the
+    tracker), which needs neither TVM nor the model (None: nothing). The search settings are
+    checked by :class:`~alt_tvm.options.TuneOptions` (:func:`_tune_options`)."""
     if args.threads < 1:
         return f"--threads must be >= 1, got {args.threads}"
-    if args.seed < 0:
-        return f"--seed must be >= 0, got {args.seed}"
-    if not 0.0 <= args.joint_fraction <= 1.0:
-        return f"--joint-fraction must be in [0, 1], got {args.joint_fraction}"
-    if args.revalidate < 0:
-        return f"--revalidate must be >= 0, got {args.revalidate}"
-    for option, value, low in (("--build-workers", args.build_workers, 1), ("--boards", args.boards, 1),
-                               ("--in-flight", args.in_flight, 1), ("--lookahead", args.lookahead, 0)):
-        if value is not None and value < low:
-            return f"{option} must be >= {low}, got {value}"
-    for option, value, alone in (("--boards", args.boards, None), ("--in-flight", args.in_flight, 1),
-                                 ("--lookahead", args.lookahead, 0)):
-        if value is not None and value != alone and args.tracker is None:
-            return f"{option} needs --tracker (measuring on this machine builds and runs one at a time)"
+    for option, value in (("--build-workers", args.build_workers), ("--boards", args.boards)):
+        if value is not None and value < 1:
+            return f"{option} must be >= 1, got {value}"
     if (args.tracker is None) != (args.key is None):
         return "--tracker and --key go together"
     if args.tracker is not None:
@@ -114,6 +104,36 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         except ValueError as err:
             return str(err)
     return None
+
+
+#: TuneOptions field -> the flag that sets it
+_FLAGS = {"trials": "--trials", "log": "--log", "plot": "--plot", "joint_fraction": "--joint-fraction",
+          "seed": "--seed", "resume": "--resume", "scheduler": "--scheduler", "in_flight": "--in-flight",
+          "lookahead": "--lookahead", "layout_levels": "--layout-levels", "features": "--features",
+          "revalidate": "--revalidate", "verify": "--no-verify", "progress": "--no-progress"}
+
+
+def _tune_options(parser: Parser, args: argparse.Namespace, *, log: str, plot: str) -> Any:
+    """The one :class:`~alt_tvm.options.TuneOptions` the flags give; a value it refuses exits
+    with a one-line error naming the flag."""
+    from alt_tvm.options import BuildOptions, TuneOptions
+
+    try:
+        options = TuneOptions(
+            trials=args.trials, log=log, plot=plot, build=BuildOptions(target=args.target), seed=args.seed,
+            joint_fraction=args.joint_fraction, resume=args.resume, progress=not args.no_progress,
+            layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
+            scheduler=args.scheduler, in_flight=_default(args.in_flight, 2 if args.tracker else 1),
+            lookahead=_default(args.lookahead, 1 if args.tracker else 0), verify=not args.no_verify)
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        field = next((name for name in _FLAGS if message.startswith(name + " ")), None)
+        parser.error(message if field is None else _FLAGS[field] + message[len(field):])
+    for option, value, alone in (("--boards", args.boards, None), ("--in-flight", args.in_flight, 1),
+                                 ("--lookahead", args.lookahead, 0)):
+        if value is not None and value != alone and args.tracker is None:
+            parser.error(f"{option} needs --tracker (measuring on this machine builds and runs one at a time)")
+    return options
 
 
 def _default(value: int | None, default: int) -> int:
@@ -140,6 +160,7 @@ def main(argv=None) -> int:
     problem = target_problem(args.target)
     if problem is not None:
         parser.error(problem)
+    options = _tune_options(parser, args, log=log, plot=plot)
     if not os.path.isfile(args.model):
         from alt_tvm.models import MODEL_NAMES
 
@@ -148,13 +169,12 @@ def main(argv=None) -> int:
 
     from alt_tvm.integration import tune
     from alt_tvm.models import MODEL_NAMES, get_model
-    from alt_tvm.target import board, host
     from alt_tvm.tuning.driver import BudgetError
 
     model, inputs = get_model(args.model) if args.model in MODEL_NAMES else (args.model, None)
     for path in (log, plot):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    target = board(args.target) if args.target else host()
+    target = options.build.target
     measure = None
     if args.build_workers is not None and not args.tracker:
         from alt_tvm.target import runs_on_host
@@ -174,14 +194,7 @@ def main(argv=None) -> int:
         except ConnectionError as err:
             parser.error(f"--tracker: {err}")
     try:
-        summaries = tune(model, trials=args.trials, log=log, target=target, seed=args.seed,
-                         joint_fraction=args.joint_fraction, example_inputs=inputs, resume=args.resume,
-                         measure=measure, progress=not args.no_progress, plot=plot,
-                         layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
-                         scheduler=args.scheduler,
-                         in_flight=_default(args.in_flight, 2 if args.tracker else 1),
-                         lookahead=_default(args.lookahead, 1 if args.tracker else 0),
-                         verify=not args.no_verify)
+        summaries = tune(model, options=options, example_inputs=inputs, measure=measure)
     except BudgetError as err:
         parser.error(f"--trials: {err}")
     except KeyboardInterrupt:

@@ -27,7 +27,7 @@ class KernelInfo:
     ----------
     kind
         ``"partition"``, ``"conversion"`` or ``"elementwise"`` for kernels alt-tvm emitted
-        (:class:`~alt_tvm.graph.build.Kernel`), ``"tvm"`` for ops TVM's legalization lowered.
+        (:class:`~alt_tvm.graph.report.Kernel`), ``"tvm"`` for ops TVM's legalization lowered.
     ops
         The operators it covers, in program order.
     layout
@@ -163,7 +163,7 @@ class KernelProfile:
         """Per-run time of each workload's kernels in the model (ms), from a build's ``report.kernels``.
 
         With ``conversions``, the layout conversions a workload's layout choice caused
-        (:class:`~alt_tvm.graph.build.Kernel`'s ``workload``) count towards it: a layout
+        (:class:`~alt_tvm.graph.report.Kernel`'s ``workload``) count towards it: a layout
         that needs a conversion pays for it. A function that several call sites share (the
         build emits structurally equal kernels once) counts per call: each call site takes
         ``1 / calls`` of its time.

@@ -243,7 +243,7 @@ def model_stats(model: Any) -> dict[str, VTAStats]:
     Parameters
     ----------
     model
-        An :class:`alt_tvm.graph.build.CompiledModel` (or a Relax ``IRModule``) built for ``vta``.
+        An :class:`alt_tvm.graph.compiled.CompiledModel` (or a Relax ``IRModule``) built for ``vta``.
     """
     mod = getattr(model, "mod", model)
     names: list[str] = []
