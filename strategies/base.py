@@ -2,7 +2,8 @@
 partition, and what it returns.
 
 A *partition* is an anchor call (a convolution, a matmul) with the element-wise epilogue
-fused after it and optionally a producer it absorbs (a zero pad, a transpose). A strategy
+fused after it, grown further where a fusion pattern the strategy declares matches
+(:mod:`.pattern`: a pad it absorbs, a block's convs, attention's softmax). A strategy
 checks an :class:`OpInfo` (:meth:`Strategy.applicable`), then describes the partition as
 TE (anchor + epilogue), picks layouts for its tensors and a loop schedule
 (:meth:`Strategy.implement`); :class:`PartitionContext` does the common rest: TE
@@ -29,6 +30,7 @@ from alt_tvm.layout.rewrite import TensorMap, padding_reach
 from alt_tvm.target import HardwareTarget
 
 from .constants import const_value
+from .pattern import FusionPattern
 from .wellformed import fresh_block_vars
 
 
@@ -57,19 +59,19 @@ def dtype_of(expr: relax.Expr) -> str | None:
 
 @dataclass
 class Partition:
-    """An anchor binding and the epilogue bindings fused after it, in program order."""
+    """An anchor binding and the epilogue bindings fused after it, in program order; and
+    what a fusion pattern (:attr:`pattern`) added before the anchor and after the epilogue."""
 
     anchor: relax.VarBinding
     epilogue: list[relax.VarBinding] = field(default_factory=list)
-    #: a producer that can absorb a layout change (a zero ``relax.nn.pad`` or a ``relax.permute_dims``)
+    #: bindings before the anchor that :attr:`pattern` took (a producer whose layout change
+    #: the kernel absorbs, a layer norm it computes first, the views attention reads through)
     prologue: list[relax.VarBinding] = field(default_factory=list)
-    #: attention's softmax over the epilogue's last axis and the matmul of its result (and the
-    #: transpose putting the heads back after it, :func:`split_attention_tail`), when the
-    #: anchor's strategy :attr:`Strategy.fuses_attention`; or, after a 1x1 conv, a depthwise
-    #: conv and a 1x1 conv with their epilogues, when :meth:`Strategy.fuses_block` takes them;
-    #: or a layer norm over the last axis of the epilogue's result, when
-    #: :meth:`Strategy.fuses_norm` takes it (:func:`norm_of`)
+    #: bindings after the epilogue that :attr:`pattern` took (attention's softmax and product,
+    #: a block's depthwise and 1x1 convs, a layer norm)
     tail: list[relax.VarBinding] = field(default_factory=list)
+    #: the fusion pattern that grew the partition beyond its epilogue (None: none did)
+    pattern: FusionPattern | None = None
 
     @property
     def bindings(self) -> list[relax.VarBinding]:
@@ -81,46 +83,16 @@ class Partition:
 
     @property
     def ops(self) -> list[str]:
-        """Anchor op first, then a layer norm it reads (:func:`norm_before`), then the epilogue
-        and tail ops (an absorbed pad, scale or view is not listed)."""
-        norms = [b for b in self.prologue if op_name(b.value) == "relax.nn.layer_norm"]
-        return [op_name(b.value) for b in (self.anchor, *norms, *self.epilogue, *self.tail)]
+        """Anchor op first, then a prologue op computed in the kernel
+        (:attr:`~.pattern.FusionPattern.claims_anchor`), then the epilogue and tail ops (an
+        absorbed pad, scale or view is not listed)."""
+        computed = self.prologue if self.pattern is not None and self.pattern.claims_anchor else []
+        return [op_name(b.value) for b in (self.anchor, *computed, *self.epilogue, *self.tail)]
 
-
-def split_block_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding | None,
-                                                                   list]:
-    """``(depthwise, its epilogue, project, its epilogue)`` of a block tail
-    (:meth:`Strategy.fuses_block`), with ``project`` None and ``[]`` for a tail that ends at
-    the depthwise conv: the one place that reads the tail's structure."""
-    convs = [i for i, b in enumerate(tail) if op_name(b.value) == "relax.nn.conv2d"]
-    if len(convs) not in (1, 2) or convs[0] != 0:
-        raise ValueError(f"a block tail is [depthwise, *epilogue, (conv1x1, *epilogue)], got "
-                         f"{[op_name(b.value) for b in tail]}")
-    if len(convs) == 1:
-        return tail[0], list(tail[1:]), None, []
-    k = convs[1]
-    return tail[0], list(tail[1:k]), tail[k], list(tail[k + 1:])
-
-
-def block_output_conv(tail: Sequence[relax.VarBinding]) -> relax.VarBinding:
-    """The conv whose map a fused block writes: the project conv, or the depthwise conv of a
-    tail that ends there (:func:`split_block_tail`)."""
-    depthwise, _, project, _ = split_block_tail(tail)
-    return depthwise if project is None else project
-
-
-def split_attention_tail(tail: Sequence[relax.VarBinding]) -> tuple[relax.VarBinding, list, relax.VarBinding,
-                                                                       relax.VarBinding | None]:
-    """``(softmax, guard, product, heads)`` of an attention tail: the softmax, the bindings
-    guarding rows without a key, the product with ``V``, and the transpose that puts the
-    heads back (None when the partition ends at the product). The one place that reads
-    the tail's structure."""
-    heads = tail[-1] if op_name(tail[-1].value) == "relax.permute_dims" else None
-    body = list(tail[:-1]) if heads is not None else list(tail)
-    if len(body) < 2 or op_name(body[0].value) != "relax.nn.softmax" or op_name(body[-1].value) != "relax.matmul":
-        raise ValueError(f"an attention tail is [softmax, *guard, matmul, (permute_dims)], got "
-                         f"{[op_name(b.value) for b in tail]}")
-    return body[0], body[1:-1], body[-1], heads
+    def pieces(self) -> list[Partition]:
+        """The partitions to lower one by one in place of this one when its fused kernel
+        cannot be built (:attr:`~.pattern.FusionPattern.pieces`); ``[]`` for none."""
+        return [] if self.pattern is None else self.pattern.split(self)
 
 
 def fusion_option(options: Any, key: str, *, strategy: str = "alt") -> bool | str:
@@ -131,25 +103,6 @@ def fusion_option(options: Any, key: str, *, strategy: str = "alt") -> bool | st
     if fuse not in (True, False, "always"):
         raise ValueError(f"strategy_options[{strategy!r}][{key!r}] must be True, False or 'always', got {fuse!r}")
     return fuse
-
-
-def norm_of(partition: Partition) -> relax.VarBinding | None:
-    """The layer norm a partition's tail is (:meth:`Strategy.fuses_norm`), else None: the one
-    place that tells a norm tail from the others."""
-    tail = partition.tail
-    return tail[0] if len(tail) == 1 and op_name(tail[0].value) == "relax.nn.layer_norm" else None
-
-
-def norm_before(partition: Partition) -> relax.VarBinding | None:
-    """The layer norm whose result the partition's anchor reads first, taken into the
-    partition (:meth:`Strategy.fuses_norm`), else None."""
-    return next((b for b in partition.prologue if op_name(b.value) == "relax.nn.layer_norm"), None)
-
-
-def attention_operands(partition: Partition) -> tuple[relax.Expr, relax.Expr, relax.Expr]:
-    """``(Q, K^T, V)`` as an attention partition's anchor and product read them."""
-    return (partition.anchor.value.args[0], partition.anchor.value.args[1],
-            split_attention_tail(partition.tail)[2].value.args[1])
 
 
 @dataclass(frozen=True)
@@ -202,38 +155,13 @@ class Strategy(abc.ABC):
     #: Opt-in strategies are only considered when the build names them in ``strategies``
     #: or gives them ``strategy_options`` (they stay silent in fallback reports otherwise).
     opt_in: bool = False
-    #: The strategy lowers a zero-padding producer of its anchor as part of the partition
-    #: (``context.partition.prologue``); others get the pad computed separately.
-    absorbs_pad: bool = False
-    #: The strategy lowers a per-channel multiply feeding a 1x1 conv (``Partition.prologue``:
-    #: squeeze-excitation scaling) by scaling the weights in the kernel.
-    absorbs_scale: bool = False
     #: The kernel computes the operator as written (up to float rounding). Approximations
     #: (a TT-factorised weight) set False: they are never chosen for a partition by
     #: measured speed, only when the user asks for them.
     exact: bool = True
-    #: The partition may go on through a softmax over the last axis of its epilogue's result
-    #: and a matmul taking the softmax as its left operand (``Partition.tail``): attention
-    #: computed per query block, the scores never stored whole.
-    fuses_attention: bool = False
-
-    def fuses_block(self, anchor: relax.VarBinding, tail: Sequence[relax.VarBinding], target: HardwareTarget,
-                    options: Any = None) -> bool:
-        """Whether to lower the 1x1 conv ``anchor`` with ``tail`` (a depthwise conv and a 1x1
-        conv with their epilogues, read one by the next) as one kernel; the tail is then
-        :attr:`Partition.tail`. ``options``: the build's options for this strategy. The
-        default: never."""
-        return False
-
-    def fuses_norm(self, anchor: relax.VarBinding, norm: relax.VarBinding, target: HardwareTarget,
-                   options: Any = None) -> bool:
-        """Whether to lower ``norm``, a layer norm over the last axis, in ``anchor``'s partition
-        as one kernel. Either ``norm`` alone reads the epilogue's result (``LayerNorm(x W + b +
-        residual)`` of a post-norm transformer layer; it becomes the partition's tail) or the
-        anchor alone reads ``norm``'s result as its first operand (``LayerNorm(x) W`` of a
-        pre-norm layer; it becomes the prologue). ``options``: the build's options for this
-        strategy. The default: never."""
-        return False
+    #: The fusions beyond the epilogue this strategy lowers (:class:`~.pattern.FusionPattern`),
+    #: tried in this order; the first that matches and passes its check grows the partition.
+    patterns: tuple[FusionPattern, ...] = ()
 
     @abc.abstractmethod
     def applicable(self, info: OpInfo) -> str | None:
@@ -528,12 +456,9 @@ def workload_key(partition: Partition) -> str:
 
         <anchor op>|<shape>:<dtype>,...|<attrs as JSON>|out=<shape>:<dtype>|epilogue=<op>+<op>
 
-    and, for a partition with a tail (attention), ``|then=nn.softmax+matmul:<V shape>:<dtype>``
-    (``+permute_dims(<axes>)`` after ``matmul`` where it writes the heads back), for a layer
-    norm tail ``|then=nn.layer_norm:<attrs as JSON>``;
-    a partition that scales its input channels first ends in ``|prologue=multiply``, one that
-    normalises the rows it reads first in ``|prologue=nn.layer_norm:<attrs as JSON>``, and
-    attention that reads its operands through views of their producers in ``|prologue=view``.
+    followed by the part of the partition's fusion pattern
+    (:attr:`~.pattern.FusionPattern.key`): ``|then=...`` for a tail, ``|prologue=...`` for a
+    prologue that changes the computation.
     """
     anchor = partition.anchor
     call = anchor.value
@@ -543,44 +468,7 @@ def workload_key(partition: Partition) -> str:
     if "out_dtype" in attrs and attrs["out_dtype"] in (None, ""):
         attrs["out_dtype"] = out_dtype
     ops = [str(b.value.op.name).removeprefix("relax.") for b in partition.epilogue]
-    if partition.tail and partition.prologue:
-        prologue = "view"  # attention reading its operands through views (strategies.views)
-    elif any(op_name(b.value) == "relax.multiply" for b in partition.prologue):
-        prologue = "multiply"
-    elif norm_before(partition) is not None:
-        prologue = f"nn.layer_norm:{_attrs_key(norm_before(partition))}"
-    else:
-        prologue = ""
+    fused = "" if partition.pattern is None else partition.pattern.workload_part(partition)
     return (f"{str(call.op.name).removeprefix('relax.')}|{','.join(args)}|"
             f"{json.dumps(attrs, sort_keys=True, separators=(',', ':'), default=str)}|"
-            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}{_tail_key(partition)}"
-            + (f"|prologue={prologue}" if prologue else ""))
-
-
-def _attrs_key(binding: relax.VarBinding) -> str:
-    return json.dumps(attrs_dict(binding.value.attrs), sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _tail_key(partition: Partition) -> str:
-    if not partition.tail:
-        return ""
-    norm = norm_of(partition)
-    if norm is not None:
-        return f"|then=nn.layer_norm:{_attrs_key(norm)}"
-    if str(partition.tail[0].value.op.name).startswith("relax.nn.conv"):
-        # A block tail: every op, and each conv's weight shape and attributes.
-        parts = []
-        for binding in partition.tail:
-            call = binding.value
-            name = str(call.op.name).removeprefix("relax.")
-            if name.startswith("nn.conv"):
-                attrs = json.dumps(attrs_dict(call.attrs), sort_keys=True, separators=(",", ":"), default=str)
-                name = f"{name}:{static_shape(call.args[1])}:{attrs}"
-            parts.append(name)
-        return f"|then={'+'.join(parts)}:out={static_shape(partition.output)}"
-    _, _, product, heads = split_attention_tail(partition.tail)
-    ops = "+".join(str(b.value.op.name).removeprefix("relax.") for b in partition.tail if b is not heads)
-    if heads is not None:
-        ops += f"+permute_dims({','.join(str(int(a)) for a in heads.value.attrs.axes)})"
-    rhs = product.value.args[1]
-    return f"|then={ops}:{static_shape(rhs)}:{dtype_of(rhs)}"
+            f"out={static_shape(anchor.var)}:{out_dtype}|epilogue={'+'.join(ops)}{fused}")

@@ -8,7 +8,7 @@ from conftest import host_target, one_record_log
 from tvm import te
 
 from alt_tvm.layout import rewrite
-from alt_tvm.strategies.alt.conv import (
+from alt_tvm.strategies.alt.case_study import (
     R18_FIRST_LAYER,
     Conv2dWorkload,
     ConvTiling,

@@ -324,7 +324,7 @@ def test_a_stem_blocks_first_conv_takes_fewer_positions_per_register_block():
     :data:`block.STEM_EXPAND_POSITIONS` positions; a 1x1 expand stage of the same block
     keeps the register budget's wider blocks."""
     from alt_tvm.strategies.alt.conv import ConvGeometry
-    from alt_tvm.strategies.base import split_block_tail
+    from alt_tvm.strategies.alt.patterns import split_block_tail
 
     torch.manual_seed(0)
     model = _Stem(m=32, o=16).eval()

@@ -13,7 +13,7 @@ from tvm import te
 
 from alt_tvm.bench.timing import time_compiled
 from alt_tvm.layout import rewrite
-from alt_tvm.strategies.alt.conv import Conv2dWorkload, ConvTiling, conv2d_graph, conv2d_layouts, schedule_conv2d
+from alt_tvm.strategies.alt.case_study import Conv2dWorkload, ConvTiling, conv2d_graph, conv2d_layouts, schedule_conv2d
 from alt_tvm.tuning.cost_model import XGBCostModel, XGBParams, scores_from_latencies
 from alt_tvm.tuning.features import extract_features, feature_descriptions, feature_names
 

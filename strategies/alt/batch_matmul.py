@@ -31,9 +31,7 @@ from alt_tvm.ops.rows import RowKernel, lane_reduce, softmax_rows
 from alt_tvm.strategies.base import (
     OpInfo,
     Strategy,
-    attention_operands,
     op_name,
-    split_attention_tail,
     static_shape,
     tiles_for,
 )
@@ -42,6 +40,7 @@ from alt_tvm.strategies.views import ViewReader, contiguous_layout, source_posit
 
 from .gemm import column_tile, padded_columns, row_tile, schedule_gemm
 from .gemm_norm import tile_in_registers
+from .patterns import ATTENTION, attention_operands, split_attention_tail
 from .rows import vectorize_row_stages
 
 
@@ -65,7 +64,7 @@ class AltBatchMatmulStrategy(Strategy):
     name = "alt"
     ops = ("relax.matmul",)
     priority = 9
-    fuses_attention = True
+    patterns = (ATTENTION,)
 
     def applicable(self, info: OpInfo) -> str | None:
         if any(d != "float32" for d in info.input_dtypes):

@@ -41,9 +41,10 @@ from tvm import relax, te
 from alt_tvm import ops
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.layout.templates import conv_output_tiled, conv_weight_tiled
-from alt_tvm.strategies.base import attrs_dict, block_output_conv, split_block_tail, static_shape
+from alt_tvm.strategies.base import attrs_dict, static_shape
 from alt_tvm.target import HardwareTarget
 
+from .patterns import block_output_conv, split_block_tail
 from .tiling import DefaultConvTiling, channel_tile, register_block
 from .vectors import vector_registers, vectorize_channels
 

@@ -1,10 +1,11 @@
-"""The ALT conv2d template: tiled layouts (paper §5.1) plus a register-blocked loop schedule.
+"""The ``alt`` strategy for convolutions: ALT's tiled layouts (paper §5.1) with analytic tiles
+and a register-blocked loop schedule.
 
-This module holds the hand-parameterised form that the tuner (``alt_tvm.tuning``) will
-search over: :class:`ConvTiling` fixes the layout split factors and the loop tiling,
-:func:`conv2d_graph` builds pad -> conv2d -> bias -> ReLU in TE, :func:`conv2d_layouts`
-gives the tensors' layouts for a layout *kind*, and :func:`schedule_conv2d` applies the
-same loop schedule whatever the layout, so layouts can be compared at equal loop effort.
+Any conv (1-3 spatial dims, grouped, depthwise, dilated, transposed) with its epilogue is
+lowered in the tiled template, its tiles chosen from the target (:mod:`.tiling`) or from a
+tuning record (:mod:`.space`); a zero pad or transpose feeding it, a squeeze-excitation scale
+before a 1x1 conv and an inverted-residual block after it are fused where the strategy's
+patterns (:mod:`.patterns`) say. The paper's single-layer case study is :mod:`.case_study`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import tvm
@@ -22,7 +23,6 @@ from alt_tvm import ops
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.layout.templates import (
-    channels_last,
     conv_input_unfolded,
     conv_output_tiled,
     conv_output_two_level,
@@ -33,12 +33,12 @@ from alt_tvm.strategies.base import (
     OpInfo,
     Strategy,
     attrs_dict,
-    block_output_conv,
     equivalent,
     fusion_option,
     static_shape,
 )
 from alt_tvm.strategies.constants import const_value
+from alt_tvm.strategies.pattern import Match
 from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
@@ -51,6 +51,7 @@ from .block import (
     implement_block,
     work_ratio,
 )
+from .patterns import ABSORBED_INPUT, BLOCK, CHANNEL_SCALE, block_output_conv
 from .prefetch import prefetch_next_block, prefetch_next_tile
 from .tiling import DefaultConvTiling, default_conv_tiling, is_depthwise, reduction_block, window_per_channel_tile
 from .vectors import vectorize_channels
@@ -64,183 +65,6 @@ from .winograd import (
     winograd_conv,
     winograd_tile,
 )
-
-LayoutKind = Literal["nchw", "nhwc", "tiled"]
-LAYOUT_KINDS: tuple[str, ...] = ("nchw", "nhwc", "tiled")
-
-
-@dataclass(frozen=True)
-class Conv2dWorkload:
-    """A conv2d with bias and ReLU, batch ``n``, ``c`` -> ``o`` channels, symmetric padding."""
-
-    n: int
-    c: int
-    h: int
-    w: int
-    o: int
-    kh: int
-    kw: int
-    stride: int = 1
-    pad: int = 0
-    dilation: int = 1
-
-    @property
-    def out_hw(self) -> tuple[int, int]:
-        oh = (self.h + 2 * self.pad - self.dilation * (self.kh - 1) - 1) // self.stride + 1
-        ow = (self.w + 2 * self.pad - self.dilation * (self.kw - 1) - 1) // self.stride + 1
-        return oh, ow
-
-    @property
-    def flops(self) -> int:
-        oh, ow = self.out_hw
-        return 2 * self.n * self.o * oh * ow * self.c * self.kh * self.kw
-
-
-#: The first layer of ResNet-18 (the paper's §7.3.3 case): 3x224x224, pad 3 -> 230x230, 7x7/2, 64.
-R18_FIRST_LAYER = Conv2dWorkload(n=1, c=3, h=224, w=224, o=64, kh=7, kw=7, stride=2, pad=3)
-
-
-@dataclass(frozen=True)
-class ConvTiling:
-    """Layout tile sizes (ht, wt, ot, it) and the register block of the loop schedule.
-
-    The micro-kernel keeps ``ht x w_reg`` accumulators of one vector (``vec`` lanes)
-    each; ``vec_axis`` says whether vectors run along output channels or along width.
-    """
-
-    ht: int = 4
-    wt: int = 16
-    ot: int = 16
-    it: int = 1
-    w_reg: int = 4
-    o_reg: int = 4
-    vec_axis: Literal["o", "w"] = "o"
-
-    def __post_init__(self) -> None:
-        for name in ("ht", "wt", "ot", "it", "w_reg", "o_reg"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ConvTiling.{name} must be a positive int, got {value!r}")
-        if self.wt % self.w_reg:
-            raise ValueError(f"ConvTiling.w_reg={self.w_reg} must divide wt={self.wt}")
-        if self.ot % self.o_reg:
-            raise ValueError(f"ConvTiling.o_reg={self.o_reg} must divide ot={self.ot}")
-        if self.vec_axis not in ("o", "w"):
-            raise ValueError(f"ConvTiling.vec_axis must be 'o' or 'w', got {self.vec_axis!r}")
-
-
-@dataclass(frozen=True)
-class Conv2dGraph:
-    """The TE tensors of pad -> conv2d -> bias_add -> relu."""
-
-    data: te.Tensor
-    weight: te.Tensor
-    bias: te.Tensor
-    padded: te.Tensor
-    conv: te.Tensor
-    biased: te.Tensor
-    out: te.Tensor
-
-    @property
-    def args(self) -> list[te.Tensor]:
-        return [self.data, self.weight, self.bias, self.out]
-
-
-def conv2d_graph(workload: Conv2dWorkload, *, dtype: str = "float32") -> Conv2dGraph:
-    """Build the canonical (NCHW) TE graph of ``workload``."""
-    wl = workload
-    data = te.placeholder((wl.n, wl.c, wl.h, wl.w), dtype=dtype, name="data")
-    weight = te.placeholder((wl.o, wl.c, wl.kh, wl.kw), dtype=dtype, name="weight")
-    bias = te.placeholder((wl.o,), dtype=dtype, name="bias")
-    conv = ops.conv2d(data, weight, stride=wl.stride, padding=wl.pad, dilation=wl.dilation)
-    padded = conv.op.input_tensors[0]
-    if wl.pad == 0:
-        raise ValueError("conv2d_graph: the template expects a padded convolution (pad > 0)")
-    biased = ops.bias_add(conv, bias)
-    out = ops.relu(biased)
-    return Conv2dGraph(data, weight, bias, padded, conv, biased, out)
-
-
-def conv2d_layouts(graph: Conv2dGraph, workload: Conv2dWorkload, *, kind: LayoutKind,
-                   tiling: ConvTiling) -> dict[te.Tensor, Layout]:
-    """Layouts of the graph's tensors for ``kind``.
-
-    The conv output's layout is propagated to the element-wise bias and ReLU outputs
-    (paper §4.2), and the padding stage writes the conv's input layout directly, so the
-    only conversion left is the one pad performs anyway.
-    """
-    wl = workload
-    shape = {t: tuple(int(s) for s in t.shape) for t in (graph.padded, graph.conv, graph.weight)}
-    if kind == "nchw":
-        return {}
-    if kind == "nhwc":
-        out = channels_last(shape[graph.conv])
-        return {graph.padded: channels_last(shape[graph.padded]), graph.conv: out, graph.biased: out,
-                graph.out: out, graph.weight: weight_channels_last(shape[graph.weight])}
-    if kind == "tiled":
-        tiles = [tiling.ht, tiling.wt]
-        out = conv_output_tiled(shape[graph.conv], spatial_tiles=tiles, channel_tile=tiling.ot)
-        inp = conv_input_unfolded(shape[graph.padded], spatial_tiles=tiles, channel_tile=tiling.it,
-                                  kernel=[wl.kh, wl.kw], strides=[wl.stride] * 2, dilation=[wl.dilation] * 2)
-        weight = conv_weight_tiled(shape[graph.weight], out_tile=tiling.ot, in_tile=tiling.it)
-        return {graph.padded: inp, graph.conv: out, graph.biased: out, graph.out: out, graph.weight: weight}
-    raise ValueError(f"unknown layout kind {kind!r}; known: {list(LAYOUT_KINDS)}")
-
-
-def schedule_conv2d(func: tvm.tirx.PrimFunc, graph: Conv2dGraph, *, kind: LayoutKind,
-                    tiling: ConvTiling) -> tvm.IRModule:
-    """Register-blocked, vectorised, parallel schedule; identical loop structure for every layout.
-
-    Loops after scheduling (outer to inner)::
-
-        parallel(n, h/ht, w/wt) . o/ot . [w or o register blocks] . rc . rh . rw . ht . reg . vec
-
-    For the canonical layouts the output loops are split to the same tiles the tiled
-    layout stores, so only the data layout differs between the variants.
-    """
-    sch = tvm.s_tir.Schedule(func)
-    conv = sch.get_sblock(graph.conv.op.name)
-    loops = sch.get_loops(conv)
-    if kind == "tiled":
-        n, ho, wo, oo, hi, wi, oi, rc, rh, rw = loops
-    else:
-        if kind == "nchw":
-            n, o, h, w, rc, rh, rw = loops
-        elif kind == "nhwc":
-            n, h, w, o, rc, rh, rw = loops
-        else:
-            raise ValueError(f"unknown layout kind {kind!r}; known: {list(LAYOUT_KINDS)}")
-        oo, oi = sch.split(o, [None, tiling.ot])
-        ho, hi = sch.split(h, [None, tiling.ht])
-        wo, wi = sch.split(w, [None, tiling.wt])
-    if tiling.vec_axis == "o":
-        wio, wii = sch.split(wi, [None, tiling.w_reg])
-        sch.reorder(n, ho, wo, oo, wio, rc, rh, rw, hi, wii, oi)
-        reg, vec = wii, oi
-    else:
-        oio, oii = sch.split(oi, [None, tiling.o_reg])
-        sch.reorder(n, ho, wo, oo, oio, rc, rh, rw, hi, oii, wi)
-        reg, vec = oii, wi
-    sch.parallel(sch.fuse(n, ho, wo))
-    sch.vectorize(vec)
-    sch.unroll(reg)
-    sch.unroll(hi)
-    sch.decompose_reduction(conv, rc)
-    # Epilogue: bias + ReLU computed right after each output tile, while it is in cache.
-    sch.compute_inline(sch.get_sblock(graph.biased.op.name))
-    relu = sch.get_sblock(graph.out.op.name)
-    sch.reverse_compute_at(relu, oo)
-    sch.vectorize(sch.get_loops(relu)[-1])
-    pad_loops = sch.get_loops(sch.get_sblock(graph.padded.op.name))
-    sch.parallel(sch.fuse(*pad_loops[:3]) if kind == "tiled" else sch.fuse(*pad_loops[:2]))
-    return sch.mod
-
-
-# --------------------------------------------------------------------------------------
-# The default ``alt`` strategy for the model build: any conv (1-3 spatial dims, grouped,
-# depthwise, dilated, transposed) with its epilogue, in the tiled template with tiles
-# chosen analytically from the target, and a register-blocked schedule.
-# --------------------------------------------------------------------------------------
 
 _CONV_OPS = {
     "relax.nn.conv1d": (1, False), "relax.nn.conv2d": (2, False), "relax.nn.conv3d": (3, False),
@@ -586,6 +410,26 @@ class ConvLayouts:
     weight: Layout | None
 
 
+def fuses_block(strategy: AltConvStrategy, anchor: relax.VarBinding, match: Match, target: HardwareTarget,
+                options: Any = None) -> bool:
+    """Fuse an inverted-residual block (:data:`.patterns.BLOCK`, :mod:`.block`) where a band
+    of rows fits half the L2 cache with a band per core and, by default, the recomputed rows
+    leave the fused kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work
+    (:data:`.block.MAX_SHORT_WORK_RATIO` times the two kernels' for a block that ends at its
+    depthwise conv). The option ``fuse_blocks``: True (that rule), False (never),
+    ``"always"`` (wherever a band fits)."""
+    fuse = fusion_option(options, "fuse_blocks")
+    if fuse is False or target.to_tvm().kind.name != "llvm":
+        return False
+    try:
+        geometry = BlockGeometry.of(anchor, match.tail)
+        rows = strategy._default_block_tiling(geometry, match.tail, target).band_rows
+    except ValueError:  # not a block the kernel computes, or no band fits
+        return False
+    bound = MAX_WORK_RATIO if geometry.project else MAX_SHORT_WORK_RATIO
+    return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= bound
+
+
 class AltConvStrategy(Strategy):
     """ALT's conv template with analytic tiles (the ``alt`` default strategy for convs on CPUs).
 
@@ -598,8 +442,7 @@ class AltConvStrategy(Strategy):
     ops = tuple(_CONV_OPS)
     target_kinds = ("llvm",)
     priority = 10
-    absorbs_pad = True
-    absorbs_scale = True
+    patterns = (ABSORBED_INPUT, CHANNEL_SCALE, BLOCK.where(fuses_block))
 
     def applicable(self, info: OpInfo) -> str | None:
         rank, transposed = _CONV_OPS[info.op]
@@ -641,24 +484,6 @@ class AltConvStrategy(Strategy):
         if not geometry.image_channels and 1 < geometry.in_per_group <= tiling.it:
             tiling = replace(tiling, window_outer=True)
         return tiling
-
-    def fuses_block(self, anchor, tail, target, options=None) -> bool:
-        """Fuse an inverted-residual block (:mod:`.block`) where a band of rows fits half the
-        L2 cache with a band per core and, by default, the recomputed rows leave the fused
-        kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work
-        (:data:`.block.MAX_SHORT_WORK_RATIO` times the two kernels' for a block that ends at
-        its depthwise conv). The option ``fuse_blocks``: True (that rule), False (never),
-        ``"always"`` (wherever a band fits)."""
-        fuse = fusion_option(options, "fuse_blocks")
-        if fuse is False or target.to_tvm().kind.name != "llvm":
-            return False
-        try:
-            geometry = BlockGeometry.of(anchor, tail)
-            rows = self._default_block_tiling(geometry, tail, target).band_rows
-        except ValueError:  # not a block the kernel computes, or no band fits
-            return False
-        bound = MAX_WORK_RATIO if geometry.project else MAX_SHORT_WORK_RATIO
-        return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= bound
 
     def space(self, anchor, context) -> Any:
         """The tuning space of this partition (the defaults are the untuned build's choice):

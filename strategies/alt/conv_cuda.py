@@ -32,7 +32,7 @@ from tvm import te
 
 from alt_tvm.strategies.registry import register_strategy
 
-from .conv import AltConvStrategy, ConvGeometry
+from .conv import AltConvStrategy, ConvGeometry, fuses_block
 from .cuda_tiling import (
     BlockUsage,
     CudaConvTiling,
@@ -44,6 +44,7 @@ from .cuda_tiling import (
     verify_gpu_kernels,
 )
 from .gemm import AltGemmStrategy, _gemm_extents
+from .patterns import ABSORBED_INPUT, BLOCK
 from .tiling import DefaultConvTiling
 
 __all__ = [
@@ -337,7 +338,8 @@ class AltConvCudaStrategy(AltConvStrategy):
     """
 
     target_kinds = ("cuda",)
-    absorbs_scale = False  # (the GPU schedule has no block for the scaled weights)
+    # No channel scale: the GPU schedule has no block for the scaled weights.
+    patterns = (ABSORBED_INPUT, BLOCK.where(fuses_block))
 
     def _tiling(self, geometry: ConvGeometry, context: Any) -> CudaConvTiling:
         if context.params is not None:

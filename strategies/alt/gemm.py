@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 import tvm
-from tvm import te
+from tvm import relax, te
 
 from alt_tvm.layout import Layout
 from alt_tvm.layout.rewrite import TensorMap
@@ -23,12 +23,12 @@ from alt_tvm.strategies.base import (
     Strategy,
     dtype_of,
     fusion_option,
-    norm_before,
-    norm_of,
     static_shape,
     tiles_for,
 )
+from alt_tvm.strategies.pattern import Match
 from alt_tvm.strategies.registry import register_strategy
+from alt_tvm.target import HardwareTarget
 
 from .gemm_norm import (
     gemm_rows_te,
@@ -40,6 +40,7 @@ from .gemm_norm import (
     schedule_gemm_norm,
     schedule_norm_gemm,
 )
+from .patterns import NORM_AFTER, NORM_BEFORE, norm_before, norm_of
 from .prefetch import prefetch_next_block
 from .tiling import streams_from_memory
 
@@ -272,6 +273,23 @@ def column_tile(n: int, lanes: int, registers: int, *, rows: int = 4) -> int:
     return tiles_for(n, 2 * lanes)
 
 
+def fuses_norm(strategy: Strategy, anchor: relax.VarBinding, match: Match, target: HardwareTarget,
+               options: Any = None) -> bool:
+    """Fuse the layer norm before or after the GEMM (:data:`.patterns.NORM_BEFORE`,
+    :data:`.patterns.NORM_AFTER`, :mod:`.gemm_norm`) where the weight stays in L2
+    (:func:`.gemm_norm.norm_fits`). The option ``fuse_norms``: True (that rule), False (never),
+    ``"always"`` (any float32 row up to :data:`.rows.MAX_ROW` elements)."""
+    norm = (match.prologue or match.tail)[0]
+    fuse = fusion_option(options, "fuse_norms")
+    if fuse is False or target.to_tvm().kind.name != "llvm":
+        return False
+    if any(dtype_of(arg) not in (None, "float32") for arg in norm.value.args):
+        return False
+    _, n, k = _gemm_extents(anchor)
+    row = k if norm.var.same_as(anchor.value.args[0]) else n
+    return norm_fits(row=row, n=n, k=k, l2_bytes=0 if fuse == "always" else target.l2_bytes) is None
+
+
 class AltGemmStrategy(Strategy):
     """Matmul with a constant 2-D right-hand side (dense / linear layers) on CPUs.
 
@@ -283,6 +301,7 @@ class AltGemmStrategy(Strategy):
     ops = ("relax.matmul",)
     target_kinds = ("llvm",)
     priority = 10
+    patterns = (NORM_BEFORE.where(fuses_norm), NORM_AFTER.where(fuses_norm))
 
     def applicable(self, info: OpInfo) -> str | None:
         if info.input_dtypes[0] != "float32" or info.input_dtypes[1] != "float32":
@@ -292,19 +311,6 @@ class AltGemmStrategy(Strategy):
         if len(info.input_shapes[1]) != 2 or len(info.input_shapes[0]) < 2:
             return f"shapes {info.input_shapes} (needs [..., M, K] x [K, N])"
         return None
-
-    def fuses_norm(self, anchor, norm, target, options=None) -> bool:
-        """Fuse the layer norm before or after the GEMM (:mod:`.gemm_norm`) where the weight
-        stays in L2 (:func:`.gemm_norm.norm_fits`). The option ``fuse_norms``: True (that rule),
-        False (never), ``"always"`` (any float32 row up to :data:`.rows.MAX_ROW` elements)."""
-        fuse = fusion_option(options, "fuse_norms")
-        if fuse is False or target.to_tvm().kind.name != "llvm":
-            return False
-        if any(dtype_of(arg) not in (None, "float32") for arg in norm.value.args):
-            return False
-        _, n, k = _gemm_extents(anchor)
-        row = k if norm.var.same_as(anchor.value.args[0]) else n
-        return norm_fits(row=row, n=n, k=k, l2_bytes=0 if fuse == "always" else target.l2_bytes) is None
 
     def layout_params(self, anchor: Any, context: Any) -> dict[str, int]:
         """``{"nt", "mt", "vec", "kt", "panels_outer", "kc", "panel_groups"}``: ``nt`` tiles the
