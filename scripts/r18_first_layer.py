@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from tvm import te
 
     from alt_tvm.layout import rewrite
-    from alt_tvm.strategies.alt.conv import (
+    from alt_tvm.strategies.alt.case_study import (
         R18_FIRST_LAYER,
         ConvTiling,
         conv2d_graph,
