@@ -165,10 +165,13 @@ def load_configs(path: str) -> list[Conv]:
 def _interleaved_ms(fns: dict, *, repeat: int, min_time: float = 0.03) -> dict[str, tuple[float, float]]:
     """(min, median) per-call milliseconds of each function, timed in interleaved rounds.
 
-    The machine is shared, so every round times each function once, back to back, and
-    the minimum over rounds is what the speedups use (the median is kept in the JSON).
+    The machine is shared, so every round times each function once, a different one first
+    each round (:func:`alt_tvm.bench.run_interleaved`), and the minimum over rounds is what the
+    speedups use (the median is kept in the JSON).
     """
     import statistics
+
+    from alt_tvm.bench import run_interleaved
 
     numbers = {}
     for name, fn in fns.items():
@@ -176,13 +179,16 @@ def _interleaved_ms(fns: dict, *, repeat: int, min_time: float = 0.03) -> dict[s
         start = time.perf_counter()
         fn()
         numbers[name] = max(1, min(50, int(min_time / max(time.perf_counter() - start, 1e-6))))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(numbers[name]):
-                fn()
-            samples[name].append((time.perf_counter() - start) / numbers[name] * 1e3)
+    names = list(fns)
+
+    def turn(i: int) -> float:
+        fn, number = fns[names[i]], numbers[names[i]]
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        return (time.perf_counter() - start) / number * 1e3
+
+    samples = dict(zip(names, run_interleaved(len(names), rounds=repeat, run=turn)))
     return {name: (min(v), statistics.median(v)) for name, v in samples.items()}
 
 

@@ -71,6 +71,7 @@ def main() -> int:
     import torch
     import tvm
 
+    from alt_tvm.bench import run_interleaved
     from alt_tvm.strategies.tt.decompose import tt_svd
     from alt_tvm.strategies.tt.einsum import TABLE3, EinsumShape, build_chain, build_einsum, plan_einsum
     from alt_tvm.target import host
@@ -106,10 +107,10 @@ def main() -> int:
         for name, timer in timers.items():
             t = timer(1, 1)
             numbers[name] = max(1, min(2000, int(0.03 / max(t * 1e-3, 1e-7))))
-        samples = {name: [] for name in timers}
-        for _ in range(args.repeat):
-            for name, timer in timers.items():
-                samples[name].append(timer(numbers[name], max(1, numbers[name] // 4)))
+        names = list(timers)
+        runs = run_interleaved(len(names), rounds=args.repeat,
+                               run=lambda i: timers[names[i]](numbers[names[i]], max(1, numbers[names[i]] // 4)))
+        samples = dict(zip(names, runs))
         return {name: (float(np.median(s)), float(np.min(s))) for name, s in samples.items()}
 
     results: dict = {"threads": args.threads, "target": target.description, "layers": [], "kernels": [],

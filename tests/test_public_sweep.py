@@ -12,7 +12,7 @@ import platform
 import pytest
 from conftest import load_script
 
-import alt_tvm.models.public as export_public
+import alt_tvm.models.public as public
 
 sweep_public = load_script("sweep_public")
 
@@ -20,7 +20,7 @@ sweep_public = load_script("sweep_public")
 def _available(name: str) -> bool:
     if not name.startswith(("tv_", "timm_")):
         return True
-    export_public._python_torchvision()
+    public._python_torchvision()
     try:
         import torchvision.models  # noqa: F401
         if name.startswith("timm_"):
@@ -40,7 +40,7 @@ def _targets() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", _targets())
-@pytest.mark.parametrize("name", sorted(export_public.public_models()))
+@pytest.mark.parametrize("name", sorted(public.public_models()))
 def test_every_public_architecture_builds_and_matches_onnx_runtime(name, target, tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("onnxscript")
@@ -58,8 +58,8 @@ def test_every_public_architecture_builds_and_matches_onnx_runtime(name, target,
 
 
 def test_cnn_suite_group_names_torchvision_cnns_of_the_zoo():
-    models = export_public.public_models()
-    group = export_public.GROUPS["cnn_suite"]
+    models = public.public_models()
+    group = public.GROUPS["cnn_suite"]
     assert len(group) == 11 and len(set(group)) == 11
     for name in group:
         assert name in models, name
@@ -68,7 +68,7 @@ def test_cnn_suite_group_names_torchvision_cnns_of_the_zoo():
 
 
 def test_names_take_groups_and_kind_filters():
-    group = list(export_public.GROUPS["cnn_suite"])
+    group = list(public.GROUPS["cnn_suite"])
     assert sweep_public.parse_args(["--names", "cnn_suite"]).names == group
     assert sweep_public.parse_args(["--names", "cnn_suite"]).suite == "cnn_suite"  # filed under its suite
     assert sweep_public.parse_args(["--names", "tv_googlenet", "cnn_suite"]).suite == "public_sweep"
@@ -76,7 +76,7 @@ def test_names_take_groups_and_kind_filters():
     assert sweep_public.parse_args(["--names", "tv_googlenet", "cnn_suite"]).names == (
         ["tv_googlenet"] + [n for n in group if n != "tv_googlenet"])
     cnns = sweep_public.parse_args(["--kind", "cnn"]).names
-    models = export_public.public_models()
+    models = public.public_models()
     assert set(group) <= set(cnns) and all(models[n].kind == "cnn" for n in cnns)
     assert sweep_public.parse_args(["--names", "hf_vit_b16", "cnn_suite", "--kind", "transformer"]).names == [
         "hf_vit_b16"]
@@ -84,7 +84,7 @@ def test_names_take_groups_and_kind_filters():
 
 def test_unknown_names_error_with_the_choices(capsys):
     with pytest.raises(ValueError, match=r"unknown models \['cnn-suite'\].*cnn_suite.*tv_resnet18"):
-        export_public.select(["cnn-suite"])
+        public.select(["cnn-suite"])
     with pytest.raises(SystemExit):
         sweep_public.parse_args(["--names", "tv_resnet18", "no_such_model"])
     assert "unknown models ['no_such_model']" in capsys.readouterr().err
