@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     import tvm
     from tvm import te
 
+    from alt_tvm.bench import measure_peak_gflops, run_interleaved, time_compiled
     from alt_tvm.layout import rewrite
     from alt_tvm.strategies.alt.case_study import (
         R18_FIRST_LAYER,
@@ -61,7 +62,6 @@ def main(argv=None) -> int:
         schedule_conv2d,
     )
     from alt_tvm.target import host
-    from alt_tvm.timing import measure_peak_gflops, time_compiled
 
     torch.set_num_threads(args.threads)
     wl = R18_FIRST_LAYER
@@ -120,13 +120,12 @@ def main(argv=None) -> int:
 
     torch_fns = {"pytorch (NCHW)": torch_call(torch.contiguous_format),
                  "pytorch (channels_last)": torch_call(torch.channels_last)}
-    samples: dict[str, list[float]] = {name: [] for name in list(built) + list(torch_fns)}
-    # Interleave the variants so machine noise hits all of them alike.
-    for _ in range(args.repeat):
-        for name, (executable, tensors, *_rest) in built.items():
-            samples[name].append(time_compiled(executable, tensors, number=args.number, repeat=1).min_ms)
-        for name, fn in torch_fns.items():
-            samples[name].append(time_torch(fn))
+    turns = {name: (lambda e=executable, t=tensors: time_compiled(e, t, number=args.number, repeat=1).min_ms)
+             for name, (executable, tensors, *_rest) in built.items()}
+    turns.update({name: (lambda fn=fn: time_torch(fn)) for name, fn in torch_fns.items()})
+    names = list(turns)
+    # Interleaved (a different variant first each round) so machine noise hits all of them alike.
+    samples = dict(zip(names, run_interleaved(len(names), rounds=args.repeat, run=lambda i: turns[names[i]]())))
 
     peak = args.peak_gflops or measure_peak_gflops(threads=args.threads, target=target)
     base = float(np.median(samples["tiled"]))
