@@ -13,7 +13,8 @@ one peer per module:
 :mod:`.timing` holds the fair timing (the tuner's :class:`TimingPolicy`, interleaved rounds
 and their medians, a quiet TVM pool), :mod:`.peak` the FP32 FMA peak and memory bandwidth,
 :mod:`.results` the results' place and format, :mod:`.compare` the A/B comparison of two
-builds of one model, :mod:`.ops` the single-operator suite. Importing this package imports no
+builds of one model (``alt-tvm bench --compare``), :mod:`.ops` the single-operator suite's
+configurations and harness, :mod:`.onnx_flops` the FLOPs of an ONNX model's nodes. Importing this package imports no
 build code (the graph's frontend is imported only when an untuned TVM build is made).
 """
 

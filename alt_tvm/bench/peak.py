@@ -18,16 +18,16 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
     scalar into all of them, ``passes`` times over ``steps`` scalars, so the loop is bound by
     FMA issue, not memory. The best of ``repeat`` runs is returned: the ceiling that kernels
     are reported against. The TVM runtime's own thread pool runs it, so ``TVM_NUM_THREADS``
-    must allow ``threads``. A run lasts about ``passes`` times 0.1 ms on the 2-vCPU guest:
-    with one pass (0.1 ms) 2 readings of 9 came out at the 1-thread peak (the second thread
-    did not join in time), with 16 passes 2 of 29. The host can also take a vCPU away for
-    longer than any run, so a benchmark reads the peak more than once (:class:`PeakReadings`).
+    must allow ``threads``. ``passes`` makes a run long enough (about ``passes`` times 0.1 ms
+    on two cores) for every worker to join: with one pass, two readings of nine came out at the
+    1-thread peak. A shared host can also take a core away for longer than any run, so a
+    benchmark reads the peak more than once (:class:`PeakReadings`).
 
     Raises
     ------
     ValueError
         If ``threads < 1``, or TVM's thread pool has fewer than ``threads`` workers (its
-        default here is one per *physical* core guess, e.g. 1 on a 2-vCPU guest): the
+        default is one per *physical* core guess, e.g. 1 on a 2-vCPU machine): the
         measurement would silently report the throughput of fewer threads.
     """
     from tvm import te
@@ -71,9 +71,8 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
 class PeakReadings:
     """The FP32 FMA peak of one run: the best of the readings taken through it.
 
-    A reading lasts milliseconds, and a shared host can take a vCPU away for seconds: one
-    profile on the 2-vCPU guest read 117 GFLOP/s on 2 threads (the 1-thread peak) where the
-    readings before and after it gave 228-231. Kernels are read against the ceiling, so a
+    A reading lasts milliseconds, and a shared host can take a core away for seconds, so one
+    reading may show the peak of fewer threads. Kernels are read against the ceiling, so a
     run measures again as it goes (:meth:`measure`) and keeps the best.
 
     Attributes

@@ -210,10 +210,10 @@ def quiet_tvm_pool() -> None:
 
     TVM's pool reads the variable when it starts (its first parallel kernel), so call this
     before. With TVM's own default (300000 polls) a worker keeps its core long after a model
-    call, and ONNX Runtime, timed next, runs slower (MobileNet-V2 at batch 1 on 2 threads:
-    4.92 ms instead of 4.04 ms). Not polling at all (0) costs alt-tvm 8-16% instead (a
-    sleeping worker is woken for every kernel). The short poll alt-tvm's build sets anyway
-    (:func:`alt_tvm.deploy.model.use_runtime_threads`) does neither.
+    call, and ONNX Runtime, timed next, runs slower; not polling at all (0) slows alt-tvm
+    instead (a sleeping worker is woken for every kernel). The short poll alt-tvm's build
+    sets anyway (:func:`alt_tvm.deploy.model.use_runtime_threads`, whose constant records the
+    measurement) does neither.
     """
     from alt_tvm.deploy.model import POOL_SPIN_COUNT
 
@@ -246,9 +246,8 @@ def time_interleaved(runners: Mapping[str, tuple[Callable[..., Any], Sequence[An
     different runner each round; the result per runner is the median over the rounds.
     Each turn starts with a pause of ``pause_s`` and one untimed call, so no runner pays
     for the caches or the threads another left behind. That is not enough next to a TVM
-    model whose pool spins: its worker, pinned to a core, keeps ONNX Runtime's second
-    thread off it (ORT's MobileNet-V2: 8.75 ms instead of 4.85 ms). Run such comparisons
-    with :func:`quiet_tvm_pool` set before TVM's first parallel kernel.
+    model whose pool spins: its worker keeps ONNX Runtime's threads off its core. Run such
+    comparisons with :func:`quiet_tvm_pool` set before TVM's first parallel kernel.
 
     Parameters
     ----------
