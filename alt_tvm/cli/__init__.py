@@ -8,7 +8,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "tune": ("alt_tvm.cli.tune", "tune a model's layouts and loops, write the tuning log"),
     "build": ("alt_tvm.cli.build", "build a model (with a tuning log) into an artifact alt_tvm.load runs"),
-    "bench": ("alt_tvm.cli.bench", "time a model or artifact beside ONNX Runtime, PyTorch, TVM"),
+    "bench": ("alt_tvm.cli.bench", "time a model beside ONNX Runtime, OpenVINO, PyTorch, TVM; or two builds"),
     "profile": ("alt_tvm.cli.profile", "per-kernel times of a model or artifact inside whole runs"),
     "dse": ("alt_tvm.cli.dse", "tensor-train design-space exploration of one FC layer"),
 }
