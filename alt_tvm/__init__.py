@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alt_tvm.options import BuildOptions, InModelConfig, TuneOptions
+if TYPE_CHECKING:
+    from alt_tvm.options import BuildOptions, InModelConfig, TuneOptions
 
 __version__ = "0.1.0"
 __all__ = ["BuildOptions", "InModelConfig", "TuneOptions", "build", "load", "pipeline", "tune"]
+_OPTIONS = ("BuildOptions", "InModelConfig", "TuneOptions")
+
+
+def __getattr__(name: str) -> Any:
+    # The options classes are imported on first use: loading an artifact imports no build code.
+    if name in _OPTIONS:
+        from alt_tvm import options
+
+        return getattr(options, name)
+    raise AttributeError(f"module 'alt_tvm' has no attribute {name!r}")
 
 
 def build(model: Any, options: BuildOptions | None = None, **keywords: Any) -> Any:
