@@ -193,3 +193,13 @@ def test_bench_compare_errors_are_one_line(conv_onnx, capsys, argv, message):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_times_openvino_beside_alt_tvm_where_it_is_installed(conv_onnx, capsys):
+    if why := openvino_available():
+        pytest.skip(why)
+    assert main(["bench", str(conv_onnx), "--vs", "openvino", "onnxruntime", "--rounds", "1", "--repeat", "1",
+                 "--threads", "1", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert list(printed["runners"]) == ["alt-tvm", "openvino", "onnxruntime"]
+    assert all(r["median_ms"] > 0 for r in printed["runners"].values())
