@@ -267,9 +267,7 @@ def tune_tasks(tasks: Sequence[Task], options: TuneOptions | None = None, *, mea
     check_measure(measure, options)
     if not tasks:
         raise ValueError("no tasks to tune: the model has no partition a tunable strategy implements")
-    if options.trials < 2 * len(tasks):
-        raise BudgetError(f"trials={options.trials} is too small for {len(tasks)} tasks: "
-                          f"give at least {2 * len(tasks)}")
+    budgets = split_budget(tasks, options.trials)  # before the log is opened: a BudgetError writes nothing
     targets = {target_key(task.target.to_tvm()) for task in tasks}
     if len(targets) != 1:
         raise ValueError(f"tasks for {len(targets)} different targets; tune one target at a time")
@@ -287,7 +285,7 @@ def tune_tasks(tasks: Sequence[Task], options: TuneOptions | None = None, *, mea
     previous = list(iter_records(log)) if options.resume and os.path.exists(log) else []
     with RecordWriter(log) as writer:
         runs = [_TaskRun(task, index, len(tasks), budget, run_options, writer, previous)
-                for index, (task, budget) in enumerate(zip(tasks, split_budget(tasks, options.trials)))]
+                for index, (task, budget) in enumerate(zip(tasks, budgets))]
         _dispatch(runs, policy, options.in_flight, _Sizer(run_options.measure, options.progress))
     if options.plot is not None:
         plot_curves([run.tuner.result for run in runs],
