@@ -6,8 +6,9 @@ of highest priority among those the user allows; if none applies, the call keeps
 own legalization and the build reports it as a fallback.
 
 The built-in strategy families are the sub-packages of ``alt_tvm.strategies``; each
-registers its strategies when imported, and :func:`registered_strategies` imports them
-all the first time it is asked (so no list of built-ins is kept anywhere).
+registers its strategies, with the fusion patterns they declare (:func:`fusion_patterns`),
+when imported, and :func:`registered_strategies` imports them all the first time it is
+asked (so no list of built-ins is kept anywhere).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .base import OpInfo, Strategy
+from .pattern import FusionPattern, declared_patterns
 
 _REGISTRY: list[Strategy] = []
 
@@ -65,6 +67,12 @@ def registered_strategies() -> tuple[Strategy, ...]:
 def strategy_ops() -> frozenset[str]:
     """The Relax operators some registered strategy implements (the possible partition anchors)."""
     return frozenset(op for s in registered_strategies() for op in s.ops)
+
+
+def fusion_patterns() -> tuple[FusionPattern, ...]:
+    """The fusion patterns the registered strategies declare (:attr:`Strategy.patterns`), each
+    name once, in registration order."""
+    return declared_patterns(registered_strategies())
 
 
 def strategy_names() -> tuple[str, ...]:

@@ -5,7 +5,9 @@ extends along its single-consumer chain of element-wise ops of the same output s
 (bias add, activation, residual add, batch-norm arithmetic ...). The whole partition
 becomes one kernel, and the anchor's output layout is shared by every epilogue tensor —
 the paper's layout propagation along element-wise paths (§4.2), which is what lets the
-epilogue fuse into the anchor's loop nest.
+epilogue fuse into the anchor's loop nest. Beyond the epilogue a partition grows only by
+the fusion patterns its strategy declares (:mod:`alt_tvm.strategies.pattern`), matched here
+without knowing what they fuse.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from alt_tvm.strategies.base import (
     workload_key,
 )
 from alt_tvm.strategies.epilogue import UNARY_EPILOGUE, joinable
-from alt_tvm.strategies.pattern import FusionPattern, Match, MatchContext, declared_patterns
-from alt_tvm.strategies.registry import registered_strategies, select, strategy_ops
+from alt_tvm.strategies.pattern import FusionPattern, Match, MatchContext
+from alt_tvm.strategies.registry import fusion_patterns, select, strategy_ops
 from alt_tvm.target import HardwareTarget
 
 
@@ -108,7 +110,7 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
     def epilogue_of(binding: relax.VarBinding, later: Sequence[relax.Binding]) -> list[relax.VarBinding]:
         return _epilogue(binding, later, users, taken, is_anchor)
 
-    ahead = [p for p in declared_patterns(registered_strategies()) if p.claims_anchor] if strategy_of else []
+    ahead = [p for p in fusion_patterns() if p.claims_anchor] if strategy_of else []
     for block in func.body.blocks:
         bindings = list(block.bindings)
         producers = {b.var: b for b in bindings if isinstance(b, relax.VarBinding)}

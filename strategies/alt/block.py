@@ -268,7 +268,7 @@ def default_block_tiling(geometry: BlockGeometry, project_tiling: DefaultConvTil
     ------
     ValueError
         If ``project_tiling`` is two-level (the block stores one level) or no band of rows
-        fits half the L2 cache: :meth:`AltConvStrategy.fuses_block` then does not fuse.
+        fits half the L2 cache: :func:`.conv.fuses_block` then does not fuse.
     """
     g = geometry
     if project_tiling.two_level:

@@ -242,10 +242,10 @@ def pads_per_channel_tile(geometry: ConvGeometry, tiling: DefaultConvTiling, *, 
 
 def _schedule_whole_pad(sch: tvm.s_tir.Schedule, source: te.Tensor, *, vectorized: bool, lanes: int) -> None:
     """The pad stage copied whole before the conv: parallel over its outer loops and, if
-    ``vectorized``, vectorized over its channel tile (for the target's ``lanes``). (Vectorized,
-    RegNetY's grouped stride-2 convs, which copy 16-channel tiles into 8-channel ones, ran
-    0.44-0.74x the time in the model; they now pad per tile, :func:`pads_per_channel_tile`,
-    unless a record asks for the prefetch.)"""
+    ``vectorized``, vectorized over its channel tile (for the target's ``lanes``). Grouped convs
+    that copy wider channel tiles than they read (RegNetY's stride-2 convs: 16-channel tiles
+    into 8-channel ones) pad per tile instead (:func:`pads_per_channel_tile`) unless a record
+    asks for the prefetch: 0.44-0.74x the time in the model."""
     pad = sch.get_sblock(source.op.name)
     sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
     if vectorized:
