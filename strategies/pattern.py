@@ -8,7 +8,9 @@ layer norm of the rows it reads) and/or a *tail* of bindings after the epilogue 
 softmax and second product, an inverted-residual block's depthwise and 1x1 convs, a layer
 norm of the result). A strategy lists the patterns it lowers in :attr:`~.base.Strategy.patterns`;
 the partitioner (``alt_tvm.graph.partition``) matches them without knowing what they are, in
-the order listed, and the first that matches and passes its check is taken. The pattern
+the order listed (those whose prologue is an anchor of its own first,
+:attr:`FusionPattern.claims_anchor`), and the first that matches and passes its check is
+taken. The pattern
 object stays with the partition (:attr:`~.base.Partition.pattern`): it gives the partition's
 part of the workload key and the pieces to lower one by one when the fused kernel cannot be
 built. TVM's pattern registry (``relax.backend.pattern_registry``: a name, a pattern and a
