@@ -296,12 +296,20 @@ def build_options(options: BuildOptions | None = None, /, *, caller: str = "buil
     Raises
     ------
     TypeError
-        For ``options`` that is not a :class:`BuildOptions`, or a keyword that is not a field
+        For ``options`` that is neither a :class:`BuildOptions` nor a target (a
+        ``HardwareTarget`` or its name, taken as ``target=``), or a keyword that is not a field
         (naming the ``caller`` and the fields).
     """
+    from alt_tvm.target import HardwareTarget
+
+    if isinstance(options, (str, HardwareTarget)):
+        # The target alone, the one option most calls set: build(model, "cpu:haswell").
+        if "target" in keywords:
+            raise TypeError(f"{caller}: the target is given twice, as {options!r} and as target={keywords['target']!r}")
+        options, keywords = None, {**keywords, "target": options}
     if options is not None and not isinstance(options, BuildOptions):
-        raise TypeError(f"{caller}: options must be an alt_tvm.options.BuildOptions, got "
-                        f"{type(options).__name__} {options!r} (give the target as target=...)")
+        raise TypeError(f"{caller}: options must be an alt_tvm.options.BuildOptions or a target (a HardwareTarget "
+                        f"or its name), got {type(options).__name__} {options!r}")
     unknown = sorted(set(keywords) - set(_BUILD_FIELDS))
     if unknown:
         raise TypeError(f"{caller}: unexpected keyword(s) {unknown}; the build options are {list(_BUILD_FIELDS)}")

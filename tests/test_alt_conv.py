@@ -194,7 +194,7 @@ def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch(full
                                 torch.nn.Conv2d(3 * c, c, 1)).eval()
     x = torch.randn(1, 16, 28, 28)
     for fuse in (False, True):
-        built = alt_tvm.build(model, machine, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": fuse}})
+        built = alt_tvm.build(model, target=machine, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": fuse}})
         ref = model(x).detach().numpy()
         np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
         scripts = _kernel_scripts(built)
@@ -330,7 +330,7 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
         kernel = next(k for k in built.report.kernels if k.kind == "partition")
         return next(built.mod[g] for g in built.mod.get_global_vars() if g.name_hint == kernel.name).script()
 
-    script = kernel_script(alt_tvm.build(model, machine, example_inputs=[x]))
+    script = kernel_script(alt_tvm.build(model, target=machine, example_inputs=[x]))
     parallel = [line.split()[1] for line in script.splitlines() if "T.parallel(" in line]
     assert "o_o_n_h_o_w_o_fused" in parallel, parallel  # the 16 channel tiles of 32 outermost
     assert "rc_0, n, h_o" not in script and "T.prefetch(" not in script
@@ -340,7 +340,7 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
     params = task.space.params(layout, dict(loop, reduction_outer=True, prefetch=True, epilogue_in_block=False,
                                             prefetch_input=False))
     log = one_record_log(tmp_path / "reduction_outer.jsonl", task, params, target=machine)
-    built = alt_tvm.build(model, machine, example_inputs=[x], records=log)
+    built = alt_tvm.build(model, target=machine, example_inputs=[x], records=log)
     assert built.report.tuned == 1
     lines = kernel_script(built).splitlines()
     tiles = next(i for i, line in enumerate(lines) if "rc_0, n, h_o" in line)
@@ -355,7 +355,7 @@ def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):
 
     # With a 1 MiB L2 and a 48 KiB L1 (Zen 5) the untuned build takes that order itself.
     zen5 = dataclasses.replace(machine, l1d_bytes=48 << 10, l2_bytes=1 << 20)
-    script = kernel_script(alt_tvm.build(model, zen5, example_inputs=[x]))
+    script = kernel_script(alt_tvm.build(model, target=zen5, example_inputs=[x]))
     assert "rc_0, n, h_o" in script and "T.prefetch(" in script
 
 
@@ -649,7 +649,7 @@ def test_pad_copies_run_per_group_tile_or_whole_in_vectors_but_an_images_stays_s
                                 torch.nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=6), torch.nn.ReLU(),
                                 torch.nn.Conv2d(48, 32, 3, stride=2, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(1, 3, 64, 64)
-    built = alt_tvm.build(model, x86_runnable, example_inputs=[x])
+    built = alt_tvm.build(model, target=x86_runnable, example_inputs=[x])
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 

@@ -106,7 +106,7 @@ def test_weight_panels_run_outside_the_batch_rows_when_the_weight_does_not_fit(l
 
     model, weight = _batched_matmul_onnx((1, 3, 10), 512, 96)
     machine = dataclasses.replace(host(), l2_bytes=l2_kib * 1024)
-    built = alt_tvm.build(model, machine)
+    built = alt_tvm.build(model, target=machine)
     x = np.random.default_rng(1).standard_normal((1, 3, 10, 512)).astype(np.float32)
     np.testing.assert_allclose(built(x)[0], x @ weight, rtol=1e-4, atol=1e-4)
     kernel = next(k for k in built.report.kernels if k.kind == "partition")

@@ -9,7 +9,7 @@ from alt_tvm.graph.frontend import ModelImportError
 from alt_tvm.models import MODELS, export_onnx, get_model
 
 # Reduced inputs where the architecture allows it keep the suite fast; the full-size
-# models are the benchmark's business (scripts/bench_e2e.py) and the slow tests'.
+# models are the benchmark's business (benchmarks/bench_e2e.py) and the slow tests'.
 FAST = {"small_cnn": {}, "resnet18": {"size": 64}, "mobilenet_v2": {"size": 64},
         "bert_tiny": {"seq_len": 32}, "resnet3d_18": {"frames": 4, "size": 32}}
 

@@ -69,7 +69,7 @@ def _built_and_checked(model: nn.Module, x: torch.Tensor, tmp_path, dynamo: bool
     """(ONNX path, model built from it for ``target``), its output checked against PyTorch's."""
     path = str(tmp_path / "model.onnx")
     torch_to_onnx(model, (x,), path, dynamo=dynamo)
-    built = alt_tvm.build(path, target, strict=True)
+    built = alt_tvm.build(path, target=target, strict=True)
     with torch.no_grad():
         np.testing.assert_allclose(built(x.numpy())[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
     return path, built

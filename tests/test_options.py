@@ -94,9 +94,16 @@ def test_keywords_make_one_options_object():
     assert build_options(base, strategies=["alt"]) == BuildOptions(variant="alt-wp", strategies=["alt"])
     with pytest.raises(TypeError, match=r"build: unexpected keyword\(s\) \['trials'\]; the build options are"):
         build_options(trials=4)
-    with pytest.raises(TypeError, match=r"build: options must be an alt_tvm.options.BuildOptions, got "
-                                        r"HardwareTarget .*\(give the target as target=...\)"):
-        build_options(host())
+
+
+def test_a_target_alone_may_stand_where_the_options_go():
+    haswell = describe_cpu("haswell")
+    assert build_options(haswell).target == haswell
+    assert build_options("cpu:haswell", fast_math=True) == BuildOptions(target="cpu:haswell", fast_math=True)
+    with pytest.raises(TypeError, match="the target is given twice"):
+        build_options("cpu:haswell", target=host())
+    with pytest.raises(TypeError, match=r"BuildOptions or a target \(a HardwareTarget or its name\), got int 3"):
+        build_options(3)
 
 
 def test_tune_keywords_may_name_build_fields():

@@ -87,7 +87,7 @@ def _build(model: nn.Module, x: torch.Tensor, tmp_path, target, *, dynamo: bool 
     """The model built for ``target`` from its ONNX export, its output checked against PyTorch's."""
     path = str(tmp_path / "model.onnx")
     torch_to_onnx(model, (x,), path, dynamo=dynamo)
-    built = alt_tvm.build(path, target, strict=True, strategy_options={"alt": {"winograd": winograd}})
+    built = alt_tvm.build(path, target=target, strict=True, strategy_options={"alt": {"winograd": winograd}})
     with torch.no_grad():
         expected = model(x).numpy()
     got = built(x.numpy())[0]
@@ -163,7 +163,7 @@ def _specials_where_pytorch_puts_them(model: nn.Module, x: torch.Tensor, tmp_pat
         expected = model(x).numpy()
     path = str(tmp_path / "special.onnx")
     torch_to_onnx(model, (x,), path, dynamo=False)
-    built = alt_tvm.build(path, target)
+    built = alt_tvm.build(path, target=target)
     assert _conv_layouts(built) == [layout]
     got = built(x.numpy())[0]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
