@@ -1,16 +1,5 @@
-"""Export public architecture definitions to ONNX, for checks on models this project did not write.
-
-The definitions come from packages that ship them: Hugging Face ``transformers`` (built from
-their library configs, which are the published sizes; no download), PyTorch's own
-``nn.TransformerEncoder``, ``torchvision`` and ``timm`` (``pip install --no-deps timm
-torchvision==0.28.0``: their Python model code, built offline). Weights are seeded random;
-batch-norm statistics are re-estimated on random inputs, since with the default statistics the
-activations of a deep random network underflow to denormals and every runtime slows. Each
-model is exported by either of PyTorch's exporters:
-
-* ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``;
-* ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (the default since PyTorch 2.9; needs
-  ``onnxscript``).
+"""Export public architecture definitions to ONNX (:mod:`alt_tvm.models.public` says which, how
+they are built and with which exporter), for checks on models this project did not write.
 
     python scripts/export_public.py [--out-dir models/public] [--names hf_resnet50 ...] [--kind cnn]
                                     [--exporter dynamo] [--torchvision-src DIR]

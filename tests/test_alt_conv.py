@@ -194,7 +194,8 @@ def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch(full
                                 torch.nn.Conv2d(3 * c, c, 1)).eval()
     x = torch.randn(1, 16, 28, 28)
     for fuse in (False, True):
-        built = alt_tvm.build(model, target=machine, example_inputs=[x], strategy_options={"alt": {"fuse_blocks": fuse}})
+        built = alt_tvm.build(model, target=machine, example_inputs=[x],
+                              strategy_options={"alt": {"fuse_blocks": fuse}})
         ref = model(x).detach().numpy()
         np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
         scripts = _kernel_scripts(built)

@@ -143,7 +143,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_imports_for_annotations_only_are_told_apart():
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .base import Partition\nfrom . import space\n"
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .base import Partition\n"
+              "from . import space\n")
     assert "alt_tvm.strategies.base" in imports_of(source, "alt_tvm.strategies.pattern")
     runtime = imports_of(source, "alt_tvm.strategies.pattern", typing=False)
     assert "alt_tvm.strategies.base" not in runtime and "alt_tvm.strategies.space" in runtime

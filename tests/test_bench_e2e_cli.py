@@ -41,7 +41,7 @@ def test_a_budget_too_small_for_a_models_tasks_times_it_untuned_and_keeps_the_re
                       (torch.randn(1, 3, 16, 16),), str(model), dynamo=False, opset_version=17)
     out = tmp_path / "out.json"
     code = script.main(["--models", str(model), "--trials", "2", "--skip-ms", "--skip-tvm-default", "--rounds", "1",
-                        "--repeat", "1", "--log-dir", str(tmp_path / "logs"), "--json", str(out)])
+                        "--repeat", "1", "--threads", "1", "--log-dir", str(tmp_path / "logs"), "--json", str(out)])
     assert code == 0
     results = json.loads(out.read_text())["results"]["rows"]
     (error,) = [r for r in results if "error" in r]

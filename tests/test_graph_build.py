@@ -7,8 +7,8 @@ import tvm
 from conftest import host_target
 from tvm import relax
 
-from alt_tvm.graph.propagate import AltLayoutPass
 from alt_tvm.graph.prepare import prepare
+from alt_tvm.graph.propagate import AltLayoutPass
 from alt_tvm.strategies import registry
 from alt_tvm.strategies.base import OpInfo, Strategy
 

@@ -7,8 +7,8 @@ import tvm
 from conftest import host_target
 from tvm import relax, te
 
-from alt_tvm.graph.report import ALT_KERNEL_ATTR
 from alt_tvm.graph.inplace import _overwritable, write_in_place
+from alt_tvm.graph.report import ALT_KERNEL_ATTR
 
 N = 16
 

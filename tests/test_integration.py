@@ -8,10 +8,10 @@ import torch
 from tvm import relax
 
 import alt_tvm
-from alt_tvm.graph.propagate import AltLayoutPass
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
 from alt_tvm.graph.prepare import prepare
+from alt_tvm.graph.propagate import AltLayoutPass
 from alt_tvm.integration import extract_tasks
 from alt_tvm.strategies.base import Partition, PartitionContext
 from alt_tvm.target import host

@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from kernel_digests import kernel_digests
 
 TABLE = json.loads((Path(__file__).parent / "data" / "public_kernels.json").read_text())

@@ -300,8 +300,8 @@ def test_sconv_strategy_builds_a_cnn_that_matches_pytorch():
     from tvm.relax.frontend.torch import from_exported_program
 
     import alt_tvm.strategies.sconv.kernel  # noqa: F401 - registers "sconv"
-    from alt_tvm.graph.propagate import AltLayoutPass
     from alt_tvm.graph.prepare import prepare
+    from alt_tvm.graph.propagate import AltLayoutPass
 
     torch.manual_seed(0)
     model = SmallCNN().eval()

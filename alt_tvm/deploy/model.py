@@ -106,13 +106,13 @@ def use_runtime_threads(cores: int) -> int:
     """Make TVM's thread pool run ``cores`` threads, unpinned, unless the user chose otherwise.
 
     The schedules split their parallel loops for ``cores`` threads, but TVM's pool
-    defaults to half the logical CPUs on x86 (it assumes SMT): one thread on a 2-vCPU
-    guest, which silently halves every parallel kernel. So ``TVM_NUM_THREADS`` is set to
+    defaults to half the logical CPUs on x86 (it assumes SMT): one thread on 2 vCPUs,
+    which silently halves every parallel kernel. So ``TVM_NUM_THREADS`` is set to
     ``cores`` when neither it nor ``OMP_NUM_THREADS`` is set. ``TVM_BIND_THREADS`` is set
     to 0 when unset: by default the pool pins the calling thread to one core, and every
     thread or process that thread creates afterwards inherits the one-core mask (an ONNX
-    Runtime session made later ran both its threads on one core; a child build detected a
-    one-core host), and it re-pins at every thread-count change of the
+    Runtime made later runs both its threads on one core; a child build sees a one-core
+    host), and it re-pins at every thread-count change of the
     :class:`~alt_tvm.deploy.threads.ThreadGovernor`. ``TVM_THREAD_POOL_SPIN_COUNT`` is set
     to :data:`POOL_SPIN_COUNT` when unset. The pool reads all three once, when it starts;
     if it already runs fewer threads, this warns. Returns the pool size.
