@@ -353,8 +353,8 @@ class ConvGeometry:
         taps. Its window copy per task is then small next to the task's work and stays in L1,
         where the pass wrote an unfolded copy of the input (2.4x the image for ResNet's 7x7 stem)
         to read back. Inside the model the 7x7 stems (64 channels x 49 taps) of ResNet-18/50,
-        GoogLeNet and DenseNet-121 ran 3-9% faster; ShuffleNet-V2's 3x3 stem (24 x 9) 19%
-        slower, its copy as large as its work (docs/cnn.md, twenty-first session)."""
+        GoogLeNet and DenseNet-121 run 3-9% faster so; ShuffleNet-V2's 3x3 stem (24 x 9) 19%
+        slower, its copy as large as its work (the threshold's reason; docs/strategies.md)."""
         taps = math.prod(self.weight_shape[2:])
         return (not self.transposed and self.groups == 1 and self.image_channels
                 and any(self.pads) and self.out_per_group * taps >= WINDOW_WORK)
