@@ -241,15 +241,15 @@ def test_a_reduction_outer_record_prefetches_weights_read_in_half_vector_pieces(
     ((1, 3, 224, 224), (64, 3, 7, 7), 1, False),  # an image stem
     ((1, 48, 28, 28), (48, 1, 3, 3), 48, False),  # depthwise: no channel loop
 ])
-def test_a_conv_reading_one_channel_tile_runs_its_window_outside_the_channels(data, weight, groups, outer):
+def test_a_conv_reading_one_channel_tile_runs_its_window_outside_the_channels(data, weight, groups, outer,
+                                                                            x86_target):
     from alt_tvm.strategies.alt.conv import AltConvStrategy, ConvGeometry
-    from alt_tvm.target import host
 
     pad = (weight[2] - 1) // 2
     out = (1, weight[0], data[2] + 2 * pad - weight[2] + 1, data[3] + 2 * pad - weight[3] + 1)
     geometry = ConvGeometry(rank=2, transposed=False, data_shape=data, weight_shape=weight, out_shape=out,
                             strides=(1, 1), dilation=(1, 1), pads=(pad,) * 4, groups=groups, transposed_input=False)
-    assert AltConvStrategy.default_tiling(geometry, host()).window_outer is outer
+    assert AltConvStrategy.default_tiling(geometry, x86_target).window_outer is outer
 
 
 def test_register_block_is_ragged_only_when_divisors_starve_the_fma_units():
