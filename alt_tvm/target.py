@@ -22,6 +22,7 @@ from typing import Any
 
 import tvm
 
+from alt_tvm.facts import DECLARED_FMA_CHAINS, issue_facts
 from alt_tvm.isa import CPUINFO as _CPUINFO
 from alt_tvm.isa import X86_MACHINES as _X86
 from alt_tvm.isa import cpu_flags, isa_flag, machine_flags, missing_features, normalized
@@ -79,9 +80,12 @@ class HardwareTarget:
     cross_compiler : str or None
         gcc driver that links shared objects for this target (``None``: host or CUDA).
     half_vectors_full_rate : bool
-        Whether an operation on half a vector register issues at the full rate of lanes, as on
-        Zen 4, which executes a 512-bit operation as two 256-bit halves. Elsewhere (Zen 5,
-        Intel's AVX-512 cores, AVX2, NEON) a half vector takes a whole vector's issue slot.
+        Whether an FMA on half a vector register issues at the full rate of lanes (as where
+        512-bit operations run as two 256-bit halves) rather than taking a whole vector's
+        issue slot. Measured on the host (:mod:`alt_tvm.facts`); declared for boards.
+    fma_chains : int
+        Independent FMA accumulators that cover the FMA latency (latency x FMA pipes).
+        Measured on the host (:mod:`alt_tvm.facts`); declared for boards.
     """
 
     name: str
@@ -96,6 +100,11 @@ class HardwareTarget:
     cache_line_bytes: int
     cross_compiler: str | None = None
     half_vectors_full_rate: bool = False
+    fma_chains: int = DECLARED_FMA_CHAINS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fma_chains, bool) or not isinstance(self.fma_chains, int) or self.fma_chains < 1:
+            raise ValueError(f"fma_chains must be an int >= 1, got {self.fma_chains!r}")
 
     def vector_lanes(self, dtype: str = "float32") -> int:
         """Elements of ``dtype`` in one vector register (at least 1).
@@ -208,11 +217,6 @@ def isa_features(target: HardwareTarget) -> list[str]:
     return sorted(f for f in _llvm_features(target.tvm_target) if isa_flag(f) is not None)
 
 
-#: LLVM CPU names whose 512-bit operations run as two 256-bit halves (so a 256-bit one issues at
-#: the full rate of lanes): AMD Zen 4.
-_DOUBLE_PUMPED_CPUS = frozenset({"znver4"})
-
-
 def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | str = _CPUINFO) -> HardwareTarget:
     """Describe the machine this process runs on (uncached; see :func:`host`, which also reads
     :data:`HOST_CPU_ENV`).
@@ -247,6 +251,7 @@ def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | 
     l1d = sizes.get(1, _DEFAULT_L1D)
     l2 = sizes.get(2, _DEFAULT_L2)
     l3 = sizes.get(3, _DEFAULT_L3)
+    full_rate, chains, _ = issue_facts(vector_bits=vbits, mcpu=mcpu, cpuinfo_path=cpuinfo_path)
     return HardwareTarget(
         name="host",
         description=(
@@ -262,7 +267,8 @@ def detect_host(*, cache_dir: Path | str = _SYS_CACHE_DIR, cpuinfo_path: Path | 
         l3_bytes=l3,
         cache_line_bytes=line or _DEFAULT_LINE,
         cross_compiler=None,
-        half_vectors_full_rate=mcpu in _DOUBLE_PUMPED_CPUS,
+        half_vectors_full_rate=full_rate,
+        fma_chains=chains,
     )
 
 
@@ -338,6 +344,9 @@ def describe_cpu(mcpu: str, *, name: str | None = None, base: HardwareTarget | N
         raise ValueError(f"unknown CPU {mcpu!r} for LLVM on {platform.machine()}; known CPUs: {known}")
     machine = platform.machine().lower()
     vbits, vregs = _vector_width(machine, _llvm_features(tvm_target))
+    # Code for a CPU this machine cannot run is not timed here: that CPU's facts are declared.
+    full_rate, chains = (issue_facts(vector_bits=vbits, mcpu=mcpu)[:2] if not_on_host(tvm_target) is None
+                         else (False, DECLARED_FMA_CHAINS))
     return dataclasses.replace(
         base,
         name=name or f"cpu:{mcpu}",
@@ -346,7 +355,8 @@ def describe_cpu(mcpu: str, *, name: str | None = None, base: HardwareTarget | N
         tvm_target=tvm_target,
         vector_bits=vbits,
         vector_registers=vregs,
-        half_vectors_full_rate=mcpu in _DOUBLE_PUMPED_CPUS,
+        half_vectors_full_rate=full_rate,
+        fma_chains=chains,
     )
 
 
@@ -489,6 +499,30 @@ _BOARD_LIST = (
         l1d_bytes=64 * KIB,
         l2_bytes=512 * KIB,
         l3_bytes=2 * MIB,
+        cache_line_bytes=64,
+        cross_compiler="aarch64-linux-gnu-gcc",
+    ),
+    # The emulated board of the test suite: Cortex-A72 under qemu-user (.ci/prepare-board.sh;
+    # qemu runs it as -cpu cortex-a72, so code using a later CPU's instructions traps). ARMv8.0-A,
+    # NEON 128-bit, 32 vector registers; caches as the Cortex-A72 TRM and a Raspberry Pi 4
+    # (BCM2711): 32 KiB L1d per core, 1 MiB L2 shared, no L3. Two cores: qemu-user maps each
+    # guest thread to a host thread. Its timings say nothing about an A72's speed.
+    HardwareTarget(
+        name="emulated-arm64",
+        description="Cortex-A72 emulated by qemu-user (AArch64, NEON 128-bit; numerics only, not speed)",
+        tvm_target={
+            "kind": "llvm",
+            "mtriple": "aarch64-linux-gnu",
+            "mcpu": "cortex-a72",
+            "mattr": ["+neon"],
+            "num-cores": 2,
+        },
+        num_cores=2,
+        vector_bits=128,
+        vector_registers=32,
+        l1d_bytes=32 * KIB,
+        l2_bytes=1 * MIB,
+        l3_bytes=0,
         cache_line_bytes=64,
         cross_compiler="aarch64-linux-gnu-gcc",
     ),

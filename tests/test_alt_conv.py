@@ -295,14 +295,14 @@ def test_depthwise_conv_padding_per_tile_matches_pytorch(kernel, stride):
 
 
 def test_a_depthwise_conv_keeps_its_maps_tiles_with_fewer_accumulators_and_its_epilogue_in_the_block():
-    from alt_tvm.strategies.alt.tiling import DEPTHWISE_ACCUMULATORS, default_conv_tiling
+    from alt_tvm.strategies.alt.tiling import default_conv_tiling
 
-    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20)
+    common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20, fma_chains=8)
     depthwise = default_conv_tiling((1, 480, 14, 14), 1, 1, in_channels=480, weight_bytes=480 * 25 * 4, **common)
     dense = default_conv_tiling((1, 480, 14, 14), 480, 480, in_channels=480, weight_bytes=480 * 480 * 4, **common)
     assert depthwise.spatial == dense.spatial  # the map's tiles: no conversion between them
     vectors = -(-depthwise.ot // 16)
-    assert depthwise.spatial[0] * depthwise.reg * vectors <= DEPTHWISE_ACCUMULATORS < \
+    assert depthwise.spatial[0] * depthwise.reg * vectors <= common["fma_chains"] < \
         dense.spatial[0] * dense.reg * -(-dense.ot // 16)
     assert depthwise.epilogue_in_block and dense.epilogue_in_block  # each applies it per register block
 

@@ -30,8 +30,7 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
         default is one per *physical* core guess, e.g. 1 on a 2-vCPU machine): the
         measurement would silently report the throughput of fewer threads.
     """
-    from tvm import te
-
+    from alt_tvm.facts import fma_arguments, fma_kernel
     from alt_tvm.target import host
 
     if threads < 1:
@@ -41,30 +40,12 @@ def measure_peak_gflops(*, threads: int, target=None, accumulators: int = 12, la
     lanes = lanes or machine.vector_lanes("float32")
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
-    x = te.placeholder((threads, accumulators, lanes), name="x")
-    y = te.placeholder((steps,), name="y")
-    p = te.reduce_axis((0, passes), "p")
-    k = te.reduce_axis((0, steps), "k")
-    out = te.compute((threads, accumulators, lanes), lambda t, r, v: te.sum(x[t, r, v] * y[k], axis=[p, k]),
-                     name="out")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y, out]))
-    block = sch.get_sblock("out")
-    t, r, v, pp, kk = sch.get_loops(block)
-    sch.reorder(t, pp, kk, r, v)
-    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), t)
-    sch.parallel(t)
-    sch.unroll(r)
-    sch.vectorize(v)
-    sch.decompose_reduction(block, pp)
-    module = tvm.compile(sch.mod, target=target or machine.to_tvm()).jit()
-    dev = tvm.cpu()
-    rng = np.random.default_rng(0)
-    shapes = ((threads, accumulators, lanes), (steps,))
-    args = [tvm.runtime.tensor(rng.random(s, dtype=np.float32), dev) for s in shapes]
-    args.append(tvm.runtime.tensor(np.zeros((threads, accumulators, lanes), np.float32), dev))
+    module, lanes_per_call = fma_kernel(threads=threads, accumulators=accumulators, lanes=lanes, steps=steps,
+                                        passes=passes, target=target or machine.to_tvm())
+    args = fma_arguments(threads=threads, accumulators=accumulators, lanes=lanes, steps=steps)
     module["main"](*args)
-    result = module.time_evaluator("main", dev, number=10, repeat=repeat)(*args)
-    return 2.0 * threads * accumulators * lanes * steps * passes / min(result.results) / 1e9
+    result = module.time_evaluator("main", tvm.cpu(), number=10, repeat=repeat)(*args)
+    return 2.0 * lanes_per_call / min(result.results) / 1e9
 
 
 @dataclass

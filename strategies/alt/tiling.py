@@ -14,18 +14,13 @@ from alt_tvm.strategies.base import tiles_for
 
 from .vectors import vector_registers, whole_llvm_pieces
 
-__all__ = ["DEPTHWISE_ACCUMULATORS", "DefaultConvTiling", "channel_tile", "default_conv_tiling", "is_depthwise",
+__all__ = ["DefaultConvTiling", "channel_tile", "default_conv_tiling", "is_depthwise",
            "reduction_block", "register_block"]
 
 
 #: Vector registers left for the weights, the broadcast input and addresses: the rest
 #: hold accumulators.
 RESERVED_REGISTERS = 4
-#: Accumulators of a depthwise conv's register block. Each output channel reads only its own
-#: input channel, so more accumulators reuse nothing; 8 cover the FMA latency, and more only
-#: add register pressure (the 28 of a dense conv's block make MNASNet's and EfficientNet-B0's
-#: depthwise convs slower).
-DEPTHWISE_ACCUMULATORS = 8
 
 
 def is_depthwise(in_channels_per_group: int, out_channels_per_group: int) -> bool:
@@ -141,7 +136,7 @@ class DefaultConvTiling:
 def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_group: int, *,
                         lanes: int, registers: int, in_channels: int | None = None,
                         l1_bytes: int = 0, l2_bytes: int = 0, weight_bytes: int = 0,
-                        half_vectors_full_rate: bool = False) -> DefaultConvTiling:
+                        half_vectors_full_rate: bool = False, fma_chains: int = 8) -> DefaultConvTiling:
     """Tiles that divide the extents (so layouts propagate), sized to the vector registers and L1.
 
     Channel tiles are :func:`channel_tile`'s, padding up to :data:`CHANNEL_MAX_WASTE` of the
@@ -151,8 +146,11 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     ``ot`` is one vector of output channels (within a group, so grouped reads stay
     contiguous); the innermost spatial tile is up to 32 wide, outer ones up to 4 (2-D)
     or 1 (3-D); the register block keeps ``outer tiles x reg`` accumulators of ``ot``
-    lanes in all but :data:`RESERVED_REGISTERS` of the register file (a depthwise conv's in
-    :data:`DEPTHWISE_ACCUMULATORS`). An output tile of one channel
+    lanes in all but :data:`RESERVED_REGISTERS` of the register file. A depthwise conv's block
+    holds ``fma_chains`` accumulators (the machine's FMA latency x pipes): each output channel
+    reads only its own input channel, so more accumulators reuse nothing and only add register
+    pressure (the 28 of a dense conv's block make MNASNet's and EfficientNet-B0's depthwise
+    convs slower than 8). An output tile of one channel
     vector must fit a quarter of the L1 data cache (``l1_bytes``; 0: no limit), leaving
     the rest to the input window and the weights it is reused with.
 
@@ -199,7 +197,7 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # much as the conv, and a dense conv saves a pass over memory (3-6% in the model). A
     # depthwise conv keeps its map's tiles and takes fewer accumulators.
     depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
-    accumulators = min(budget, DEPTHWISE_ACCUMULATORS) if depthwise else budget
+    accumulators = min(budget, fma_chains) if depthwise else budget
     # A dense conv's input tile of the next task is fetched while this one computes: inside a
     # model it comes from the L3 or memory, in an order (channel blocks of a few positions)
     # the hardware prefetchers do not follow. A depthwise conv, or a grouped one whose channel
