@@ -10,7 +10,12 @@ a kernel of its own, as before). Every build is checked against ONNX Runtime. Th
   fused kernel's time against the sum of the three unfused kernels (expand, depthwise,
   project) of the same block, and the traffic fusion removes;
 * whole models timed interleaved (:func:`alt_tvm.bench.time_interleaved`, TVM's
-  pool not spinning, ONNX Runtime with 2 intra-op threads and spinning off).
+  pool not spinning) beside the CPU peers on the same thread count (:mod:`alt_tvm.bench.peers`):
+  ONNX Runtime (spinning off) and OpenVINO (CPU plugin, latency hint, f32 precision; checked
+  against the default build's output with the tolerance the builds meet against ONNX Runtime;
+  skipped, saying why, where it is not installed). Each build is read against the faster peer
+  (peer ms / build ms, above 1: alt-tvm faster); the run ends with the default build's
+  geometric mean over the models and the models where it is behind.
 
     python benchmarks/bench_blocks.py models/public/tv_mobilenet_v2.onnx [more.onnx] [--rounds 9]
         [--repeat 30] [--json out.json]
@@ -28,6 +33,10 @@ from pathlib import Path
 import numpy as np
 
 VARIANTS = {"unfused": False, "default": True, "always": "always"}
+
+#: Largest error of a build against ONNX Runtime, and of a peer against the default build,
+#: relative to the reference's largest magnitude.
+TOLERANCE = 1e-3
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,7 +102,8 @@ def main(argv=None) -> int:
     results = []
     for path in args.models:
         model = onnx.load(str(path))
-        ort = bench.onnxruntime_session(path, threads=threads)
+        peers, skipped = bench.cpu_peers(path, threads=threads)
+        ort = peers["onnxruntime"]
         builds = {name: alt_tvm.build(model, strategy_options={"alt": {"fuse_blocks": value}})
                   for name, value in VARIANTS.items()}
         if args.scale_fold:
@@ -104,14 +114,21 @@ def main(argv=None) -> int:
         reference = ort(*x)[0]
         errors = {}
         for name, built in builds.items():
-            out = built(*x)[0]
-            errors[name] = float(np.abs(out - reference).max() / np.abs(reference).max())
-            if errors[name] > 1e-3:
+            errors[name] = _relative_error(built(*x)[0], reference)
+            if errors[name] > TOLERANCE:
                 raise SystemExit(f"{path.name} {name}: max relative error {errors[name]:.2e} against ONNX Runtime")
+        peer_errors = {}
+        for name in [p for p in peers if p != "onnxruntime"]:
+            peer_errors[name] = _relative_error(peers[name](*x)[0], builds["default"](*x)[0])
+            if peer_errors[name] > TOLERANCE:
+                skipped[name] = f"differs from alt-tvm by {peer_errors[name]:.1e} (max relative error)"
+                del peers[name]
+        for name, why in skipped.items():
+            print(f"{path.name}: {name} skipped: {why}")
         profiles = {name: built.profile(*x, repeat=args.repeat) for name, built in builds.items()}
         blocks = block_rows(builds["always"], unfused, profiles["always"], profiles["unfused"])
         runners = {name: (built, x) for name, built in builds.items()}
-        runners["onnxruntime"] = (ort, x)
+        runners.update({name: (peer, x) for name, peer in peers.items()})
         timed = bench.time_interleaved(runners, rounds=args.rounds, repeat=10)
         print(f"\n{path.name}: max relative error vs ONNX Runtime "
               + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
@@ -124,17 +141,44 @@ def main(argv=None) -> int:
             default = "yes" if row["default"] else "no"
             print(f"| {row['block']} | {row['depthwise']} | {parts} = {row['unfused_total_ms']:.3f} | "
                   f"{row['fused_ms']:.3f} | {row['speedup']:.2f}x | {default} |")
-        ort_ms = timed["onnxruntime"][0]
-        print("\n| build | model ms | vs unfused | ORT / alt-tvm |\n| --- | --- | --- | --- |")
-        for name in [*builds, "onnxruntime"]:
-            ms = timed[name][0]
-            print(f"| {name} | {ms:.3f} | {timed['unfused'][0] / ms:.3f}x | {ort_ms / ms:.2f}x |")
-        results.append({"model": path.name, "errors": errors, "blocks": blocks,
-                        "model_ms": {n: t[0] for n, t in timed.items()}, "peak_gflops": peak,
-                        "bandwidth_gbs": bandwidth})
-    written = bench.write_results("blocks", {"models": results}, path=args.json, peak_gflops=peak, threads=threads)
+        model_ms = {n: t[0] for n, t in timed.items()}
+        against = {name: bench.faster_peer(times_ms=model_ms, alt_ms=model_ms[name]) for name in builds}
+        print(whole_model_table(model_ms, against))
+        results.append({"model": path.name, "errors": errors, "peer_errors": peer_errors, "skipped_peers": skipped,
+                        "blocks": blocks, "model_ms": model_ms,
+                        "against_faster_peer": {n: a.to_json() for n, a in against.items()},
+                        "peak_gflops": peak, "bandwidth_gbs": bandwidth})
+    summary = summary_of(results)
+    print("\n" + bench.describe_against_faster_peer(summary, what="alt-tvm (default build)"))
+    written = bench.write_results("blocks", {"models": results, "against_faster_peer": summary}, path=args.json,
+                                  peak_gflops=peak, threads=threads)
     print(f"results: {written}")
     return 0
+
+
+def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest absolute difference, relative to ``want``'s largest magnitude."""
+    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+
+
+def whole_model_table(model_ms: dict, against: dict) -> str:
+    """The whole-model table: each build's and peer's median ms, builds against the unfused build and
+    against the faster peer (``against``: build -> :class:`~alt_tvm.bench.peers.FasterPeer`)."""
+    lines = ["", "| runner | model ms | vs unfused | faster peer | peer / build |", "| --- | --- | --- | --- | --- |"]
+    for name, ms in model_ms.items():
+        peer = against.get(name)
+        faster = f"{peer.peer} | {peer.ratio:.2f}x" if peer is not None else " | "
+        lines.append(f"| {name} | {ms:.3f} | {model_ms['unfused'] / ms:.3f}x | {faster} |")
+    return "\n".join(lines)
+
+
+def summary_of(results: list[dict]) -> dict:
+    """The default build against the faster peer over the models of ``results``
+    (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
+    from alt_tvm.bench import against_faster_peer
+
+    return against_faster_peer(ratios={r["model"]: r["against_faster_peer"]["default"]["ratio_vs_faster_peer"]
+                                       for r in results})
 
 
 def _without_scale_folding(build, model):

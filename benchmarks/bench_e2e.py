@@ -2,12 +2,16 @@
 
 For each model: alt-tvm (untuned default strategies; optionally the ALT-WP / ALT-OL
 variants), TVM 0.27's untuned default build (``tvm.compile`` of the imported module),
-ONNX Runtime and PyTorch, on the same ONNX export and the same thread count. Every
-alt-tvm build is checked against ONNX Runtime before it is timed. All runtimes live in this
-process with ONNX Runtime's pool not spinning (``allow_spinning=0``), and are timed in
-``--rounds`` interleaved rounds of ``--repeat`` calls (each round starts with another
-runner); the median of the rounds' medians is reported. TVM's untuned build is too slow to
-interleave and is timed after the rounds.
+the CPU peers ONNX Runtime and OpenVINO (:mod:`alt_tvm.bench.peers`: OpenVINO's CPU plugin
+with the latency hint and f32 precision; skipped, saying why, where it is not installed) and
+PyTorch, on the same ONNX export and the same thread count. Every alt-tvm build is checked
+against ONNX Runtime, and OpenVINO against alt-tvm, with the model's tolerance before anything
+is timed. All runtimes live in this process with ONNX Runtime's pool not spinning
+(``allow_spinning=0``), and are timed in ``--rounds`` interleaved rounds of ``--repeat`` calls
+(each round starts with another runner); the median of the rounds' medians is reported. TVM's
+untuned build is too slow to interleave and is timed after the rounds. Each alt-tvm build is
+read against the faster of the CPU peers (peer ms / alt-tvm ms, above 1: alt-tvm faster), and
+the run ends with their geometric mean over the models and the models where alt-tvm is behind.
 
 With ``--trials N`` the model is also tuned: alt-tvm (``alt_tvm.tune``, N measured
 trials, each variant built from that log) and TVM MetaSchedule (``tune_relax`` over the
@@ -98,13 +102,57 @@ def _model_and_reference(name: str, workdir: str, threads: int):
     return module, inputs, arrays, path, session, session(*arrays)
 
 
-def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: tuple[dict, dict]) -> int:
-    """Latency of two builds of each model (``alt_tvm.build`` keyword arguments ``settings``),
-    both checked against ONNX Runtime, then timed with ONNX Runtime in ``--rounds`` interleaved
-    rounds; prints the medians and their ratio. 1 on a wrong result."""
+def other_peers(path, arrays, want, *, threads: int, tolerance: dict, name: str) -> dict:
+    """The CPU peers besides ONNX Runtime on ONNX file ``path``, label -> runner, each checked against
+    alt-tvm's outputs ``want`` with ``tolerance`` (the one the model's alt-tvm builds meet against
+    ONNX Runtime). A peer not installed, or computing something else, is left out with a line on
+    stderr saying why: it is not timed."""
     import numpy as np
 
-    from alt_tvm.bench import PeakReadings, time_interleaved
+    from alt_tvm.bench import CPU_PEERS, cpu_peers
+
+    made, skipped = cpu_peers(path, threads=threads, peers=[p for p in CPU_PEERS if p != "onnxruntime"])
+    for peer, why in skipped.items():
+        print(f"{name}: {peer} skipped: {why}", file=sys.stderr)
+    checked = {}
+    for peer, runner in made.items():
+        bad = [float(np.abs(g - r).max()) for g, r in zip(runner(*arrays), want) if not np.allclose(g, r, **tolerance)]
+        if bad:
+            print(f"{name}: {peer} skipped: differs from alt-tvm (max abs {max(bad):.2e})", file=sys.stderr)
+            continue
+        checked[peer] = runner
+    return checked
+
+
+def faster_peer_fields(times_ms: dict, alt_ms: float) -> dict:
+    """alt-tvm at ``alt_ms`` against the faster CPU peer of ``times_ms`` (label -> median ms): the
+    :class:`~alt_tvm.bench.peers.FasterPeer` fields of a results row, empty without a peer."""
+    from alt_tvm.bench import faster_peer
+
+    against = faster_peer(times_ms=times_ms, alt_ms=alt_ms)
+    return against.to_json() if against is not None else {}
+
+
+def summaries(rows: list) -> dict:
+    """Per alt-tvm build label, alt-tvm against the faster peer over the models of ``rows``
+    (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
+    from alt_tvm.bench import against_faster_peer
+
+    ratios: dict = {}
+    for row in rows:
+        if row.get("ratio_vs_faster_peer"):
+            ratios.setdefault(row["runner"], {})[row["model"]] = row["ratio_vs_faster_peer"]
+    return {label: against_faster_peer(ratios=values) for label, values in ratios.items()}
+
+
+def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: tuple[dict, dict]) -> int:
+    """Latency of two builds of each model (``alt_tvm.build`` keyword arguments ``settings``),
+    both checked against ONNX Runtime, then timed with the CPU peers in ``--rounds`` interleaved
+    rounds; prints the medians, their ratio and the second build against the faster peer.
+    1 on a wrong result."""
+    import numpy as np
+
+    from alt_tvm.bench import PeakReadings, describe_against_faster_peer, time_interleaved
     from alt_tvm.graph.build import build
     from alt_tvm.models import MODELS
 
@@ -116,9 +164,9 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
     a, b = labels
     print(f"{a} vs {b}, variant {variant}, batch 1, {args.threads} thread(s), {args.rounds} interleaved rounds of "
           f"{args.repeat} calls; FP32 FMA peak measured in this run: {peak:.0f} GFLOP/s; ONNX Runtime (spinning "
-          f"off) timed in the same rounds")
-    print(f"  {'model':24s} {a[:12]:>12s} {b[:12]:>12s} {'first/second':>13s} {'ORT ms':>8s} {'ORT / second':>13s} "
-          f"{'build s':>14s}")
+          f"off) and OpenVINO timed in the same rounds")
+    print(f"  {'model':24s} {a[:12]:>12s} {b[:12]:>12s} {'first/second':>13s} {'ORT ms':>8s} {'OpenVINO ms':>11s} "
+          f"{'faster peer':>12s} {'peer / second':>14s} {'build s':>14s}")
     for name in args.models:
         info = MODELS.get(name)
         tolerance = ONNX_FILE_TOLERANCE if info is None else {"rtol": info.rtol, "atol": info.atol}
@@ -137,24 +185,35 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
                     return 1
             if args.profile:
                 print(f"{name} {label}: " + builds[-1].report.summary(builds[-1].profile(*arrays, repeat=5)))
-        runners = {"first": (builds[0], arrays), "second": (builds[1], arrays), "ort": (ort_session, arrays)}
+        runners = {"first": (builds[0], arrays), "second": (builds[1], arrays), "onnxruntime": (ort_session, arrays)}
+        peers = other_peers(path, arrays, builds[0](*arrays), threads=args.threads, tolerance=tolerance, name=name)
+        runners.update({peer: (runner, arrays) for peer, runner in peers.items()})
         timed = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat)
         medians = {key: rounds for key, (_, rounds) in timed.items()}
-        first, second, ort_ms = (timed[key][0] for key in runners)
+        times = {key: ms for key, (ms, _) in timed.items()}
+        first, second, ort_ms = times["first"], times["second"], times["onnxruntime"]
+        against = faster_peer_fields(times, second)
+        openvino = f"{times['openvino']:11.3f}" if "openvino" in times else f"{'-':>11s}"
         shown = os.path.basename(name)
-        print(f"  {shown[:24]:24s} {first:12.3f} {second:12.3f} {first / second:12.3f}x {ort_ms:8.3f} "
-              f"{ort_ms / second:12.3f}x {build_s[0]:6.1f}/{build_s[1]:<6.1f}")
+        print(f"  {shown[:24]:24s} {first:12.3f} {second:12.3f} {first / second:12.3f}x {ort_ms:8.3f} {openvino} "
+              f"{against['faster_peer']:>12s} {against['ratio_vs_faster_peer']:13.3f}x "
+              f"{build_s[0]:6.1f}/{build_s[1]:<6.1f}")
         results.append({"model": name, "variant": variant, "labels": list(labels),
                         "settings": [repr(s) for s in settings], "first_median_ms": first,
-                        "second_median_ms": second, "ort_median_ms": ort_ms, "ratio_first_to_second": first / second,
+                        "second_median_ms": second, "ort_median_ms": ort_ms,
+                        "openvino_median_ms": times.get("openvino"), "ratio_first_to_second": first / second,
                         "round_medians_first_ms": medians["first"], "round_medians_second_ms": medians["second"],
-                        "round_medians_ort_ms": medians["ort"], "threads": args.threads, "rounds": args.rounds,
-                        "repeat": args.repeat})
+                        "round_medians_ort_ms": medians["onnxruntime"],
+                        "round_medians_openvino_ms": medians.get("openvino"), "runner": "second",
+                        **against, "threads": args.threads, "rounds": args.rounds, "repeat": args.repeat})
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
     results[0].update(peak_gflops=peaks.best, peak_readings=peaks.readings)
+    summary = summaries(results)
+    for label, values in summary.items():
+        print(describe_against_faster_peer(values, what=f"{label} ({b})"))
     print(f"FP32 FMA peak of the run: {peaks.describe()}")
     if args.json:  # a comparison is not the suite's result: written only where asked
-        _write_json(args.json, results, peak_gflops=peaks.best, threads=args.threads)
+        _write_json(args.json, results, summary, peak_gflops=peaks.best, threads=args.threads)
     return 0
 
 
@@ -199,6 +258,7 @@ def main(argv=None) -> int:
     from alt_tvm.bench import (
         PeakReadings,
         TVMRunner,
+        describe_against_faster_peer,
         time_callable,
         time_interleaved,
         torch_runner,
@@ -285,6 +345,10 @@ def main(argv=None) -> int:
                 return 1
             rows["tvm metaschedule"] = ((ms_runner, arrays), None)
         rows["onnxruntime"] = ((ort, arrays), None)
+        first_build = next(runner for label, ((runner, _), _) in rows.items() if label.startswith("alt-tvm"))
+        for peer, runner in other_peers(path, arrays, first_build(*arrays), threads=args.threads,
+                                        tolerance=tolerance, name=name).items():
+            rows[peer] = ((runner, arrays), None)
         if module is not None:
             rows["pytorch"] = ((torch_runner(module, threads=args.threads), inputs), None)
         timed = time_interleaved({label: runner for label, (runner, _) in rows.items()}, rounds=args.rounds,
@@ -300,39 +364,51 @@ def main(argv=None) -> int:
         print(f"\n{name} ({description}), batch 1, {args.threads} thread(s), {args.rounds} interleaved rounds "
               f"of {args.repeat} calls (ONNX Runtime not spinning); 'min ms' is the fastest round's median")
         print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s}")
+        medians = {runner: med for runner, (_, med, _) in table.items()}
         for runner, (low, med, build_s) in table.items():
             built = f"{build_s:8.1f}" if build_s is not None else " " * 8
             print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x")
+            against = faster_peer_fields(medians, med) if runner.startswith("alt-tvm") else {}
             results.append({"model": name, "runner": runner, "median_ms": med, "min_ms": low, "build_s": build_s,
-                            "ratio_to_alt": med / alt_ms, "threads": args.threads, "trials": args.trials})
+                            "ratio_to_alt": med / alt_ms, **against, "threads": args.threads,
+                            "trials": args.trials})
+        against = faster_peer_fields(medians, alt_ms)
+        print(f"  faster peer: {against['faster_peer']}; " + ", ".join(
+            f"{r['runner']} {r['ratio_vs_faster_peer']:.2f}x" for r in results
+            if r.get("model") == name and "ratio_vs_faster_peer" in r) + " (peer ms / alt-tvm ms)")
         if log:
             untuned = table[f"alt-tvm ({args.variants[0]})"][1]
             same = "" if tuned_build is None or tuned_build.report.changed_by_log else \
                 " (the log changed no kernel: both builds are the same)"
-            print(f"  tuned vs untuned: {untuned / alt_ms:.2f}x{same}; tuned vs ONNX Runtime (ORT ms / alt-tvm ms): "
-                  f"{table['onnxruntime'][1] / alt_ms:.2f}x")
+            print(f"  tuned vs untuned: {untuned / alt_ms:.2f}x{same}; tuned vs the faster peer "
+                  f"({against['faster_peer']} ms / alt-tvm ms): {against['ratio_vs_faster_peer']:.2f}x")
         for (model, tuner), seconds in tune_s.items():
             if model == name:
                 print(f"  tuning wall time {tuner}: {seconds:.0f} s for {args.trials} trials")
                 results.append({"model": name, "runner": f"tuning {tuner}", "tune_s": seconds,
                                 "trials": args.trials})
-        _write_json(args.json, results)  # each finished model, in case a later one fails
+        _write_json(args.json, results, summaries(results))  # each finished model, in case a later one fails
     for key, readings in peaks.items():
         readings.measure()
         peak[key] = readings.best
     results[0]["peak_readings"] = {key: readings.readings for key, readings in peaks.items()}
+    summary = summaries(results)
+    print()
+    for label, values in summary.items():
+        print(describe_against_faster_peer(values, what=label))
     print("FP32 FMA peak of the run: " + ", ".join(f"{k.replace('_', ' ')} {r.describe()}" for k, r in peaks.items()))
-    _write_json(args.json, results, peak_gflops=peak[f"threads_{args.threads}"], threads=args.threads)
+    _write_json(args.json, results, summary, peak_gflops=peak[f"threads_{args.threads}"], threads=args.threads)
     return 0
 
 
-def _write_json(path: str | None, results: list, *, peak_gflops: float | None = None,
+def _write_json(path: str | None, results: list, summary: dict, *, peak_gflops: float | None = None,
                 threads: int | None = None) -> None:
-    """Write ``results`` to ``path`` (default ``benchmarks/results/<machine kind>/e2e.json``),
-    replacing what an earlier call wrote."""
+    """Write ``results`` and ``summary`` (:func:`summaries`) to ``path`` (default
+    ``benchmarks/results/<machine kind>/e2e.json``), replacing what an earlier call wrote."""
     from alt_tvm.bench import write_results
 
-    write_results("e2e", {"rows": results}, path=path, peak_gflops=peak_gflops, threads=threads)
+    write_results("e2e", {"rows": results, "against_faster_peer": summary}, path=path, peak_gflops=peak_gflops,
+                  threads=threads)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""Latency with and without another process busy on one core, alt-tvm beside ONNX Runtime.
+"""Latency with and without another process busy on one core, alt-tvm beside the CPU peers.
 
     python benchmarks/bench_load.py --models resnet18 mobilenet_v2 bert_tiny path/to/public.onnx ...
 
 Per model and per TVM thread-pool setting (each in its own process, since TVM's pool reads
-its settings once): alt-tvm (``alt_tvm.build``, untuned) and ONNX Runtime (2 intra-op
-threads, spinning off) timed in the same process in interleaved rounds (medians), first
+its settings once): alt-tvm (``alt_tvm.build``, untuned) and the CPU peers on
+:data:`PEER_THREADS` threads each (:mod:`alt_tvm.bench.peers`: ONNX Runtime, spinning off, and
+OpenVINO, CPU plugin with the latency hint and f32 precision, skipped with the reason where it
+is not installed; each peer's outputs checked against alt-tvm's first, and one that differs is
+not timed) timed in the same process in interleaved rounds (medians), first
 quiet, then while a second process busy-loops in Python (:data:`BUSY_LOOP`, free to
 run on any core), then quiet again. With ``--cycles N`` the quiet and busy phases alternate N
 times (ending quiet) and each busy phase is set against the quiet phases on either side of it
@@ -22,7 +25,10 @@ workers for ``POOL_SPIN_COUNT`` polls, not bound to cores since ``use_runtime_th
 ``spin0`` (``TVM_THREAD_POOL_SPIN_COUNT=0``), ``tvmspin`` (300000: TVM's own default, which
 alt-tvm's short poll replaced), ``nobind`` (``TVM_BIND_THREADS=0``), ``bind``
 (``TVM_BIND_THREADS=1``, TVM's own default), ``threads1`` (``TVM_NUM_THREADS=1``). Also counts the model's
-parallel kernels (each ends in a barrier of TVM's pool).
+parallel kernels (each ends in a barrier of TVM's pool). alt-tvm is read against the faster peer
+in the quiet and the busy phases (peer ms / alt-tvm ms, above 1: alt-tvm faster), and the run
+ends, per setting and phase, with the geometric mean over the models and the models where
+alt-tvm is behind.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ import time
 #: measurement).
 BUSY_LOOP = ("import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n"
              "    for _ in range(100_000):\n        pass\n")
+
+#: Threads of every peer: the two cores of the machines this benchmark was written for.
+PEER_THREADS = 2
 
 SETTINGS = {"default": {}, "spin0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
             "tvmspin": {"TVM_THREAD_POOL_SPIN_COUNT": "300000"}, "nobind": {"TVM_BIND_THREADS": "0"},
@@ -128,10 +137,58 @@ def cycle_ratios(phases: list[dict[str, float]]) -> dict[str, list[float]]:
             for label in phases[0]}
 
 
+def phase_medians(phases: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per runner, the median over the quiet phases and over the busy phases of :func:`phase_names`."""
+    return tuple({label: statistics.median(p[label] for p in phases[start::2]) for label in phases[0]}
+                 for start in (0, 1))
+
+
+def against_peers(phases: list[dict[str, float]]) -> dict[str, dict]:
+    """alt-tvm against the faster peer in the quiet and in the busy phases (their medians): per phase,
+    the :class:`~alt_tvm.bench.peers.FasterPeer` fields; a phase without a peer is left out."""
+    from alt_tvm.bench import faster_peer
+
+    out = {}
+    for phase, times in zip(("quiet", "busy"), phase_medians(phases)):
+        against = faster_peer(times_ms=times, alt_ms=times["alt-tvm"])
+        if against is not None:
+            out[phase] = against.to_json()
+    return out
+
+
+def summaries(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per setting and phase, alt-tvm against the faster peer over the models of ``rows``
+    (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
+    from alt_tvm.bench import against_faster_peer
+
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    for row in rows:
+        for phase, fields in (row.get("against_faster_peer") or {}).items():
+            ratios.setdefault(row["setting"], {}).setdefault(phase, {})[row["model"]] = fields["ratio_vs_faster_peer"]
+    return {setting: {phase: against_faster_peer(ratios=values) for phase, values in phases.items()}
+            for setting, phases in ratios.items()}
+
+
+def _checked_peers(path: str, built, arrays) -> tuple[dict, dict]:
+    """The CPU peers on ``path``, each checked against alt-tvm's outputs
+    (:func:`~alt_tvm.bench.compare.output_mismatch`): label -> runner, and label -> why for
+    the peers left out (not installed, or computing something else)."""
+    from alt_tvm.bench import cpu_peers
+    from alt_tvm.bench.compare import output_mismatch
+
+    made, skipped = cpu_peers(path, threads=PEER_THREADS)
+    want = built(*arrays)
+    for name, runner in list(made.items()):
+        if (problem := output_mismatch(want, runner(*arrays))) is not None:
+            skipped[name] = f"outputs differ from alt-tvm's: {problem}"
+            del made[name]
+    return made, skipped
+
+
 def _one(model: str, rounds: int, launcher_ab: dict | None = None, cycles: int = 1) -> dict:
     """In this process (the setting is in the environment): the phases of :func:`phase_names`."""
     import alt_tvm
-    from alt_tvm.bench import onnxruntime_session, time_interleaved
+    from alt_tvm.bench import time_interleaved
     from alt_tvm.deploy.model import aligned
     from alt_tvm.models import MODEL_NAMES, export_onnx, get_model
 
@@ -145,8 +202,9 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None, cycles: int =
         else:
             built, path = alt_tvm.build(model), model
             arrays = built.random_inputs(seed=0)
-        ort = onnxruntime_session(path, threads=2)
-        runners = {"alt-tvm": (built, arrays), "onnxruntime": (ort, arrays)}
+        runners = {"alt-tvm": (built, arrays)}
+        peers, skipped = _checked_peers(path, built, arrays)
+        runners.update({name: (peer, arrays) for name, peer in peers.items()})
         if built.thread_governor is not None:
             built(*arrays)  # links the library and installs the launcher, which drops the governor
             if built.thread_governor is not None:  # no launcher: the governed model, and without governor
@@ -154,7 +212,7 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None, cycles: int =
             runners["tvm pool"] = (_on_tvm_pool(built), arrays)
             if launcher_ab is not None and built.launcher is not None:
                 runners[f"launcher {json.dumps(launcher_ab)}"] = (_on_launcher(built, launcher_ab), arrays)
-        row = {"parallel_kernels": _parallel_kernels(built.mod)}
+        row = {"parallel_kernels": _parallel_kernels(built.mod), "skipped_peers": skipped}
         phases = []
         for index, phase in enumerate(phase_names(cycles)):
             busy = None
@@ -186,6 +244,7 @@ def _one(model: str, rounds: int, launcher_ab: dict | None = None, cycles: int =
         row["phases"] = phases
         row["busy_over_quiet"] = {label: statistics.median(ratios)
                                   for label, ratios in cycle_ratios(phases).items()}
+        row["against_faster_peer"] = against_peers(phases)
     return row
 
 
@@ -231,7 +290,12 @@ def main(argv=None) -> int:
             print(_table(os.path.basename(model), setting, row), flush=True)
             rows.append({"model": model, "setting": setting, **row})
             # rewritten after every model and setting: an interrupted run keeps what it finished
-            written = write_results("load", {"rows": rows}, path=args.json)
+            written = write_results("load", {"rows": rows, "against_faster_peer": summaries(rows)}, path=args.json)
+    from alt_tvm.bench import describe_against_faster_peer
+
+    for setting, phases in summaries(rows).items():
+        for phase, summary in phases.items():
+            print(describe_against_faster_peer(summary, what=f"alt-tvm ({setting}, {phase})"))
     if rows:
         print(f"results: {written}")
     return 0
@@ -243,8 +307,7 @@ def _table(name: str, setting: str, row: dict) -> str:
     Quiet and busy are the medians over the phases; busy/quiet is the median of the cycles' ratios.
     """
     phases = row["phases"]
-    quiet, busy = ({label: statistics.median(p[label] for p in phases[start::2]) for label in phases[0]}
-                   for start in (0, 1))
+    quiet, busy = phase_medians(phases)
     ratio = row["busy_over_quiet"]
     parallel, total = row["parallel_kernels"]
     cycles = len(phases) // 2
@@ -254,6 +317,12 @@ def _table(name: str, setting: str, row: dict) -> str:
     for label in quiet:
         lines.append(f"  {label[:40]:40s} {quiet[label]:9.3f} {busy[label]:9.3f} {ratio[label]:10.2f} "
                      f"{quiet[label] / quiet['alt-tvm']:14.3f} {busy[label] / busy['alt-tvm']:6.3f}")
+    against = row.get("against_faster_peer") or {}
+    if against:
+        lines.append("  alt-tvm against the faster peer (peer ms / alt-tvm ms): " + ", ".join(
+            f"{phase} {fields['faster_peer']} {fields['ratio_vs_faster_peer']:.2f}x"
+            for phase, fields in against.items()))
+    lines += [f"  {peer} skipped: {why}" for peer, why in (row.get("skipped_peers") or {}).items()]
     return "\n".join(lines)
 
 

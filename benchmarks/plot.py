@@ -74,7 +74,8 @@ def suite_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
     """Peer time over alt-tvm time per model, from the suite scripts' rows.
 
     Each row has ``model`` and ``ms``: runner -> median ms, where alt-tvm's runners are
-    named ``alt-tvm <exporter>``. Every peer is divided by every alt-tvm runner.
+    named ``alt-tvm <exporter>``. Every peer is divided by every alt-tvm runner; where the row's
+    export entry names the faster peer (``ratio_vs_faster_peer``), that ratio is a series too.
 
     Parameters
     ----------
@@ -89,9 +90,12 @@ def suite_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
         series: dict[str, float] = {}
         for alt_name, alt_ms in alts.items():
             exporter = alt_name[len("alt-tvm"):].strip()
+            suffix = f" ({exporter})" if len(alts) > 1 else ""
             for peer, peer_ms in peers.items():
-                label = f"{peer} / alt-tvm ({exporter})" if len(alts) > 1 else f"{peer} / alt-tvm"
-                series[label] = peer_ms / alt_ms
+                series[f"{peer} / alt-tvm{suffix}"] = peer_ms / alt_ms
+            faster = (row.get("exporters") or {}).get(exporter, {}).get("ratio_vs_faster_peer")
+            if faster:
+                series[f"faster peer / alt-tvm{suffix}"] = faster
         if series:
             out[short_model_name(model=row["model"])] = series
     return out
@@ -102,7 +106,8 @@ def runner_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
 
     The reference is ``alt-tvm (alt, tuned)`` where a model has it, else ``alt-tvm (alt)``,
     else the first ``alt-tvm`` runner; rows without ``median_ms`` (the peak, tuning times)
-    are left out.
+    are left out. Where the reference's row names the faster peer (``ratio_vs_faster_peer``),
+    that ratio is a series too.
 
     Parameters
     ----------
@@ -110,19 +115,23 @@ def runner_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
         Rows with ``model``, ``runner`` and ``median_ms``.
     """
     by_model: dict[str, dict[str, float]] = {}
+    faster: dict[str, dict[str, float]] = {}
     for row in rows:
         if "model" not in row or not row.get("median_ms"):
             continue
         by_model.setdefault(row["model"], {})[row["runner"]] = float(row["median_ms"])
+        if row.get("ratio_vs_faster_peer"):
+            faster.setdefault(row["model"], {})[row["runner"]] = float(row["ratio_vs_faster_peer"])
     out: Ratios = {}
     for model, times in by_model.items():
         alts = [r for r in times if r.startswith("alt-tvm")]
         if not alts:
             continue
         ref = next((r for r in ("alt-tvm (alt, tuned)", "alt-tvm (alt)") if r in times), alts[0])
-        out[short_model_name(model=model)] = {
-            f"{runner} / {ref}": ms / times[ref] for runner, ms in times.items() if runner != ref
-        }
+        series = {f"{runner} / {ref}": ms / times[ref] for runner, ms in times.items() if runner != ref}
+        if ref in faster.get(model, {}):
+            series[f"faster peer / {ref}"] = faster[model][ref]
+        out[short_model_name(model=model)] = series
     return out
 
 

@@ -3,7 +3,12 @@
 For each model, in a child process of its own (a crash or a hang is that model's result, not
 the sweep's end): export it with PyTorch's TorchScript and dynamo exporters, build each export
 with ``alt_tvm.build`` (untuned), compare with ONNX Runtime on the same file, then time the two
-builds and ONNX Runtime in interleaved rounds (ORT's pool not spinning, the same thread count).
+builds and the CPU peers in interleaved rounds: ONNX Runtime (its pool not spinning) and
+OpenVINO (:mod:`alt_tvm.bench.openvino`: CPU plugin, latency hint, f32 precision; checked
+against alt-tvm's output first; skipped, with the reason in the row, where it is not
+installed), all on the same thread count. Each export is read against the faster peer (peer
+ms / alt-tvm ms, above 1: alt-tvm faster; :mod:`alt_tvm.bench.peers`), and the run's foot
+gives their geometric mean and the models where alt-tvm is behind.
 Rows are appended to a JSON-lines journal as models finish (``--resume`` skips finished ones);
 at the end the run is written to ``benchmarks/results/<machine kind>/<suite>.json``
 (:mod:`alt_tvm.bench.results`; ``--suite`` defaults to ``cnn_suite`` for that group,
@@ -37,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from alt_tvm.bench.peers import CPU_PEERS, against_faster_peer, describe_against_faster_peer, faster_peer
 from alt_tvm.bench.results import SUITES, results_path, write_results
 from alt_tvm.models.public import (
     EXPORTERS,
@@ -48,6 +54,10 @@ from alt_tvm.models.public import (
     select_or_exit,
     use_torchvision_source,
 )
+
+#: An export matches ONNX Runtime (status ``ok``), and a peer matches alt-tvm, within this
+#: largest error relative to the reference's largest magnitude.
+TOLERANCE = 1e-4
 
 #: The suite a group's run is filed under (other selections: ``public_sweep``).
 GROUP_SUITES = {"cnn_suite": "cnn_suite", "transformer_suite": "transformers"}
@@ -148,16 +158,69 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         strategies: dict[str, int] = {}
         for strategy, _, _ in report.partitions:
             strategies[strategy] = strategies.get(strategy, 0) + 1
-        entry.update(status="ok" if entry["max_rel_error"] < 1e-4 else "mismatch", partitions=strategies,
+        entry.update(status="ok" if entry["max_rel_error"] < TOLERANCE else "mismatch", partitions=strategies,
                      fallbacks=sorted(report.failed.values()), conversions=report.conversions,
                      left_as_is=sorted(report.left_as_is.values()))
         runners[f"alt-tvm {exporter}"] = (built, (x,))
-        if "onnxruntime" not in runners:  # one ONNX Runtime runner, on the first export
+        if "onnxruntime" not in runners:  # one runner per peer, on the first export
             runners["onnxruntime"] = (ort_runner, (x,))
+            runners.update(other_peers(row, path, x, got, threads=args.threads))
     if args.rounds and runners:
         times = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat, warmup=2)
         row["ms"] = {label: round(ms, 3) for label, (ms, _) in times.items()}
+        add_faster_peer(row)
     return row
+
+
+def other_peers(row: dict, path, x, got, *, threads: int) -> dict:
+    """The CPU peers besides ONNX Runtime on ``path``, as runners of :func:`time_interleaved`, each
+    checked against alt-tvm's output ``got`` first (:data:`TOLERANCE`: a peer that computes
+    something else is not timed). ``row["peers"]`` says per peer: ok or mismatch with its error,
+    or skipped or failed and why."""
+    from alt_tvm.bench import cpu_peers
+
+    notes = row.setdefault("peers", {})
+    others = [p for p in CPU_PEERS if p != "onnxruntime"]
+    try:
+        made, skipped = cpu_peers(path, threads=threads, peers=others)
+    except Exception as err:  # noqa: BLE001 - a peer that cannot load the model is a note, not the row's end
+        notes.update({p: {"status": "failed", "reason": _reason(err)} for p in others})
+        return {}
+    notes.update({name: {"status": "skipped", "reason": why} for name, why in skipped.items()})
+    timed = {}
+    for name, runner in made.items():
+        try:
+            error = _max_error(runner(x)[0], got)
+        except Exception as err:  # noqa: BLE001 - as above
+            notes[name] = {"status": "failed", "reason": _reason(err)}
+            continue
+        notes[name] = {"status": "ok" if error < TOLERANCE else "mismatch", "max_rel_error": error}
+        if error < TOLERANCE:
+            timed[name] = (runner, (x,))
+    return timed
+
+
+def add_faster_peer(row: dict) -> dict:
+    """Each timed export's entry of ``row`` with alt-tvm against the faster peer of ``row["ms"]``
+    (:meth:`~alt_tvm.bench.peers.FasterPeer.to_json` fields); ``row`` itself."""
+    ms = row.get("ms") or {}
+    for exporter, entry in row.get("exporters", {}).items():
+        alt = ms.get(f"alt-tvm {exporter}")
+        against = faster_peer(times_ms=ms, alt_ms=alt) if alt else None
+        if against is not None:
+            entry.update(against.to_json())
+    return row
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per exporter, alt-tvm against the faster peer over the models whose export is ``ok``
+    (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
+    ratios: dict[str, dict[str, float]] = {}
+    for row in rows:
+        for exporter, entry in row.get("exporters", {}).items():
+            if entry.get("status") == "ok" and entry.get("ratio_vs_faster_peer"):
+                ratios.setdefault(exporter, {})[row["model"]] = entry["ratio_vs_faster_peer"]
+    return {exporter: against_faster_peer(ratios=values) for exporter, values in ratios.items()}
 
 
 def run_in_child(name: str, args: argparse.Namespace) -> dict:
@@ -181,31 +244,54 @@ def run_in_child(name: str, args: argparse.Namespace) -> dict:
     return row
 
 
+def _peer_cell(row: dict, peer: str) -> str:
+    """A peer's time in the table, or why it has none."""
+    ms = (row.get("ms") or {}).get(peer)
+    if ms is not None:
+        return str(ms)
+    note = (row.get("peers") or {}).get(peer) or {}
+    if note.get("status") == "mismatch":
+        return f"mismatch {note['max_rel_error']:.1e}"
+    return note.get("status", "")
+
+
 def markdown(rows: list[dict]) -> str:
-    """The sweep's table."""
+    """The sweep's table: per export, alt-tvm's time, the peers', and the faster peer's over alt-tvm's."""
     head = ("| model | kind | built for | exporter | status | build s | partitions | fallbacks | conversions "
-            "| max rel. error | alt-tvm ms | ORT ms | ORT / alt-tvm |\n" + "|---" * 13 + "|\n")
+            "| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm |\n"
+            + "|---" * 15 + "|\n")
+    blank = " |" * 10
     lines = []
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['error']} | | | | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error']} |" + blank)
             continue
         ms = row.get("ms", {})
         for exporter, entry in row["exporters"].items():
             if entry.get("status") not in ("ok", "mismatch"):
                 lines.append(f"| {row['model']} | {row['kind']} | {row.get('target', '')} | {exporter} | "
-                             f"{entry.get('status')}: {entry.get('error', '')} | | | | | | | | |")
+                             f"{entry.get('status')}: {entry.get('error', '')} |" + blank)
                 continue
             parts = ", ".join(f"{k} {v}" for k, v in sorted(entry["partitions"].items())) or "none"
             alt = ms.get(f"alt-tvm {exporter}")
-            ort = ms.get("onnxruntime")
-            ratio = f"{ort / alt:.2f}x" if alt and ort else ""
+            peer = entry.get("faster_peer", "")
+            ratio = f"{entry['ratio_vs_faster_peer']:.2f}x" if "ratio_vs_faster_peer" in entry else ""
             lines.append(
                 f"| {row['model']} | {row['kind']} | {row.get('target', '')} | {exporter} | {entry['status']} "
                 f"| {entry['build_s']} | {parts} "
                 f"| {len(entry['fallbacks'])} | {entry['conversions']} | {entry['max_rel_error']:.1e} "
-                f"| {alt if alt is not None else ''} | {ort if ort is not None else ''} | {ratio} |")
+                f"| {alt if alt is not None else ''} | {_peer_cell(row, 'onnxruntime')} "
+                f"| {_peer_cell(row, 'openvino')} | {peer} | {ratio} |")
     return head + "\n".join(lines) + "\n"
+
+
+def foot(rows: list[dict]) -> str:
+    """The run's lines under the table: per exporter, alt-tvm against the faster peer, and the
+    peers skipped and why."""
+    lines = [describe_against_faster_peer(s, what=f"alt-tvm ({exporter})") for exporter, s in summary(rows).items()]
+    reasons = {f"{peer} {note['status']}: {note['reason']}" for row in rows
+               for peer, note in (row.get("peers") or {}).items() if note.get("reason")}
+    return "\n".join(lines + sorted(reasons)) + ("\n" if lines or reasons else "")
 
 
 def main(argv=None) -> int:
@@ -233,7 +319,7 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         if name in done:
-            rows.append(done[name])
+            rows.append(add_faster_peer(done[name]))  # a row journalled before these fields gets them too
             continue
         row = run_in_child(name, args)
         rows.append(row)
@@ -243,11 +329,12 @@ def main(argv=None) -> int:
               flush=True)
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
     table = (f"FP32 FMA peak measured in this run: {peaks.describe()} on {args.threads} threads.\n\n"
-             + markdown(rows))
+             + markdown(rows) + "\n" + foot(rows))
     if args.markdown is not None:
         args.markdown.write_text(table)
     print(table)
-    written = write_results(args.suite, {"peaks_gflops": peaks.readings, "rows": rows},
+    written = write_results(args.suite, {"peaks_gflops": peaks.readings, "rows": rows,
+                                         "against_faster_peer": summary(rows)},
                             path=args.json or results_path(args.suite), peak_gflops=peaks.best, threads=args.threads)
     print(f"results: {written}")
     failed = [r["model"] for r in rows if "error" in r or any(

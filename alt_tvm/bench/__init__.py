@@ -10,6 +10,9 @@ one peer per module:
 - :mod:`.torch` -- PyTorch eager in inference mode
 - :mod:`.tvm` -- TVM's own untuned build of the same Relax module
 
+:mod:`.peers` makes the CPU peers (ONNX Runtime, and OpenVINO where installed) on one thread
+count and reads alt-tvm against the faster of them per model and over a run.
+
 :mod:`.timing` holds the fair timing (the tuner's :class:`TimingPolicy`, interleaved rounds
 and their medians, a quiet TVM pool), :mod:`.peak` the FP32 FMA peak and memory bandwidth,
 :mod:`.results` the results' place and format, :mod:`.compare` the A/B comparison of two
@@ -22,6 +25,7 @@ from .base import Runner, check_threads
 from .onnxruntime import ORTRunner, onnxruntime_session
 from .openvino import OpenVINORunner, openvino_available, openvino_session
 from .peak import PeakReadings, measure_memory_bandwidth, measure_peak_gflops
+from .peers import CPU_PEERS, FasterPeer, against_faster_peer, cpu_peers, describe_against_faster_peer, faster_peer
 from .results import machine_kind, results_path, write_results
 from .timing import (
     Timing,
@@ -36,8 +40,9 @@ from .timing import (
 from .torch import TorchRunner, torch_runner
 from .tvm import TVMRunner, tvm_default_build
 
-__all__ = ["ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner", "Timing", "TimingPolicy",
-           "TorchRunner", "check_threads", "machine_kind", "measure_memory_bandwidth", "measure_peak_gflops",
-           "onnxruntime_session", "openvino_available", "openvino_session", "quiet_tvm_pool", "results_path",
-           "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved", "torch_runner",
-           "tvm_default_build", "write_results"]
+__all__ = ["CPU_PEERS", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner", "Timing",
+           "TimingPolicy", "TorchRunner", "against_faster_peer", "check_threads", "cpu_peers",
+           "describe_against_faster_peer", "faster_peer", "machine_kind", "measure_memory_bandwidth",
+           "measure_peak_gflops", "onnxruntime_session", "openvino_available", "openvino_session", "quiet_tvm_pool",
+           "results_path", "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved",
+           "torch_runner", "tvm_default_build", "write_results"]

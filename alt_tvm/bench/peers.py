@@ -1,0 +1,182 @@
+"""The CPU peers a benchmark times beside alt-tvm, and alt-tvm read against the faster of them.
+
+The CPU peers are the runtimes a user would otherwise deploy the same ONNX file with: ONNX
+Runtime (:mod:`.onnxruntime`) and OpenVINO (:mod:`.openvino`, optional). :func:`cpu_peers` makes
+both with the same thread count, or says why OpenVINO is missing. On each model alt-tvm is
+read against the faster of the peers timed (:func:`faster_peer`): a single peer can be the
+slow one on a model, and beating it there says little. Over a run, :func:`against_faster_peer`
+gives the geometric mean of those ratios and the models where alt-tvm is behind.
+
+Every ratio is a peer's time over alt-tvm's, measured in the same interleaved rounds: above 1,
+alt-tvm is faster.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .base import Runner
+from .onnxruntime import onnxruntime_session
+from .openvino import openvino_available, openvino_session
+
+__all__ = ["CPU_PEERS", "FasterPeer", "against_faster_peer", "cpu_peers", "describe_against_faster_peer",
+           "faster_peer"]
+
+#: The CPU peers, in the order a tie between their times is broken.
+CPU_PEERS = ("onnxruntime", "openvino")
+
+
+def cpu_peers(path: str | os.PathLike, *, threads: int,
+              peers: Sequence[str] = CPU_PEERS) -> tuple[dict[str, Runner], dict[str, str]]:
+    """The CPU peers' sessions on an ONNX file, all on ``threads`` threads.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ONNX file.
+    threads : int
+        Threads of every peer.
+    peers : sequence of str
+        Which of :data:`CPU_PEERS` to make.
+
+    Returns
+    -------
+    tuple of dict
+        Label -> runner for the peers made, and label -> why for those skipped (OpenVINO
+        where it is not installed).
+
+    Raises
+    ------
+    ValueError
+        If a name is not one of :data:`CPU_PEERS`, or ``threads`` is not an int >= 1.
+    """
+    unknown = [p for p in peers if p not in CPU_PEERS]
+    if unknown:
+        raise ValueError(f"unknown peers {unknown}; known: {', '.join(CPU_PEERS)}")
+    made: dict[str, Runner] = {}
+    skipped: dict[str, str] = {}
+    for name in peers:
+        if name == "onnxruntime":
+            made[name] = onnxruntime_session(path, threads=threads)
+        elif why := openvino_available():
+            skipped[name] = why
+        else:
+            made[name] = openvino_session(path, threads=threads)
+    return made, skipped
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite time, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class FasterPeer:
+    """alt-tvm against the faster CPU peer on one model.
+
+    Attributes
+    ----------
+    peer : str
+        The faster peer's label.
+    peer_ms, alt_ms : float
+        Its median time and alt-tvm's.
+    ratios : dict
+        Every peer timed -> its time / alt-tvm's time.
+    """
+
+    peer: str
+    peer_ms: float
+    alt_ms: float
+    ratios: dict[str, float]
+
+    @property
+    def ratio(self) -> float:
+        """The faster peer's time / alt-tvm's time (above 1: alt-tvm is faster)."""
+        return self.peer_ms / self.alt_ms
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields every results file uses for it."""
+        return {"faster_peer": self.peer, "faster_peer_ms": self.peer_ms, "ratio_vs_faster_peer": self.ratio,
+                "ratios_vs_peers": dict(self.ratios)}
+
+
+def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float,
+                peers: Sequence[str] = CPU_PEERS) -> FasterPeer | None:
+    """alt-tvm's time against the fastest of ``peers`` found in ``times_ms``.
+
+    Parameters
+    ----------
+    times_ms : mapping
+        Runner label -> median ms; labels that are not in ``peers`` (alt-tvm's, PyTorch's) are
+        ignored.
+    alt_ms : float
+        alt-tvm's median ms in the same rounds.
+    peers : sequence of str
+        The peers' labels; on equal times the first listed is named.
+
+    Returns
+    -------
+    FasterPeer or None
+        None where no peer was timed.
+
+    Raises
+    ------
+    ValueError
+        If ``alt_ms`` or a peer's time is not a positive finite number.
+    """
+    alt_ms = _positive("alt_ms", alt_ms)
+    timed = {p: _positive(f"the time of {p}", times_ms[p]) for p in peers if times_ms.get(p) is not None}
+    if not timed:
+        return None
+    best = min(timed, key=lambda p: timed[p])  # min keeps the first of equal times
+    return FasterPeer(best, timed[best], alt_ms, {p: ms / alt_ms for p, ms in timed.items()})
+
+
+def against_faster_peer(*, ratios: Mapping[str, float]) -> dict[str, Any]:
+    """alt-tvm against the faster peer over a run's models.
+
+    Parameters
+    ----------
+    ratios : mapping
+        Model -> the faster peer's time / alt-tvm's time on it (:attr:`FasterPeer.ratio`).
+
+    Returns
+    -------
+    dict
+        ``models`` (count), ``geomean_ratio_vs_faster_peer`` (None without models),
+        ``models_behind_faster_peer`` (count of ratios below 1) and ``behind`` (those models).
+
+    Raises
+    ------
+    ValueError
+        If a ratio is not a positive finite number.
+    """
+    values = {model: _positive(f"the ratio of {model}", r) for model, r in ratios.items()}
+    geomean = math.exp(sum(map(math.log, values.values())) / len(values)) if values else None
+    behind = [model for model, r in values.items() if r < 1]
+    return {"models": len(values), "geomean_ratio_vs_faster_peer": geomean, "models_behind_faster_peer": len(behind),
+            "behind": behind}
+
+
+def describe_against_faster_peer(summary: Mapping[str, Any], *, what: str = "alt-tvm") -> str:
+    """One line for a table's foot from :func:`against_faster_peer`'s ``summary``.
+
+    Parameters
+    ----------
+    summary : mapping
+        :func:`against_faster_peer`'s result.
+    what : str
+        The build the ratios are of.
+    """
+    if not summary["models"]:
+        return f"{what} against the faster peer: no model timed with a peer"
+    behind = summary["behind"]
+    names = f" ({', '.join(behind)})" if behind else ""
+    return (f"{what} against the faster peer (peer ms / alt-tvm ms, above 1: alt-tvm faster) over "
+            f"{summary['models']} model(s): geometric mean {summary['geomean_ratio_vs_faster_peer']:.2f}x, "
+            f"behind on {summary['models_behind_faster_peer']}{names}")
