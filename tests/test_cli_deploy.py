@@ -72,9 +72,13 @@ def test_profile_lists_kernels_with_their_share(small_artifact, capsys):
     assert len(kernels) == 3 and kernels[0]["ms"] >= kernels[1]["ms"] >= kernels[2]["ms"] > 0
     assert any("relax.nn.conv2d" in k["ops"] and k["gflops"] > 0 and k["layout"] for k in kernels)
     assert 0 < sum(k["share"] for k in kernels) <= 1.0
+    # The artifact keeps which kernels a tuning space covers: the convs' strategy has one.
+    assert all(k["tuning"] == "default" for k in kernels if "relax.nn.conv2d" in k["ops"])
+    assert result["share_tuned"] == 0.0 and 0 < result["share_with_space"] <= 1.0
     assert main(["profile", str(path), "--limit", "2", "--repeat", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["kernel", "kind", "ms"] and "more kernels" in lines[3]
+    assert lines[0].split()[:4] == ["kernel", "kind", "tuning", "ms"] and "more kernels" in lines[3]
+    assert lines[-1].startswith("in kernels with a tuning space: ")
     # --roof: the peak (best of a reading before and after) and the bandwidth; calls per run
     assert main(["profile", str(path), "--json", "--limit", "50", "--repeat", "1", "--threads", "1", "--roof"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -35,9 +35,15 @@ def test_profile_rows_name_operators_layouts_and_exact_flops():
     assert pool.kind == "operator"  # read in the tiled layout: no conversion but at the model's input
     boundary = {k.name for k in built.report.kernels if k.boundary}
     assert all(r.kernel in boundary for r in rows if r.kind == "conversion")
+    # Which kernels a tuning space covers: the conv's strategy has one, the pool and conversions none.
+    assert conv.tuning == "default" and pool.tuning == "" and info.tuning == "default"
+    assert all(r.tuning == "" for r in rows if r.kind != "partition")
+    space, tuned = profile.tuning_shares()
+    assert tuned == 0.0 and conv.share <= space == pytest.approx(sum(r.share for r in rows if r.tuning))
     text = profile.table(limit=3)
-    assert text.splitlines()[0].split()[:3] == ["kernel", "kind", "ms"]
-    assert "more kernels" in text and text.splitlines()[-1].startswith("model ")
+    assert text.splitlines()[0].split()[:4] == ["kernel", "kind", "tuning", "ms"]
+    assert "more kernels" in text and text.splitlines()[-2].startswith("model ")
+    assert text.splitlines()[-1] == f"in kernels with a tuning space: {space * 100:.1f}% of a run (tuned: 0.0%)"
     np.testing.assert_allclose(built(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
@@ -71,9 +77,9 @@ def test_roof_column_reads_each_kernel_against_the_nearer_roof():
                             {"conv": KernelInfo("partition", ("relax.nn.conv2d",), "", 1e8, 1e6),
                              "copy": KernelInfo("operator", ("relax.concat",), "", 0.0, 4e7)})
     lines = profile.table(peak_gflops=200.0, bandwidth_gbs=40.0).splitlines()
-    assert lines[0].split()[:7] == ["kernel", "kind", "ms", "share", "GFLOP/s", "GB/s", "roof"]
+    assert lines[0].split()[:8] == ["kernel", "kind", "tuning", "ms", "share", "GFLOP/s", "GB/s", "roof"]
     # conv: 100 GFLOP/s of 200 (50%) beats 1 GB/s of 40; copy: 20 GB/s of 40 (50%)
-    assert {line.split()[0]: line.split()[6] for line in lines[1:3]} == {"conv": "50%", "copy": "50%"}
+    assert {line.split()[0]: line.split()[7] for line in lines[1:3]} == {"conv": "50%", "copy": "50%"}
     assert "roof" not in profile.table().splitlines()[0]
 
 

@@ -388,11 +388,11 @@ class RunnableModel(abc.ABC):
 def kernel_info_from_json(entries: Mapping[str, Any]) -> dict[str, KernelInfo]:
     """:meth:`RunnableModel.kernel_info` from its JSON form (:func:`kernel_info_to_json`)."""
     return {name: KernelInfo(str(e["kind"]), tuple(e["ops"]), str(e["layout"]), float(e["flops"]), int(e["bytes"]),
-                             str(e.get("digest", "")))  # (artifacts written before the digest have none)
+                             str(e.get("digest", "")), str(e.get("tuning", "")))
             for name, e in entries.items()}
 
 
 def kernel_info_to_json(info: Mapping[str, KernelInfo]) -> dict[str, dict]:
     """:meth:`RunnableModel.kernel_info` as JSON-ready dicts."""
     return {name: {"kind": k.kind, "ops": list(k.ops), "layout": k.layout, "flops": k.flops, "bytes": k.bytes,
-                   "digest": k.digest} for name, k in info.items()}
+                   "digest": k.digest, "tuning": k.tuning} for name, k in info.items()}

@@ -42,6 +42,10 @@ class KernelInfo:
         TVM's structural hash of the kernel's TIR, in hex ("" where unknown): a kernel of two
         builds with the same name and digest is the same code, so it can serve as the noise
         control when the two builds are timed against each other.
+    tuning
+        For a partition's kernel: ``"tuned"`` (built from a tuning log's parameters or its
+        in-model choice of strategy), ``"default"`` (its strategy has a tuning space; built
+        with the defaults); "" for a kernel no tuning space covers.
     """
 
     kind: str
@@ -50,6 +54,7 @@ class KernelInfo:
     flops: float = 0.0
     bytes: int = 0
     digest: str = ""
+    tuning: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class KernelRow:
     gflops: float  # GFLOP/s achieved (0 when it computes nothing)
     gbytes: float  # GB/s of the minimum traffic (arguments and result once per call)
     calls: int = 1  # calls per run: ``ms`` is their sum, the rates count every call
+    tuning: str = ""  # KernelInfo.tuning
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,15 @@ class KernelProfile:
             rows.append(KernelRow(name, info.kind, info.ops or (name,), info.layout, ms,
                                   ms / total if total else 0.0,
                                   info.flops / seconds * 1e-9 if seconds > 0 else 0.0,
-                                  info.bytes / seconds * 1e-9 if seconds > 0 else 0.0, calls))
+                                  info.bytes / seconds * 1e-9 if seconds > 0 else 0.0, calls, info.tuning))
         return sorted(rows, key=lambda r: -r.ms)
+
+    def tuning_shares(self) -> tuple[float, float]:
+        """Shares of the model's median run time spent in kernels a tuning space covers, and
+        in kernels built tuned (:attr:`KernelInfo.tuning`)."""
+        rows = self.rows()
+        return (sum(r.share for r in rows if r.tuning in ("tuned", "default")),
+                sum(r.share for r in rows if r.tuning == "tuned"))
 
     def table(self, *, limit: int | None = None, peak_gflops: float | None = None,
               bandwidth_gbs: float | None = None) -> str:
@@ -130,14 +143,14 @@ class KernelProfile:
         rows = self.rows()
         total = statistics.median(self.totals_ms) if self.totals_ms else 0.0
         roofs = peak_gflops is not None
-        lines = [f"{'kernel':28s} {'kind':11s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>6s} "
+        lines = [f"{'kernel':28s} {'kind':11s} {'tuning':7s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>6s} "
                  + (f"{'roof':>5s} " if roofs else "") + " operators / output layout"]
         for row in rows[:limit]:
             ops = "+".join(op.removeprefix("relax.").removeprefix("nn.") for op in row.ops)
             roof = f"{max(row.gflops / peak_gflops, row.gbytes / bandwidth_gbs) * 100:4.0f}% " if roofs else ""
             layout = f" -> {row.layout}" if row.layout else ""
             name = row.kernel if row.calls == 1 else f"{row.kernel[:23]} x{row.calls}"
-            lines.append(f"{name[:28]:28s} {row.kind:11s} {row.ms:8.3f} {row.share * 100:5.1f}% "
+            lines.append(f"{name[:28]:28s} {row.kind:11s} {row.tuning or '-':7s} {row.ms:8.3f} {row.share * 100:5.1f}% "
                          f"{row.gflops:8.1f} {row.gbytes:6.1f} {roof} {ops}{layout}")
         if limit is not None and len(rows) > limit:
             rest = rows[limit:]
@@ -147,6 +160,9 @@ class KernelProfile:
             kinds[row.kind] = kinds.get(row.kind, 0.0) + row.ms
         lines.append(f"model {total:.3f} ms per run; " + ", ".join(
             f"{kind or 'kernels'} {ms:.3f} ms ({sum(r.kind == kind for r in rows)})" for kind, ms in kinds.items()))
+        if any(r.tuning for r in rows):
+            space, tuned = self.tuning_shares()
+            lines.append(f"in kernels with a tuning space: {space * 100:.1f}% of a run (tuned: {tuned * 100:.1f}%)")
         return "\n".join(lines)
 
     def median(self, name: str) -> float:

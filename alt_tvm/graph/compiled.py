@@ -96,6 +96,7 @@ class CompiledModel(RunnableModel):
                     info[name] = KernelInfo("tvm", (name.removeprefix("fused_").rstrip("0123456789").rstrip("_"),),
                                             "", flops, size, digest)
                 else:
-                    info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size, digest)
+                    tuning = self.report.tuning_of(kernel.workload) if kernel.kind == "partition" else ""
+                    info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size, digest, tuning)
             self._kernel_info = info
         return self._kernel_info

@@ -133,10 +133,14 @@ class AltLayoutPass:
                               f"{type(err).__name__}: {err}", RecordWarning, stacklevel=2)
             else:
                 self.report.tuned += 1
+                self.report.tuned_workloads.add(key)
+                self.report.tunable.add(key)
                 return context, lowered
         context = self.context_for(partition, strategy, input_layouts, tuned=False)
         lowered = strategy.implement(partition.anchor, context)
         tunable = strategy.space(partition.anchor, context) is not None
+        if tunable:
+            self.report.tunable.add(key)
         if self.options.records is not None and self.options.variant != "alt-ol" and tunable:
             if not why and key in self.options.records.defaults:
                 self.report.kept_default.append((key, self.options.records.defaults[key]))

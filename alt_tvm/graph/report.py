@@ -78,6 +78,10 @@ class BuildReport:
     refused: dict[str, str] = field(default_factory=dict)
     #: workload key -> the strategy the log chose for it instead of the priority rule's
     chosen_strategies: dict[str, str] = field(default_factory=dict)
+    #: workload keys of the partitions whose strategy has a tuning space
+    tunable: set[str] = field(default_factory=set)
+    #: workload keys of the partitions built with tuned parameters
+    tuned_workloads: set[str] = field(default_factory=set)
     #: every kernel the build emitted itself, in program order
     kernels: list[Kernel] = field(default_factory=list)
     #: workload key -> why its strategy failed; the partition was left to TVM's legalization
@@ -88,6 +92,14 @@ class BuildReport:
     #: kernel name -> why a pass after lowering left that kernel as it was (the fallbacks'
     #: scheduling, the in-place rewrite): the build goes on without that pass's change to it
     left_as_is: dict[str, str] = field(default_factory=dict)
+
+    def tuning_of(self, workload: str) -> str:
+        """``"tuned"`` for a partition the log tuned (its parameters, or the strategy its in-model
+        decision chose), ``"default"`` for one with a tuning space built with the defaults, ""
+        for one without a space (and for a kernel of no partition)."""
+        if workload and (workload in self.tuned_workloads or workload in self.chosen_strategies):
+            return "tuned"
+        return "default" if workload in self.tunable else ""
 
     @property
     def changed_by_log(self) -> bool:
