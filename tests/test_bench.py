@@ -1,5 +1,5 @@
-"""alt_tvm.bench: the peers' sessions, results' place, and the A/B comparison of two builds
-(``alt-tvm bench --compare``)."""
+"""alt_tvm.bench: the peers' sessions, alt-tvm against the faster peer, results' place, and the
+A/B comparison of two builds (``alt-tvm bench --compare``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,14 @@ import torch
 
 import alt_tvm
 from alt_tvm.bench import (
+    CPU_PEERS,
     ORTRunner,
     Runner,
+    against_faster_peer,
     check_threads,
+    cpu_peers,
+    describe_against_faster_peer,
+    faster_peer,
     machine_kind,
     onnxruntime_session,
     openvino_available,
@@ -96,6 +101,66 @@ def test_openvino_is_an_optional_peer_that_computes_what_ort_does(conv_onnx):
     assert isinstance(runner, Runner) and (runner.name, runner.threads) == ("openvino", 1)
     x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype("float32")
     assert output_mismatch(onnxruntime_session(conv_onnx)(x), runner(x)) is None
+
+
+def test_cpu_peers_are_onnx_runtime_and_openvino_on_one_thread_count(conv_onnx):
+    made, skipped = cpu_peers(conv_onnx, threads=2)
+    assert CPU_PEERS == ("onnxruntime", "openvino")
+    if why := openvino_available():
+        assert list(made) == ["onnxruntime"] and skipped == {"openvino": why}
+        pytest.skip(why)
+    assert list(made) == ["onnxruntime", "openvino"] and not skipped
+    assert all(runner.threads == 2 for runner in made.values())
+    compiled = made["openvino"].compiled  # the CPU plugin as a latency-oriented user sets it
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == 2
+    assert str(compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
+    assert str(compiled.get_property("INFERENCE_PRECISION_HINT")) in ("f32", "<Type: 'float32'>")
+    assert compiled.get_property("ENABLE_CPU_PINNING") is False
+    with pytest.raises(ValueError, match=r"unknown peers \['tensorrt'\]; known: onnxruntime, openvino"):
+        cpu_peers(conv_onnx, threads=1, peers=["tensorrt"])
+
+
+def test_openvino_not_installed_is_skipped_with_the_reason(conv_onnx, monkeypatch):
+    import alt_tvm.bench.peers as peers
+
+    monkeypatch.setattr(peers, "openvino_available", lambda: "OpenVINO is not installed (pip install ...)")
+    made, skipped = peers.cpu_peers(conv_onnx, threads=1)
+    assert list(made) == ["onnxruntime"] and skipped == {"openvino": "OpenVINO is not installed (pip install ...)"}
+
+
+def test_the_faster_peer_is_the_one_with_the_lower_time_and_the_ratio_its_time_over_alt_tvms():
+    times = {"alt-tvm": 2.0, "onnxruntime": 3.0, "openvino": 2.5, "pytorch": 1.0}  # pytorch is no CPU peer
+    against = faster_peer(times_ms=times, alt_ms=times["alt-tvm"])
+    assert (against.peer, against.peer_ms, against.alt_ms) == ("openvino", 2.5, 2.0)
+    assert against.ratio == pytest.approx(1.25)
+    assert against.ratios == pytest.approx({"onnxruntime": 1.5, "openvino": 1.25})
+    assert against.to_json() == {"faster_peer": "openvino", "faster_peer_ms": 2.5,
+                                 "ratio_vs_faster_peer": pytest.approx(1.25),
+                                 "ratios_vs_peers": pytest.approx({"onnxruntime": 1.5, "openvino": 1.25})}
+    # One peer timed (OpenVINO not installed): it is the faster peer; none timed: no reading.
+    assert faster_peer(times_ms={"onnxruntime": 1.0}, alt_ms=2.0).ratio == 0.5
+    assert faster_peer(times_ms={"alt-tvm": 1.0, "openvino": None}, alt_ms=1.0) is None
+    # Equal times: the first of CPU_PEERS is named.
+    assert faster_peer(times_ms={"openvino": 1.0, "onnxruntime": 1.0}, alt_ms=1.0).peer == "onnxruntime"
+    with pytest.raises(ValueError, match="alt_ms must be a positive finite number, got 0"):
+        faster_peer(times_ms=times, alt_ms=0)
+    with pytest.raises(ValueError, match="the time of openvino must be a positive finite number, got nan"):
+        faster_peer(times_ms={"openvino": float("nan")}, alt_ms=1.0)
+
+
+def test_over_a_run_the_geometric_mean_and_the_models_behind_the_faster_peer():
+    summary = against_faster_peer(ratios={"a": 2.0, "b": 0.5, "c": 1.0, "d": 4.0})
+    assert summary["models"] == 4
+    assert summary["geomean_ratio_vs_faster_peer"] == pytest.approx(2 ** 0.5)  # (2 * 0.5 * 1 * 4) ** (1/4)
+    assert summary["models_behind_faster_peer"] == 1 and summary["behind"] == ["b"]  # 1.0 is level, not behind
+    line = describe_against_faster_peer(summary, what="alt-tvm (alt)")
+    assert "alt-tvm (alt) against the faster peer" in line and "over 4 model(s): geometric mean 1.41x" in line
+    assert line.endswith("behind on 1 (b)")
+    assert against_faster_peer(ratios={}) == {"models": 0, "geomean_ratio_vs_faster_peer": None,
+                                              "models_behind_faster_peer": 0, "behind": []}
+    assert "no model timed with a peer" in describe_against_faster_peer(against_faster_peer(ratios={}))
+    with pytest.raises(ValueError, match="the ratio of b must be a positive finite number, got -1"):
+        against_faster_peer(ratios={"a": 1.0, "b": -1})
 
 
 def test_output_mismatch_says_what_differs():

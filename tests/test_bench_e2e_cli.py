@@ -1,5 +1,6 @@
 """benchmarks/bench_e2e.py's command line: ``--reuse-logs`` times logs already written, and says
-which are missing before anything is built or timed."""
+which are missing before anything is built or timed; every alt-tvm build is read against the
+faster of ONNX Runtime and OpenVINO."""
 
 import pytest
 import torch
@@ -47,4 +48,33 @@ def test_a_budget_too_small_for_a_models_tasks_times_it_untuned_and_keeps_the_re
     (error,) = [r for r in results if "error" in r]
     assert "trials=2 is too small for 2 tasks" in error["error"]
     runners = {r["runner"] for r in results if "median_ms" in r}
-    assert runners == {"alt-tvm (alt)", "onnxruntime"}  # timed untuned, no tuned build
+    from alt_tvm.bench import openvino_available
+
+    peers = {"onnxruntime"} | (set() if openvino_available() else {"openvino"})
+    assert runners == {"alt-tvm (alt)"} | peers  # timed untuned, no tuned build
+    (alt,) = [r for r in results if r.get("runner") == "alt-tvm (alt)"]
+    times = {r["runner"]: r["median_ms"] for r in results if "median_ms" in r}
+    faster = min(peers, key=times.get)
+    assert alt["faster_peer"] == faster
+    assert alt["ratio_vs_faster_peer"] == pytest.approx(times[faster] / times["alt-tvm (alt)"])
+    summary = json.loads(out.read_text())["results"]["against_faster_peer"]["alt-tvm (alt)"]
+    assert summary["models"] == 1
+    assert summary["geomean_ratio_vs_faster_peer"] == pytest.approx(alt["ratio_vs_faster_peer"])
+
+
+def test_the_run_is_summed_up_per_build_against_the_faster_peer(script):
+    rows = [{"runner": "fp32 peak"},
+            {"model": "a", "runner": "alt-tvm (alt)", "median_ms": 1.0, "ratio_vs_faster_peer": 2.0},
+            {"model": "a", "runner": "alt-tvm (alt, tuned)", "median_ms": 0.5, "ratio_vs_faster_peer": 4.0},
+            {"model": "a", "runner": "onnxruntime", "median_ms": 2.0},
+            {"model": "b", "runner": "alt-tvm (alt)", "median_ms": 4.0, "ratio_vs_faster_peer": 0.5},
+            {"model": "b", "runner": "tuning alt-tvm", "tune_s": 3.0}]
+    summary = script.summaries(rows)
+    assert list(summary) == ["alt-tvm (alt)", "alt-tvm (alt, tuned)"]
+    assert summary["alt-tvm (alt)"]["geomean_ratio_vs_faster_peer"] == pytest.approx(1.0)
+    assert summary["alt-tvm (alt)"]["behind"] == ["b"] and summary["alt-tvm (alt)"]["models_behind_faster_peer"] == 1
+    assert summary["alt-tvm (alt, tuned)"]["models"] == 1
+    assert script.faster_peer_fields({"onnxruntime": 3.0, "openvino": 1.5, "pytorch": 1.0}, 2.0) == {
+        "faster_peer": "openvino", "faster_peer_ms": 1.5, "ratio_vs_faster_peer": 0.75,
+        "ratios_vs_peers": {"onnxruntime": 1.5, "openvino": 0.75}}
+    assert script.faster_peer_fields({"pytorch": 1.0}, 2.0) == {}

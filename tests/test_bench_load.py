@@ -1,4 +1,5 @@
-"""The shared-machine benchmark's bookkeeping: its phases and how a busy phase is set against quiet ones."""
+"""The shared-machine benchmark's bookkeeping: its phases, how a busy phase is set against quiet ones,
+and alt-tvm against the faster peer in each."""
 
 import math
 
@@ -50,6 +51,32 @@ def test_the_table_prints_the_median_of_the_cycle_ratios(bench_load):
     assert "3 quiet/busy cycles" in table
     line = table.splitlines()[-1].split()
     assert line[0] == "alt-tvm" and float(line[1]) == 10.0 and float(line[2]) == 14.0 and line[3] == "1.40"
+
+
+def test_each_phase_reads_alt_tvm_against_its_faster_peer(bench_load):
+    # Quiet medians: alt-tvm 2, ONNX Runtime 3, OpenVINO 2.5; busy medians: alt-tvm 4, ORT 3, OpenVINO 6.
+    phases = [{"alt-tvm": 2.0, "onnxruntime": 3.0, "openvino": 2.0},
+              {"alt-tvm": 4.0, "onnxruntime": 3.0, "openvino": 6.0},
+              {"alt-tvm": 2.0, "onnxruntime": 3.0, "openvino": 3.0}]
+    quiet, busy = bench_load.phase_medians(phases)
+    assert quiet == {"alt-tvm": 2.0, "onnxruntime": 3.0, "openvino": 2.5} and busy["alt-tvm"] == 4.0
+    against = bench_load.against_peers(phases)
+    assert (against["quiet"]["faster_peer"], against["quiet"]["ratio_vs_faster_peer"]) == ("openvino", 1.25)
+    assert (against["busy"]["faster_peer"], against["busy"]["ratio_vs_faster_peer"]) == ("onnxruntime", 0.75)
+    assert bench_load.against_peers([{"alt-tvm": 1.0}] * 3) == {}  # no peer timed
+    rows = [{"model": "a", "setting": "default", "against_faster_peer": against},
+            {"model": "b", "setting": "default", "against_faster_peer": {"quiet": {"ratio_vs_faster_peer": 0.8}}},
+            {"model": "a", "setting": "spin0", "against_faster_peer": {}}]
+    summary = bench_load.summaries(rows)
+    assert list(summary) == ["default"]
+    assert summary["default"]["quiet"]["geomean_ratio_vs_faster_peer"] == pytest.approx(1.0)  # (1.25 * 0.8) ** 0.5
+    assert summary["default"]["quiet"]["behind"] == ["b"] and summary["default"]["busy"]["behind"] == ["a"]
+    row = {"phases": phases, "parallel_kernels": [1, 2], "busy_over_quiet": {k: 1.0 for k in phases[0]},
+           "against_faster_peer": against, "skipped_peers": {"tensorrt": "not a CPU peer"}}
+    table = bench_load._table("m", "default", row).splitlines()
+    assert table[-2] == ("  alt-tvm against the faster peer (peer ms / alt-tvm ms): quiet openvino 1.25x, "
+                         "busy onnxruntime 0.75x")
+    assert table[-1] == "  tensorrt skipped: not a CPU peer"
 
 
 def test_the_busy_loop_stops_when_its_parent_dies(bench_load, tmp_path):

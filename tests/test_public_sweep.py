@@ -2,8 +2,8 @@
 builds with alt-tvm and matches ONNX Runtime, for this machine and, on an AVX-512 machine, for
 an AVX2 CPU too (the portability sweep: the AVX2 kernels run on AVX-512). Slow (about 20
 minutes a target on 2 cores): each model is exported twice, built twice and checked in a child
-process of its own. The checks of the model selection (``--names`` with groups, ``--kind``)
-are fast."""
+process of its own. The checks of the model selection (``--names`` with groups, ``--kind``),
+of OpenVINO checked before it is timed, and of the reading against the faster peer are fast."""
 
 from __future__ import annotations
 
@@ -92,3 +92,57 @@ def test_unknown_names_error_with_the_choices(capsys):
         sweep_public.parse_args(["--names", "cnn_suite", "--kind", "transformer"])
     with pytest.raises(SystemExit):
         load_script("export_public").main(["--names", "cnn-suite"])
+
+
+def _row(model: str, ms: dict, status: str = "ok") -> dict:
+    entry = {"status": status, "build_s": 1.0, "partitions": {"alt": 2}, "fallbacks": [], "conversions": 0,
+             "max_rel_error": 1e-7}
+    return {"model": model, "kind": "cnn", "target": "x", "exporters": {"torchscript": entry}, "ms": ms}
+
+
+def test_each_export_is_read_against_the_faster_peer_and_the_run_summed_up():
+    rows = [sweep_public.add_faster_peer(_row("a", {"alt-tvm torchscript": 2.0, "onnxruntime": 3.0, "openvino": 2.5})),
+            sweep_public.add_faster_peer(_row("b", {"alt-tvm torchscript": 4.0, "onnxruntime": 2.0, "openvino": 3.0})),
+            sweep_public.add_faster_peer(_row("c", {"alt-tvm torchscript": 1.0, "onnxruntime": 2.0})),
+            sweep_public.add_faster_peer(_row("d", {"alt-tvm torchscript": 1.0, "onnxruntime": 0.1}, "mismatch"))]
+    entries = [row["exporters"]["torchscript"] for row in rows]
+    assert [e["faster_peer"] for e in entries] == ["openvino", "onnxruntime", "onnxruntime", "onnxruntime"]
+    assert [e["ratio_vs_faster_peer"] for e in entries] == pytest.approx([1.25, 0.5, 2.0, 0.1])
+    assert entries[0]["ratios_vs_peers"] == pytest.approx({"onnxruntime": 1.5, "openvino": 1.25})
+    # Over the models whose export is ok: (1.25 * 0.5 * 2) ** (1/3), behind on b.
+    (summary,) = sweep_public.summary(rows).values()
+    assert summary["models"] == 3 and summary["behind"] == ["b"] and summary["models_behind_faster_peer"] == 1
+    assert summary["geomean_ratio_vs_faster_peer"] == pytest.approx(1.25 ** (1 / 3))
+    rows[2]["peers"] = {"openvino": {"status": "skipped", "reason": "OpenVINO is not installed (no module)"}}
+    table = sweep_public.markdown(rows)
+    head, _, first, second, third, fourth, _ = table.split("\n")
+    assert "| ORT ms | OpenVINO ms | faster peer | peer / alt-tvm |" in head
+    assert first.endswith("| 2.0 | 3.0 | 2.5 | openvino | 1.25x |")
+    assert third.endswith("| 1.0 | 2.0 | skipped | onnxruntime | 2.00x |")
+    assert all(line.count("|") == head.count("|") for line in (first, second, third, fourth))
+    foot = sweep_public.foot(rows)
+    assert "alt-tvm (torchscript) against the faster peer" in foot and "geometric mean 1.08x, behind on 1 (b)" in foot
+    assert "openvino skipped: OpenVINO is not installed (no module)" in foot
+
+
+def test_openvino_is_checked_against_alt_tvm_before_it_is_timed(tmp_path):
+    import numpy as np
+    import torch
+
+    from alt_tvm.bench import onnxruntime_session, openvino_available
+
+    path = tmp_path / "conv.onnx"
+    torch.onnx.export(torch.nn.Conv2d(3, 4, 3).eval(), (torch.randn(1, 3, 8, 8),), str(path), dynamo=False,
+                      opset_version=17)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
+    got = onnxruntime_session(path)(x)[0]  # stands for alt-tvm's output, which matches it
+    row: dict = {}
+    timed = sweep_public.other_peers(row, path, x, got, threads=1)
+    if why := openvino_available():
+        assert timed == {} and row["peers"] == {"openvino": {"status": "skipped", "reason": why}}
+        pytest.skip(why)
+    assert list(timed) == ["openvino"] and row["peers"]["openvino"]["status"] == "ok"
+    assert row["peers"]["openvino"]["max_rel_error"] < sweep_public.TOLERANCE
+    row = {}
+    assert sweep_public.other_peers(row, path, x, got * 1.01, threads=1) == {}  # computes something else: not timed
+    assert row["peers"]["openvino"]["status"] == "mismatch"

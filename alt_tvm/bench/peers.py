@@ -71,7 +71,7 @@ def cpu_peers(path: str | os.PathLike, *, threads: int,
 
 def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite time, got {value!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
 
 
