@@ -21,8 +21,11 @@ where (:mod:`alt_tvm.bench.results`).
 
 **Batches.** Public models (:mod:`alt_tvm.models.public` names) exported at each of
 ``--batches``, built by alt-tvm (untuned: the defaults were fitted at batch 1) and timed in
-interleaved rounds against ONNX Runtime and OpenVINO (FP32, latency hint, not pinned) on
-all cores, every output checked against ONNX Runtime's first; images per second.
+interleaved rounds against the CPU peers on all cores (:mod:`alt_tvm.bench.peers`: ONNX
+Runtime, and OpenVINO with FP32, the latency hint, not pinned, skipped saying why where it is
+not installed), every output checked against ONNX Runtime's first; images per second, the
+faster peer per model and batch (its time / alt-tvm's, above 1: alt-tvm faster), and their
+geometric mean with the rows where alt-tvm is behind.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def batch_table(names: list[str], batches: list[int], *, cores: int, rounds: int
     import torch
 
     import alt_tvm
-    from alt_tvm.bench import onnxruntime_session, openvino_available, openvino_session, time_interleaved
+    from alt_tvm.bench import cpu_peers, faster_peer, time_interleaved
     from alt_tvm.deploy.model import aligned
     from alt_tvm.models.public import instantiate, public_models
 
@@ -125,11 +128,10 @@ def batch_table(names: list[str], batches: list[int], *, cores: int, rounds: int
                 built = alt_tvm.build(str(path))
                 build_s = time.perf_counter() - started
                 x = aligned(x.numpy())
-                runners = {"alt-tvm": built, "onnxruntime": onnxruntime_session(path, threads=cores)}
-                if why := openvino_available():
-                    print(why, flush=True)
-                else:
-                    runners["openvino"] = openvino_session(path, threads=cores)
+                peers, skipped = cpu_peers(path, threads=cores)
+                for peer, why in skipped.items():
+                    print(f"{peer} skipped: {why}", flush=True)
+                runners = {"alt-tvm": built, **peers}
                 want = runners["onnxruntime"](x)[0]
                 errors = {label: float(np.abs(run(x)[0] - want).max() / max(np.abs(want).max(), 1e-30))
                           for label, run in runners.items() if label != "onnxruntime"}
@@ -139,13 +141,21 @@ def batch_table(names: list[str], batches: list[int], *, cores: int, rounds: int
                                          repeat=3, warmup=1)
                 row = {"model": name, "batch": batch, "build_s": build_s, "max_rel_error": errors,
                        **{f"{label} images/s": batch / ms * 1e3 for label, (ms, _) in timed.items()}}
-                best_peer = max(row.get("onnxruntime images/s", 0), row.get("openvino images/s", 0))
-                row["alt-tvm / best peer"] = row["alt-tvm images/s"] / best_peer
+                times = {label: ms for label, (ms, _) in timed.items()}
+                row.update(faster_peer(times_ms=times, alt_ms=times["alt-tvm"]).to_json())
                 rows.append(row)
                 print(f"{name} batch {batch}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()
                                                             if k.endswith("images/s"))
-                      + f" ({row['alt-tvm / best peer']:.2f}x the best peer)", flush=True)
+                      + f" ({row['ratio_vs_faster_peer']:.2f}x the faster peer, {row['faster_peer']})", flush=True)
     return rows
+
+
+def batch_summary(rows: list[dict]) -> dict:
+    """alt-tvm against the faster peer over the batch table's rows, each ``model batch N``
+    (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
+    from alt_tvm.bench import against_faster_peer
+
+    return against_faster_peer(ratios={f"{r['model']} batch {r['batch']}": r["ratio_vs_faster_peer"] for r in rows})
 
 
 def main(argv=None) -> int:
@@ -216,6 +226,10 @@ def main(argv=None) -> int:
                                        "artifact_mb": sum(p.stat().st_size for p in artifact.iterdir()) / 1e6}
     if args.batch_models:
         results["batches"] = batch_table(args.batch_models, args.batches, cores=cores, rounds=args.rounds)
+        results["against_faster_peer"] = batch_summary(results["batches"])
+        from alt_tvm.bench import describe_against_faster_peer
+
+        print(describe_against_faster_peer(results["against_faster_peer"]), flush=True)
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
     results["peak_gflops"] = peaks.describe()
     print(f"FP32 FMA peak of this run: {peaks.describe()} on {cores} threads", flush=True)

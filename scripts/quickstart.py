@@ -4,9 +4,10 @@ Tunes the small CNN (1x3x64x64, six conv3x3+BN+ReLU) -- the search times candida
 alone with caches flushed, then the finalists, the defaults and SConv are timed inside the
 whole model and the choice is verified against the untuned model -- builds it with and
 without the tuning log, checks both against ONNX Runtime, and prints their latency next
-to ONNX Runtime, OpenVINO (where it is installed: ``pip install 'alt-tvm[bench]'``) and
-PyTorch (interleaved rounds in one process, no runtime's idle pool spinning, the same thread
-count for all) and TVM's own untuned build, all measured in this run (:mod:`alt_tvm.bench`).
+to ONNX Runtime, OpenVINO (where it is installed: ``pip install 'alt-tvm[bench]'``; checked
+against alt-tvm first) and PyTorch (interleaved rounds in one process, no runtime's idle pool
+spinning, the same thread count for all) and TVM's own untuned build, all measured in this run
+(:mod:`alt_tvm.bench`), and names the faster of the two CPU peers with its time over alt-tvm's.
 Then runs the ResNet-18 first-layer case study (scripts/r18_first_layer.py) in a process of
 its own.
 
@@ -39,9 +40,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from alt_tvm.bench import (
-        onnxruntime_session,
-        openvino_available,
-        openvino_session,
+        cpu_peers,
+        faster_peer,
         time_callable,
         time_interleaved,
         torch_runner,
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     if summaries.in_model is not None:
         print(summaries.in_model.summary())
 
-    ort = onnxruntime_session(path, threads=args.threads)
+    peers, skipped = cpu_peers(path, threads=args.threads)
+    ort = peers["onnxruntime"]
     reference = ort(*arrays)
     tuned, untuned = build(path, records=args.log), build(path)
     print(tuned.report.tuning_summary())
@@ -77,10 +78,14 @@ def main(argv=None) -> int:
             print(f"{label}: output differs from ONNX Runtime", file=sys.stderr)
             return 1
     runners = {"alt-tvm tuned": (tuned, arrays), "alt-tvm untuned": (untuned, arrays), "onnxruntime": (ort, arrays)}
-    if why := openvino_available():
-        print(f"(no OpenVINO row: {why})")
-    else:
-        runners["openvino"] = (openvino_session(path, threads=args.threads), arrays)
+    for peer, why in skipped.items():
+        print(f"(no {peer} row: {why})")
+    if "openvino" in peers:  # checked against alt-tvm with the tolerance alt-tvm meets against ONNX Runtime
+        if all(np.allclose(g, r, rtol=info.rtol, atol=info.atol) for g, r in zip(peers["openvino"](*arrays),
+                                                                                 tuned(*arrays))):
+            runners["openvino"] = (peers["openvino"], arrays)
+        else:
+            print("(no openvino row: its outputs differ from alt-tvm's)")
     runners["pytorch"] = (torch_runner(module, threads=args.threads), inputs)
     timed = time_interleaved(runners, rounds=args.rounds, repeat=20, warmup=5)
     print(f"\n{name} at batch 1, {args.threads} thread(s), every runtime in this process (ONNX Runtime's "
@@ -89,6 +94,10 @@ def main(argv=None) -> int:
     for label, (median, rounds) in timed.items():
         print(f"  {label:18s} {median:9.3f} ms (rounds {min(rounds):.3f}-{max(rounds):.3f})   "
               f"{median / base:6.2f}x the tuned time")
+    medians = {label: median for label, (median, _) in timed.items()}
+    against = faster_peer(times_ms=medians, alt_ms=base)
+    print(f"  faster peer: {against.peer}; its time / alt-tvm's: tuned {against.ratio:.2f}x, untuned "
+          f"{against.peer_ms / medians['alt-tvm untuned']:.2f}x (above 1: alt-tvm faster)")
     if not tuned.report.changed_by_log:
         print("  (the log changed no kernel: its in-model check kept every default, so the two alt-tvm rows "
               "time the same kernels and differ only by this run's noise)")

@@ -268,3 +268,8 @@ def test_bench_times_openvino_beside_alt_tvm_where_it_is_installed(conv_onnx, ca
     printed = json.loads(capsys.readouterr().out)
     assert list(printed["runners"]) == ["alt-tvm", "openvino", "onnxruntime"]
     assert all(r["median_ms"] > 0 for r in printed["runners"].values())
+    times = {label: r["median_ms"] for label, r in printed["runners"].items()}
+    faster = min(("onnxruntime", "openvino"), key=times.get)
+    against = printed["against_faster_peer"]
+    assert against["faster_peer"] == faster
+    assert against["ratio_vs_faster_peer"] == pytest.approx(times[faster] / times["alt-tvm"])

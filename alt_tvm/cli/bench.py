@@ -13,7 +13,9 @@ spin and TVM's pool polls only briefly before its workers sleep (``TVM_THREAD_PO
 one being timed; runners are timed in interleaved rounds
 (a different one first each round, a pause and an untimed call before each turn) and the
 median of the rounds is reported. Every baseline's outputs are checked against alt-tvm's
-first (a mismatch is an error, not a row). ``tvm`` is TVM's own untuned build of the same
+first (a mismatch is an error, not a row). Where a CPU peer (``onnxruntime``, ``openvino``) is
+timed, the faster of them is named with its time over alt-tvm's (above 1: alt-tvm faster).
+``tvm`` is TVM's own untuned build of the same
 Relax module (``tvm.compile``); ``torch`` needs a reference model (an ONNX file has no
 PyTorch module); ``openvino`` needs OpenVINO (``pip install 'alt-tvm[bench]'``); an
 artifact is compared with the model it was built from.
@@ -183,17 +185,23 @@ def main(argv=None) -> int:
         timed = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat)
     medians = {label: ms for label, (ms, _) in timed.items()}
     mine = medians["alt-tvm"]
+    from alt_tvm.bench import faster_peer
+
+    against = faster_peer(times_ms=medians, alt_ms=mine)
     if args.png is not None:
         _plot(args.png, f"{model.name}, {args.threads} thread(s)", medians)
     if args.json:
         print_json({"model": model.text, "threads": args.threads, "rounds": args.rounds,
                     "runners": {label: {"median_ms": ms, "rounds_ms": rounds, "ratio_vs_alt_tvm": ms / mine}
-                                for label, (ms, rounds) in timed.items()}})
+                                for label, (ms, rounds) in timed.items()},
+                    "against_faster_peer": against.to_json() if against is not None else None})
         return 0
     print(f"{model.name}: {args.threads} thread(s), median of {args.rounds} interleaved rounds")
     print(f"{'runtime':14s} {'ms':>9s} {'its time / alt-tvm':>19s}")
     for label, ms in medians.items():
         print(f"{label:14s} {ms:9.3f} {ms / mine:18.2f}x")
+    if against is not None:
+        print(f"faster peer: {against.peer}, its time / alt-tvm's {against.ratio:.2f}x (above 1: alt-tvm faster)")
     if args.png is not None:
         print(f"chart: {args.png}")
     return 0
