@@ -48,7 +48,7 @@ import time
 BUSY_LOOP = ("import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n"
              "    for _ in range(100_000):\n        pass\n")
 
-#: Threads of every peer: the two cores of the machines this benchmark was written for.
+#: Threads of every peer, ONNX Runtime and OpenVINO alike.
 PEER_THREADS = 2
 
 SETTINGS = {"default": {}, "spin0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
