@@ -23,8 +23,10 @@ install-dev: $(VENV)/bin/python
 demo: install
 	$(PY) scripts/quickstart.py
 
+# prepare-board.sh: the emulated ARM board (cached in ~/.cache/alt-tvm/boards; never fails).
 test: install-dev
 	bash .ci/install-cross.sh
+	bash .ci/prepare-board.sh $(PY)
 	$(PY) -m pytest -q
 
 test-all: install-dev

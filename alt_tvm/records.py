@@ -24,6 +24,11 @@ version 3 with ``board`` empty. Version 2 changed only the workload keys (canoni
 :func:`alt_tvm.strategies.base.workload_key`): version-1 keys would not match any partition,
 so version-1 lines are skipped like any other schema.
 
+A target whose ``model`` is :data:`EMULATED_MODEL` (``"model":"qemu"`` in the line's target, as
+for the ``emulated-arm64`` board) was timed under an emulator: its latencies rank candidates
+for that target only and say nothing about a real board's speed (:func:`is_emulated`,
+:attr:`TuningRecord.emulated`).
+
 Two kinds of candidate are not search points. A *decision* (``{"decision": "in-model",
 "strategy": "alt", "params": {...} | null, ...}``) is what the in-model verification of
 :mod:`alt_tvm.in_model` chose for a workload after timing its finalists, its default and the
@@ -58,8 +63,10 @@ __all__ = [
     "RecordWriter",
     "TuningRecord",
     "best_params",
+    "EMULATED_MODEL",
     "candidate_key",
     "choose_best",
+    "is_emulated",
     "finished_candidates",
     "iter_records",
     "load_best",
@@ -154,6 +161,22 @@ def target_key(target: Any) -> str:
     if hasattr(target, "to_tvm"):
         return str(target.to_tvm())
     raise TypeError(f"target must be a tvm.target.Target, a dict or a str, got {type(target).__name__}")
+
+
+#: The ``model`` attribute of a target run by an emulator (qemu-user), not by the hardware.
+EMULATED_MODEL = "qemu"
+
+
+def is_emulated(target: Any) -> bool:
+    """Whether ``target`` (anything :func:`target_key` takes) names an emulated machine: its
+    ``model`` is :data:`EMULATED_MODEL`, so its timings measure the emulator, not the hardware."""
+    if hasattr(target, "tvm_target"):  # alt_tvm.target.HardwareTarget: no TVM needed
+        return target.tvm_target.get("model") == EMULATED_MODEL
+    try:
+        parsed = json.loads(target_key(target))
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("model") == EMULATED_MODEL
 
 
 def _check_number(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -256,6 +279,12 @@ class TuningRecord:
     def ok(self) -> bool:
         """True for a successful measurement (no error, at least one latency)."""
         return self.error_code is None
+
+    @property
+    def emulated(self) -> bool:
+        """True when the target was emulated (see :func:`is_emulated`): the latencies measure
+        the emulator and say nothing about the hardware's speed."""
+        return is_emulated(self.target)
 
     @property
     def median_ms(self) -> float:

@@ -516,6 +516,8 @@ _BOARD_LIST = (
             "mcpu": "cortex-a72",
             "mattr": ["+neon"],
             "num-cores": 2,
+            # TVM's device-model attribute: marks every tuning record of this board as emulated.
+            "model": "qemu",
         },
         num_cores=2,
         vector_bits=128,

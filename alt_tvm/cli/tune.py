@@ -207,9 +207,16 @@ def main(argv=None) -> int:
     if measure is not None:
         print(f"candidates per board ({measure.boards} at once, {measure.build_workers} build workers):")
         print(measure.board_report() or "none ran")
+    from alt_tvm.records import is_emulated
+
+    emulated = is_emulated(target)
+    if emulated:
+        # An emulator's times rank candidates for this target only: no speed-up is claimed from them.
+        print(f"target {target.name} is emulated: its times measure the emulator, not the board's speed "
+              "(no speed-up shown; the log's target says \"model\":\"qemu\")")
     print(f"{'task':60s} {'x':>3s} {'trials':>6s} {'default ms':>10s} {'best ms':>9s} {'speedup':>8s}")
     for s in summaries:
-        speedup = s.default_ms / s.best_ms if s.ok and math.isfinite(s.default_ms) else math.nan
+        speedup = s.default_ms / s.best_ms if s.ok and math.isfinite(s.default_ms) and not emulated else math.nan
         print(f"{s.key[:60]:60s} {s.weight:3d} {s.trials:6d} {_number(s.default_ms, 10)} {_number(s.best_ms, 9)} "
               f"{_number(speedup, 8, 2, suffix='x', missing='-')}")
     if getattr(summaries, "in_model", None) is not None:
