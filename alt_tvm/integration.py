@@ -12,6 +12,7 @@ them inside a :class:`~alt_tvm.options.TuneOptions`.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -135,6 +136,9 @@ def tune(model: Any, options: TuneOptions | None = None, *, example_inputs: Sequ
         One summary per task, and ``.in_model``.
     """
     options = tune_options(options, caller="tune", **keywords)
+    # The search and the in-model decisions are relative to the strategies' own defaults,
+    # which the learned defaults are fitted from.
+    options = dataclasses.replace(options, build=dataclasses.replace(options.build, priors=None))
     check_measure(measure, options)
     machine = options.build.target
     if runs_on_host(machine):

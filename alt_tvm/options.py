@@ -84,6 +84,13 @@ class BuildOptions:
         A tuning log (written by :func:`alt_tvm.tune`) as a path or
         :func:`alt_tvm.records.read_log`'s result; held as the log's best records for
         ``target`` (None: the strategies' analytic defaults).
+    priors
+        Learned defaults (:mod:`alt_tvm.priors`): where the build has no tuning log,
+        ``"auto"`` applies the decisions tuning kept on this very target in the logs alt-tvm
+        ships (none for a target they were not measured on); a path applies a priors file
+        (``scripts/fit_priors.py`` writes one from any tuning logs), a
+        :class:`~alt_tvm.priors.Priors` those decisions; None the strategies' analytic
+        defaults alone. ``ALT_TVM_PRIORS=0`` turns ``"auto"`` off.
 
     Raises
     ------
@@ -100,6 +107,7 @@ class BuildOptions:
     fast_math: bool = False
     strict: bool = False
     records: Any = None
+    priors: Any = "auto"
 
     def __post_init__(self) -> None:
         from alt_tvm.strategies.registry import check_names, check_strategy_options
@@ -114,11 +122,43 @@ class BuildOptions:
         _check_bool("fast_math", self.fast_math)
         _check_bool("strict", self.strict)
         object.__setattr__(self, "records", _tuning_log(self.records, target))
+        _check_priors(self.priors)
 
     @property
     def log_path(self) -> str | None:
         """The path of the tuning log applied (None without one)."""
         return None if self.records is None else self.records.path
+
+    @property
+    def learned(self) -> Any:
+        """The learned decisions this build applies (:class:`~alt_tvm.priors.Priors` of its
+        target), or None: with a tuning log, or ``priors=None``, or none for this target."""
+        from alt_tvm.priors import Priors, shipped_priors
+        from alt_tvm.records import target_key
+
+        if self.priors is None or (self.priors == "auto" and self.records is not None):
+            return None
+        priors = self.priors
+        if priors == "auto":
+            priors = shipped_priors()
+        elif not isinstance(priors, Priors):
+            priors = Priors.read(priors)
+        mine = priors.for_target(target_key(self.target))
+        return mine if mine.decisions else None
+
+
+def _check_priors(priors: Any) -> None:
+    """``priors`` is "auto", None, a priors file's path or a Priors; else a TypeError/FileNotFoundError naming it."""
+    from alt_tvm.priors import Priors
+
+    if priors is None or priors == "auto" or isinstance(priors, Priors):
+        return
+    if not isinstance(priors, (str, os.PathLike)):
+        raise TypeError(f"priors must be 'auto', None, the path of a priors file or an alt_tvm.priors.Priors, "
+                        f"got {type(priors).__name__} {priors!r}")
+    if not os.path.exists(priors):
+        raise FileNotFoundError(f"priors file {os.fspath(priors)!r} does not exist "
+                                f"(scripts/fit_priors.py writes one from tuning logs)")
 
 
 def _tuning_log(records: Any, target: Any) -> Any:

@@ -44,7 +44,8 @@ class KernelInfo:
         control when the two builds are timed against each other.
     tuning
         For a partition's kernel: ``"tuned"`` (built from a tuning log's parameters or its
-        in-model choice of strategy), ``"default"`` (its strategy has a tuning space; built
+        in-model choice of strategy), ``"learned"`` (changed by the learned defaults of the
+        target, :mod:`alt_tvm.priors`), ``"default"`` (its strategy has a tuning space; built
         with the defaults); "" for a kernel no tuning space covers.
     """
 
@@ -119,7 +120,7 @@ class KernelProfile:
         """Shares of the model's median run time spent in kernels a tuning space covers, and
         in kernels built tuned (:attr:`KernelInfo.tuning`)."""
         rows = self.rows()
-        return (sum(r.share for r in rows if r.tuning in ("tuned", "default")),
+        return (sum(r.share for r in rows if r.tuning in ("tuned", "learned", "default")),
                 sum(r.share for r in rows if r.tuning == "tuned"))
 
     def table(self, *, limit: int | None = None, peak_gflops: float | None = None,

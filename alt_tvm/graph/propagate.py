@@ -12,6 +12,7 @@ structurally equal share one function.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
@@ -25,7 +26,8 @@ from alt_tvm.flops import relax_flops
 from alt_tvm.layout import Layout, convert_layout, rewrite
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.options import BuildOptions, build_options
-from alt_tvm.records import RecordWarning
+from alt_tvm.priors import apply_switches
+from alt_tvm.records import RecordWarning, target_key
 from alt_tvm.strategies import registry
 from alt_tvm.strategies.base import (
     Partition,
@@ -79,10 +81,18 @@ class AltLayoutPass:
             raise ValueError("the Relax module has no 'main' function")
         func = mod["main"]
         options = self.options
+        chosen = None if options.records is None or options.variant == "alt-ol" else options.records.strategies
         plan = plan_partitions(func, target=options.target, variant=options.variant, allowed=options.strategies,
-                               strategy_options=options.strategy_options,
-                               chosen=None if options.records is None or options.variant == "alt-ol"
-                               else options.records.strategies)
+                               strategy_options=options.strategy_options, chosen=chosen)
+        learned = self._learned_strategies(plan.partitions)
+        if learned:
+            plan = plan_partitions(func, target=options.target, variant=options.variant, allowed=options.strategies,
+                                   strategy_options=options.strategy_options, chosen={**learned, **(chosen or {})})
+            for key in learned:
+                # A learned choice that does not apply here is no fault of the build: it keeps the rule's.
+                plan.refused.pop(key, None)
+                if key in plan.overridden:
+                    self.report.learned[key] = f"strategy {plan.overridden.pop(key)} ({self._learned_source(key)})"
         self.report.refused.update(plan.refused)
         self.report.chosen_strategies.update(plan.overridden)
         for name, reasons in plan.fallbacks.items():
@@ -96,6 +106,30 @@ class AltLayoutPass:
         new_mod = mutator.builder_.get()
         new_mod["main"] = relax.analysis.remove_all_unused(new_func)
         return new_mod
+
+    @functools.cached_property
+    def _priors(self) -> Any:
+        """The learned decisions for this build's target (None: none apply; ALT-OL keeps its tiles)."""
+        return None if self.options.variant == "alt-ol" else self.options.learned
+
+    def _learned_strategies(self, partitions: list[Partition]) -> dict[str, str]:
+        if self._priors is None:
+            return {}
+        return self._priors.strategies([workload_key(p) for p in partitions], target=target_key(self.options.target))
+
+    def _learned_source(self, key: str) -> str:
+        decision = self._priors.nearest(key, target=target_key(self.options.target))
+        return f"{decision.ratio:.2f}x the defaults' time at {decision.source}"
+
+    def _learned_params(self, partition: Partition, strategy: Strategy, context: PartitionContext) -> Any:
+        """The parameters the learned on/off loop knobs give ``partition`` (None: none apply)."""
+        if self._priors is None:
+            return None
+        decision = self._priors.nearest(context.workload_key, target=target_key(self.options.target))
+        if decision is None or not decision.finding or decision.strategy != strategy.name or not decision.switches:
+            return None
+        space = strategy.space(partition.anchor, context)
+        return None if space is None else apply_switches(space, decision.switches)
 
     def context_for(self, partition: Partition, strategy: Strategy, input_layouts: dict, *,
                     tuned: bool = True) -> PartitionContext:
@@ -137,6 +171,19 @@ class AltLayoutPass:
                 self.report.tunable.add(key)
                 return context, lowered
         context = self.context_for(partition, strategy, input_layouts, tuned=False)
+        params = None if why else self._learned_params(partition, strategy, context)
+        if params is not None:
+            try:
+                lowered = strategy.implement(partition.anchor, replace(context, params=params))
+            except Exception as err:  # noqa: BLE001 - a learned point the strategy refuses keeps the defaults
+                warnings.warn(f"learned loop knobs for {key.split('|')[0]} not applied: {type(err).__name__}: {err}",
+                              RecordWarning, stacklevel=2)
+            else:
+                self.report.tunable.add(key)
+                decision = self._priors.nearest(key, target=target_key(self.options.target))
+                switches = ", ".join(f"{k}={v}" for k, v in sorted(decision.switches.items()) if params.get(k) == v)
+                self.report.learned[key] = f"loop knobs {switches} ({self._learned_source(key)})"
+                return context, lowered
         lowered = strategy.implement(partition.anchor, context)
         tunable = strategy.space(partition.anchor, context) is not None
         if tunable:

@@ -82,6 +82,9 @@ class BuildReport:
     tunable: set[str] = field(default_factory=set)
     #: workload keys of the partitions built with tuned parameters
     tuned_workloads: set[str] = field(default_factory=set)
+    #: workload key -> what the learned defaults (:mod:`alt_tvm.priors`) changed for it, and the
+    #: decision it came from
+    learned: dict[str, str] = field(default_factory=dict)
     #: every kernel the build emitted itself, in program order
     kernels: list[Kernel] = field(default_factory=list)
     #: workload key -> why its strategy failed; the partition was left to TVM's legalization
@@ -95,10 +98,13 @@ class BuildReport:
 
     def tuning_of(self, workload: str) -> str:
         """``"tuned"`` for a partition the log tuned (its parameters, or the strategy its in-model
-        decision chose), ``"default"`` for one with a tuning space built with the defaults, ""
-        for one without a space (and for a kernel of no partition)."""
+        decision chose), ``"learned"`` for one the learned defaults changed, ``"default"`` for
+        one with a tuning space built with the defaults, "" for one without a space (and for a
+        kernel of no partition)."""
         if workload and (workload in self.tuned_workloads or workload in self.chosen_strategies):
             return "tuned"
+        if workload and workload in self.learned:
+            return "learned"
         return "default" if workload in self.tunable else ""
 
     @property
@@ -141,6 +147,8 @@ class BuildReport:
             lines[0] += f", {self.in_place} kernel calls writing over a dead operand"
         if self.log is not None:
             lines.append(self.tuning_summary())
+        if self.learned:
+            lines.append(f"{len(self.learned)} partitions took the learned defaults of this target (alt_tvm.priors)")
         for op, reasons in sorted(self.fallbacks.items()):
             lines.append(f"fell back to TVM's legalization: {op}" + (f" ({'; '.join(reasons)})" if reasons else ""))
         lines += [f"kernel {name} {why}" for name, why in sorted(self.left_as_is.items())]
