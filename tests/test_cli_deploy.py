@@ -100,6 +100,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     (["build", "no_such_model"], "alt-tvm build: error: 'no_such_model' is neither an ONNX file nor a reference"),
     (["build", "small_cnn", "--target", "pdp11"], "--target: unknown board 'pdp11'"),
     (["build", "small_cnn", "--records", "/no/such.jsonl"], "--records: tuning log '/no/such.jsonl' does not"),
+    (["build", "small_cnn", "--priors", "/no/such.json"], "--priors: '/no/such.json' is neither auto, none nor a priors"),
     (["bench", "small_cnn", "--threads", "0"], "alt-tvm bench: error: --threads must be >= 1, got 0"),
     (["bench", "small_cnn", "--vs", "mxnet"], "argument --vs: invalid choice: 'mxnet'"),
     (["bench", "no_such_model"], "neither an ONNX file, an artifact directory nor a reference model"),

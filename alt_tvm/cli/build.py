@@ -34,6 +34,9 @@ def _parser():
     parser.add_argument("--records", default=None, help="tuning log to apply (written by `alt-tvm tune`)")
     parser.add_argument("--target", default=None,
                         help="board name from alt_tvm.target or cpu:<LLVM CPU> (cpu:haswell: AVX2); default: this host")
+    parser.add_argument("--priors", default="auto",
+                        help="learned defaults where no tuning log applies: auto (those alt-tvm ships for this "
+                             "target), none, or a file written by scripts/fit_priors.py")
     parser.add_argument("-o", "--output", default=None, help="artifact directory (default ./<model>.alt)")
     add_output_options(parser)
     return parser
@@ -45,17 +48,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     model = checked_model(parser, args.model, args.records, artifacts=False)
     output = args.output or f"{model.name}.alt"
+    if args.priors not in ("auto", "none") and not os.path.isfile(args.priors):
+        parser.error(f"--priors: {args.priors!r} is neither auto, none nor a priors file")
     for problem in (target_problem(args.target), unwritable_directory(output)):
         if problem is not None:
             parser.error(problem if problem.startswith("--") else f"-o: {problem}")
     configure_logging(args.verbose)
 
-    built = build_model(model, records=args.records, target=args.target)
+    built = build_model(model, records=args.records, target=args.target, priors=args.priors)
     path = built.export(output)
     report = built.report
     if args.json:
         print_json({"artifact": os.fspath(path), "target": built.target.name, "partitions": len(report.partitions),
-                    "tuned": report.tuned, "conversions": report.conversions, "fallbacks": sorted(report.fallbacks),
+                    "tuned": report.tuned, "learned": dict(report.learned), "conversions": report.conversions, "fallbacks": sorted(report.fallbacks),
                     "failed": dict(report.failed), "report": report.summary()})
     else:
         print(report.summary())

@@ -132,13 +132,14 @@ def checked_model(parser: Parser, text: str, records: str | None, *, artifacts: 
     return model
 
 
-def build_model(model: ModelArgument, *, records: str | None = None, target: str | None = None) -> Any:
+def build_model(model: ModelArgument, *, records: str | None = None, target: str | None = None,
+                priors: str = "auto") -> Any:
     """Build an ONNX file or reference model with alt-tvm, with the build options its flags give
-    (``--records``, ``--target``)."""
+    (``--records``, ``--target``, ``--priors``: ``auto``, ``none`` or a priors file)."""
     import alt_tvm
     from alt_tvm.options import BuildOptions
 
-    options = BuildOptions(target=target, records=records)
+    options = BuildOptions(target=target, records=records, priors=None if priors == "none" else priors)
     if model.kind == "reference":
         from alt_tvm.models import get_model
 
