@@ -8,8 +8,8 @@ A kernel's time here is what it costs inside the model (after its producer, with
 caches that left), not alone with hot caches. ``GFLOP/s`` is against the kernel's own
 arithmetic; compare it with the machine's FMA peak. ``tuning`` says whether a tuning log
 tuned the kernel (``tuned``), whether its strategy has a tuning space it was not tuned in
-(``default``), or that no space covers it (``-``); the last line gives the share of a run
-in kernels with a space, and in tuned ones.
+(``default``), or that no space covers it (``-``); the last line gives the share of the
+kernels' time in kernels with a space and in tuned ones, and the VM builtins' share of a run.
 
 Exit status: 0, 2 for a bad argument (one line on stderr).
 """
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
                                  "ms": r.ms, "calls": r.calls, "share": r.share, "gflops": r.gflops,
                                  "gbytes": r.gbytes, "tuning": r.tuning}
                                 for r in rows],
-                    **dict(zip(("share_with_space", "share_tuned"), profile.tuning_shares()))})
+                    **dict(zip(("share_with_space", "share_tuned"), profile.tuning_shares())),
+                    "share_builtins": profile.builtin_share()})
     else:
         if roofs:
             print(f"FMA peak {roofs['peak_gflops']:.0f} GFLOP/s, memory bandwidth {roofs['bandwidth_gbs']:.1f} GB/s "
