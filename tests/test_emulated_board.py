@@ -133,8 +133,8 @@ class _Convs(nn.Module):
         y = torch.cat([self.dilated(torch.relu(self.grouped(y))), torch.max_pool2d(y, 3, 1, 1)[:, :8]], dim=1)
         z = self.up(torch.relu(self.dw5(y)))
         s = self.c1(z.mean(dim=3))
-        t = self.c3(v).amax(dim=(2, 3, 4))
-        return torch.avg_pool2d(z, 2), s, t
+        t = self.c3(v).sum(dim=(2, 3, 4))
+        return nn.functional.avg_pool2d(z, 2), s, t
 
 
 class _BasicBlock(nn.Module):
