@@ -389,18 +389,23 @@ class AltGemmStrategy(Strategy):
         b = context.te_input(anchor.value.args[1], "b")
         *lead, m, kdim = (int(s) for s in a.shape)
         rows, n = m * math.prod(lead), int(b.shape[1])
-        mt, nt = register_tile(rows, n, lanes, context.target.vector_registers or 16)
+        params = context.params or self._norm_defaults(rows, n, kdim, context)
+        mt, nt, vec, kt = (int(params[name]) for name in ("mt", "nt", "vec", "kt"))
+        scale = float(params.get("group_scale", 1.0))
+        if n % nt or nt % vec or kdim % kt or min(mt, nt, vec, kt) < 1 or scale <= 0:
+            raise ValueError(f"fused GEMM + norm parameters {params} do not fit rows={rows}, N={n}, K={kdim} "
+                             f"(nt must divide N, vec nt, kt K; all positive)")
         unit = group_unit(mt=mt, shape=a.shape)
         # A group buffers its product rows, and before the product its normalised rows too.
         row_bytes = 4 * (n + (kdim if before is not None else 0))
         cap = group_cap(unit=unit, row_bytes=row_bytes, l2_bytes=context.target.l2_bytes)
-        group_rows = unit * group_blocks(rows=rows, mt=unit, cores=context.target.num_cores, max_blocks=cap)
+        blocks = group_blocks(rows=rows, mt=unit, cores=context.target.num_cores, max_blocks=cap)
+        group_rows = unit * min(-(-rows // unit), max(1, round(blocks * scale)))
         padded = padded_rows(a, group_rows=group_rows)
         normed = normalise(padded) if before is not None else None
         product, view = gemm_rows_te(normed.output if normed is not None else padded, b, shape=(*lead, m, n))
         stages = context.epilogue_te(view)
         layouts = TensorMap([(b, Layout((kdim, n)).split(1, [n // nt, nt]).reorder([1, 0, 2]))])
-        vec = tiles_for(nt, lanes)
         if normed is not None:
             output = stages[-1] if stages else view
             schedule = partial(schedule_norm_gemm, norm=normed, product=product,
@@ -410,7 +415,15 @@ class AltGemmStrategy(Strategy):
             output = kernel.output
             schedule = partial(schedule_gemm_norm, product=product, inlined=[padded, view, *stages], kernel=kernel)
         return context.finish(output=output, layouts=layouts, strategy=self.name,
-                              schedule=lambda f: schedule(f, group_rows=group_rows, mt=mt, nt=nt, vec=vec))
+                              schedule=lambda f: schedule(f, group_rows=group_rows, mt=mt, nt=nt, vec=vec, kt=kt))
+
+    @staticmethod
+    def _norm_defaults(rows: int, n: int, k: int, context) -> dict[str, Any]:
+        """The fused kernel's analytic register block (:func:`register_tile`), one vector per
+        column step, ``k`` not unrolled, the rule's groups."""
+        lanes = context.target.vector_lanes("float32")
+        mt, nt = register_tile(rows, n, lanes, context.target.vector_registers or 16)
+        return {"nt": nt, "mt": mt, "vec": tiles_for(nt, lanes), "kt": 1, "group_scale": 1.0}
 
     @staticmethod
     def _defaults(m: int, n: int, k: int, context, *, entries: int = 1) -> dict[str, int]:
@@ -429,10 +442,14 @@ class AltGemmStrategy(Strategy):
                 "prefetch": int(bool(panels and kc) and entries == 1)}
 
     def space(self, anchor, context) -> Any:
-        from .space import GemmSpace
+        from .space import GemmNormSpace, GemmSpace
 
-        if norm_of(context.partition) is not None or norm_before(context.partition) is not None:
-            return None  # a fused norm is lowered with its analytic register block and groups
+        before = norm_before(context.partition)
+        if before is not None or norm_of(context.partition) is not None:
+            a_shape = static_shape((before or anchor).value.args[0])
+            rows, n, k = math.prod(a_shape[:-1]), static_shape(anchor.value.args[1])[-1], a_shape[-1]
+            return GemmNormSpace(rows=rows, n=n, k=k, lanes=context.target.vector_lanes("float32"),
+                                 default=self._norm_defaults(rows, n, k, context))
         m, n, k = _gemm_extents(anchor, fold_batch=True)
         return GemmSpace(m=m, n=n, k=k, default=self._defaults(m, n, k, context, entries=_batch_entries(anchor)),
                          lanes=context.target.vector_lanes("float32"), cores=context.target.num_cores)

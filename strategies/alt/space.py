@@ -312,3 +312,41 @@ class GemmSpace(Space):
                 "panels_outer": int(loop["panels_outer"]), "kc": int(loop["kc"]),
                 # Points written before the knob existed: panels one by one, as they ran then.
                 "panel_groups": int(loop.get("panel_groups", 0)), "prefetch": int(loop.get("prefetch", 0))}
+
+
+#: Rows of a fused GEMM + norm kernel's parallel group, as multiples of the rule's
+#: (:func:`.gemm_norm.group_blocks`): fewer groups read the weight fewer times, more balance
+#: the cores and keep the row buffers in cache.
+GROUP_SCALES = (0.5, 1.0, 2.0)
+
+
+class GemmNormSpace(Space):
+    """A GEMM fused with a layer norm before or after it (:mod:`.gemm_norm`): the packed
+    weight's panel ``nt``, the register block's rows ``mt`` and vector width ``vec``, the unroll
+    ``kt`` of ``k``, and the rows of a parallel group as a multiple of the rule's
+    (``group_scale``, :data:`GROUP_SCALES`)."""
+
+    def __init__(self, *, rows: int, n: int, k: int, lanes: int, default: dict[str, Any]) -> None:
+        self.rows, self.n, self.k, self.lanes = rows, n, k, lanes
+        self._default = default
+        self._layout = (Knob("nt", divisors(n, cap=8 * lanes), n),)
+
+    @property
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        return self._layout
+
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        rows = tuple(sorted({t for t in (1, 2, 3, 4, 6, 8, self._default["mt"]) if t <= self.rows}))
+        return (Knob("mt", rows), Knob("vec", divisors(layout["nt"], cap=self.lanes)),
+                Knob("kt", divisors(self.k, cap=8)), Knob("group_scale", GROUP_SCALES))
+
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        d = self._default
+        layout = {"nt": self._layout[0].nearest(d["nt"])}
+        knobs = {k.name: k for k in self.loop_knobs(layout)}
+        return layout, {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"]),
+                        "kt": knobs["kt"].nearest(d.get("kt", 1)), "group_scale": 1.0}
+
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"],
+                "group_scale": float(loop["group_scale"])}
