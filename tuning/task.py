@@ -67,7 +67,7 @@ class Lowered:
                 if tuple(data.shape) != tuple(shape):
                     raise ValueError(f"activation for argument {i} has shape {tuple(data.shape)}, "
                                      f"the kernel takes {tuple(shape)}")
-            args.append(tvm.runtime.tensor(np.ascontiguousarray(data), device))
+            args.append(tvm.runtime.tensor(np.require(data, requirements="C"), device))  # keeps 0-d arrays 0-d
         shape, dtype = self.arg_specs[-1]
         poison = np.full(shape, np.nan, dtype) if "float" in dtype else np.zeros(shape, dtype)
         out = tvm.runtime.tensor(poison, device)  # NaN where the kernel writes nothing

@@ -50,6 +50,18 @@ def _columns(n: int, lanes: int, registers: int) -> tuple[int, int]:
     return nt, -(-n // nt) * nt
 
 
+def _checked(params: dict[str, Any], *, n: int, dv: int = 0) -> dict[str, Any]:
+    """``params`` if its tiles fit (``vec`` divides ``nt``, ``column`` divides ``dv``), else a
+    ValueError naming them."""
+    bad = params["nt"] < 1 or params["mt"] < 1 or params["vec"] < 1 or params["nt"] % params["vec"]
+    if dv:
+        bad = bad or params["column"] < 1 or dv % params["column"] or params["column"] % params["column_vec"]
+    if bad:
+        raise ValueError(f"batch matmul parameters {params} do not fit N={n}" + (f", Dv={dv}" if dv else "")
+                         + " (vec must divide nt; column divide Dv and column_vec column; all positive)")
+    return params
+
+
 def _padded_rhs(b: te.Tensor, n: int, width: int, factor: float = 1.0) -> te.Tensor:
     """``factor * B`` with its columns zero-padded to ``width``."""
     scaled = (lambda *i: b(*i)) if factor == 1.0 else (lambda *i: b(*i) * tvm.tirx.const(factor, b.dtype))
@@ -104,8 +116,9 @@ class AltBatchMatmulStrategy(Strategy):
         *lead, m, kdim = (int(s) for s in a.shape)
         n = int(b.shape[-1])
         k = te.reduce_axis((0, kdim), "k")
-        lanes = context.target.vector_lanes("float32")
-        nt, width = _columns(n, lanes, context.target.vector_registers or 16)
+        params = _checked(context.params or self.defaults(m=m, n=n, context=context), n=n)
+        nt = int(params["nt"])
+        width = -(-n // nt) * nt
         pad = _padded_rhs(b, n, width) if width != n else None
         rhs = pad if pad is not None else b
         gemm = te.compute((*lead, m, width), lambda *i: te.sum(a(*i[:-1], k) * rhs(*i[:-2], k, i[-1]), axis=k),
@@ -118,8 +131,35 @@ class AltBatchMatmulStrategy(Strategy):
         final = stages[-1] if stages else gemm
         return context.finish(
             output=final, layouts=TensorMap(), strategy=self.name,
-            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=row_tile(m, 4),
-                                             nt=nt, vec=tiles_for(nt, lanes), pad=pad))
+            schedule=lambda f: schedule_gemm(f, gemm=gemm, stages=stages, batch=len(lead), mt=int(params["mt"]),
+                                             nt=nt, vec=int(params["vec"]), pad=pad))
+
+    @staticmethod
+    def defaults(*, m: int, n: int, context, dv: int = 0, entries: int = 1) -> dict[str, Any]:
+        """The analytic register blocks (:func:`.gemm.row_tile`, :func:`_columns`,
+        :func:`.gemm.column_tile`) and, for attention (``dv``: the context's width), whether
+        the heads alone run in parallel (:func:`entries_in_parallel`)."""
+        lanes = context.target.vector_lanes("float32")
+        registers = context.target.vector_registers or 16
+        nt, _ = _columns(n, lanes, registers)
+        params = {"mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes)}
+        if dv:
+            column = column_tile(dv, lanes, registers)
+            params.update(column=column, column_vec=tiles_for(column, lanes),
+                          per_entry=entries_in_parallel(entries, context.target.num_cores))
+        return params
+
+    def space(self, anchor, context) -> Any:
+        from .space import BatchMatmulSpace
+
+        a_shape, b_shape = static_shape(anchor.value.args[0]), static_shape(anchor.value.args[1])
+        m, n = a_shape[-2], b_shape[-1]
+        dv = 0
+        if context.partition.tail:
+            _, _, v_expr = attention_operands(context.partition)
+            dv = static_shape(v_expr)[-1]
+        default = self.defaults(m=m, n=n, context=context, dv=dv, entries=math.prod(a_shape[:-2]))
+        return BatchMatmulSpace(m=m, n=n, dv=dv, lanes=context.target.vector_lanes("float32"), default=default)
 
     def _attention(self, anchor, context) -> Any:
         softmax, guard, product, heads = split_attention_tail(context.partition.tail)
@@ -136,8 +176,10 @@ class AltBatchMatmulStrategy(Strategy):
         *lead, m, depth = (int(s) for s in q.shape)
         n, dv = int(keys.shape[-1]), int(v.shape[-1])
         lanes = context.target.vector_lanes("float32")
-        registers = context.target.vector_registers or 16
-        nt, width = _columns(n, lanes, registers)
+        tiles = _checked(context.params or self.defaults(m=m, n=n, context=context, dv=dv,
+                                                         entries=math.prod(lead)), n=n, dv=dv)
+        nt = int(tiles["nt"])
+        width = -(-n // nt) * nt
         # K^T packed (padded, scaled) when it is not already whole vectors of keys in place.
         packed = width != n or q_factor * k_factor != 1.0 or k_expr in views.producers
         pad = _padded_rhs(keys, n, width, q_factor * k_factor) if packed else None
@@ -190,10 +232,9 @@ class AltBatchMatmulStrategy(Strategy):
         if guard_ops and guard_ops != ["relax.isnan", "relax.where"] and not extra:
             raise ValueError(f"no attention kernel for the softmax guard {guard_ops}")
         soft = RowKernel(soft.output, soft.row_stages + extra, lanes, soft.numerator, soft.scale)
-        column = column_tile(dv, lanes, registers)
-        params = {"batch": len(lead), "mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes), "column": column,
-                  "column_vec": tiles_for(column, lanes),
-                  "per_entry": entries_in_parallel(math.prod(lead), context.target.num_cores), "order": order}
+        params = {"batch": len(lead), "mt": int(tiles["mt"]), "nt": nt, "vec": int(tiles["vec"]),
+                  "column": int(tiles["column"]), "column_vec": int(tiles["column_vec"]),
+                  "per_entry": bool(tiles["per_entry"]), "order": order}
         inlined = [*views.stages, valid, *epilogue, rows]
         return context.finish(output=out, layouts=TensorMap(), strategy=self.name,
                               schedule=lambda f: schedule_attention(f, scores=scores, pad=pad, inlined=inlined,

@@ -10,21 +10,23 @@ layout (the rewriter maps the accesses), so these ops need no layout conversion.
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any
 
 import tvm
 
 from alt_tvm.layout.rewrite import TensorMap
 from alt_tvm.ops.rows import RowKernel, layer_norm_rows, softmax_rows
-from alt_tvm.strategies.base import OpInfo, Strategy
+from alt_tvm.strategies.base import OpInfo, Strategy, static_shape
 from alt_tvm.strategies.registry import register_strategy
 
 #: Longest row kept in one buffer (64 KiB of float32): a row lives on a thread's stack.
 MAX_ROW = 16384
 
 
-def schedule_rows(func: tvm.tirx.PrimFunc, *, kernel: RowKernel, stages: list) -> tvm.IRModule:
-    """Rows in parallel; per row, its stages computed in order into row buffers.
+def schedule_rows(func: tvm.tirx.PrimFunc, *, kernel: RowKernel, stages: list, rows: int = 1) -> tvm.IRModule:
+    """Rows in parallel (``rows`` per parallel task); per row, its stages computed in order
+    into row buffers.
 
     Padded rows are written and read as whole vectors; each lane partial keeps ``lanes``
     accumulators in one vector register over the row's vectors.
@@ -38,7 +40,11 @@ def schedule_rows(func: tvm.tirx.PrimFunc, *, kernel: RowKernel, stages: list) -
     if rank > 1:
         loops = sch.get_loops(sch.get_sblock(chain[-1].op.name))
         row = sch.fuse(*loops[:rank - 1]) if rank > 2 else loops[0]
-        sch.parallel(row)
+        if rows > 1:
+            task, row = sch.split(row, [None, rows])
+            sch.parallel(task)
+        else:
+            sch.parallel(row)
     for stage in reversed(kernel.row_stages):
         if row is not None:
             sch.compute_at(sch.get_sblock(stage.op.name), row, preserve_unit_loops=True)
@@ -86,10 +92,21 @@ class _RowStrategy(Strategy):
         """The row kernel computing ``call`` with ``lanes``-wide vectors."""
 
     def implement(self, anchor, context) -> Any:
-        kernel = self.kernel(anchor.value, context, context.target.vector_lanes("float32"))
+        params = context.params or {"rows": 1, "lanes": context.target.vector_lanes("float32")}
+        rows, lanes = int(params["rows"]), int(params["lanes"])
+        if rows < 1 or lanes < 1:
+            raise ValueError(f"row kernel parameters {params} must be positive (rows per task, vector lanes)")
+        kernel = self.kernel(anchor.value, context, lanes)
         stages = context.epilogue_te(kernel.output)
         return context.finish(output=stages[-1] if stages else kernel.output, layouts=TensorMap(),
-                              strategy=self.name, schedule=lambda f: schedule_rows(f, kernel=kernel, stages=stages))
+                              strategy=self.name,
+                              schedule=lambda f: schedule_rows(f, kernel=kernel, stages=stages, rows=rows))
+
+    def space(self, anchor, context) -> Any:
+        from .space import RowSpace
+
+        shape = static_shape(anchor.value.args[0])
+        return RowSpace(rows=math.prod(shape[:-1]), lanes=context.target.vector_lanes("float32"))
 
 
 class AltSoftmaxStrategy(_RowStrategy):

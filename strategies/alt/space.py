@@ -350,3 +350,71 @@ class GemmNormSpace(Space):
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         return {"nt": layout["nt"], "mt": loop["mt"], "vec": loop["vec"], "kt": loop["kt"],
                 "group_scale": float(loop["group_scale"])}
+
+
+class BatchMatmulSpace(Space):
+    """A product of two activations (:mod:`.batch_matmul`), and attention fused around it:
+    the register block's columns ``nt`` (whole vectors of keys; ``N`` is padded to a multiple)
+    and rows ``mt``, its vector width ``vec``; for attention also the context's register
+    block (``column`` of ``Dv``, ``column_vec``) and whether heads alone run in parallel
+    (``per_entry``)."""
+
+    def __init__(self, *, m: int, n: int, lanes: int, default: dict[str, Any], dv: int = 0) -> None:
+        self.m, self.n, self.dv, self.lanes = m, n, dv, lanes
+        self._default = default
+        columns = {default["nt"], *(lanes * v for v in (1, 2, 3, 4) if lanes * v <= max(n, lanes))}
+        layout = [Knob("nt", tuple(sorted(columns)), n)]
+        if dv:
+            layout.append(Knob("column", tuple(sorted({default["column"], *divisors(dv, cap=4 * lanes)})), dv))
+        self._layout = tuple(layout)
+
+    @property
+    def attention(self) -> bool:
+        return bool(self.dv)
+
+    @property
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        return self._layout
+
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        rows = tuple(sorted({t for t in (1, 2, 3, 4, 6, 8) if t <= self.m} | {self._default["mt"]}))
+        knobs = [Knob("mt", rows), Knob("vec", divisors(layout["nt"], cap=self.lanes))]
+        if self.attention:
+            knobs += [Knob("column_vec", divisors(layout["column"], cap=self.lanes)),
+                      Knob("per_entry", (False, True))]
+        return tuple(knobs)
+
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        d = self._default
+        layout = {knob.name: knob.nearest(d[knob.name]) for knob in self._layout}
+        knobs = {k.name: k for k in self.loop_knobs(layout)}
+        loop = {"mt": knobs["mt"].nearest(d["mt"]), "vec": knobs["vec"].nearest(d["vec"])}
+        if self.attention:
+            loop.update(column_vec=knobs["column_vec"].nearest(d["column_vec"]), per_entry=bool(d["per_entry"]))
+        return layout, loop
+
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        return {**layout, **loop}
+
+
+class RowSpace(Space):
+    """A row kernel (softmax, layer norm: :mod:`.rows`): rows per parallel task (``rows``; 1:
+    the rule's, one row per iteration of the parallel loop) and the vector width of its padded
+    rows and lane partials (``lanes``: the target's, or half of it)."""
+
+    def __init__(self, *, rows: int, lanes: int) -> None:
+        self.rows, self.lanes = rows, lanes
+        self._lanes = (Knob("lanes", tuple(sorted({lanes, *((lanes // 2,) if lanes >= 8 else ())}))),)
+
+    @property
+    def layout_knobs(self) -> tuple[Knob, ...]:
+        return ()
+
+    def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
+        return (Knob("rows", tuple(r for r in (1, 2, 4, 8, 16) if r <= max(1, self.rows))), *self._lanes)
+
+    def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {}, {"rows": 1, "lanes": self.lanes}
+
+    def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+        return {"rows": int(loop["rows"]), "lanes": int(loop["lanes"])}
