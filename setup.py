@@ -49,7 +49,7 @@ setup(
         "alt_tvm.vta_mapping": "vta_mapping",
     },
     # the parallel launcher's C source, compiled and linked into every model library
-    package_data={"alt_tvm.deploy": ["parallel.c"], "alt_tvm": ["data/priors.json"]},
+    package_data={"alt_tvm.deploy": ["parallel.c"], "alt_tvm": ["data/priors.json", "data/rvv_harness.c"]},
     install_requires=RUNTIME,
     entry_points={"console_scripts": ["alt-tvm=alt_tvm.cli:main"]},
     extras_require={

@@ -20,6 +20,19 @@ bands) stay in the pool: a thread's stack is 8 MiB by default, and what fits the
 is ``tvm.compile`` with it, which every compile of an alt-tvm kernel goes through (model builds,
 the tuner's builders, the SConv and TT kernels). Baselines (TVM's default build, MetaSchedule)
 keep TVM's own pipeline.
+
+On a RISC-V target with the V extension, TVM 0.27's ``VectorizeLoop`` rewrites a vectorized
+loop of constant extent as a scalable one (``vscale * 4`` lanes, masked to the extent) unless
+its body holds a call (``if_then_else``, ``reinterpret``), which stays fixed-width. A buffer
+stored by one kind and loaded by the other gets a fixed vector element type from
+``StorageRewrite`` and its scalable accesses no longer type-check: a depthwise conv's padded
+window (stored under ``if_then_else``, read by the FMA loop) and Winograd's input rows fail to
+compile. The templates also size their tiles in whole registers of ``vector_lanes`` lanes,
+and ``vscale * 4`` float32 is a group of two registers (LMUL 2), half masked off for an 8-lane
+tile. So the pipeline shows the vectorizer such a target with ``-v``
+(:func:`fixed_vector_target`): every vectorized loop becomes a fixed-width LLVM vector, which
+LLVM lowers to RVV instructions (``vsetivli 8, e32, m1``), as the functions get their own
+target back before code generation.
 """
 
 from __future__ import annotations
@@ -30,8 +43,10 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
+from tvm.target import Target
+from tvm.target.codegen import target_has_features
 
-__all__ = ["PIPELINE", "STACK_BYTES", "compile", "keep_on_stack"]
+__all__ = ["PIPELINE", "STACK_BYTES", "compile", "fixed_vector_target", "keep_on_stack"]
 
 #: Largest allocation (bytes) kept on the stack: half the L1 data cache of the machines here
 #: (32 KiB), far below a thread's default stack (8 MiB).
@@ -83,14 +98,69 @@ _keep_on_stack_pass = tirx.transform.prim_func_pass(lambda func, _mod, _ctx: kee
                                                     name="alt_tvm.KeepOnStack")
 
 
+def fixed_vector_target(target: Target) -> Target:
+    """``target`` as alt-tvm's pipeline shows it to TVM's vectorizer: an LLVM target with the
+    RISC-V V extension with ``-v`` added to its ``mattr`` (and its host's), so that vectorized
+    loops become fixed-width vectors (see the module docstring); any other target as it is.
+
+    Raises
+    ------
+    TypeError
+        If ``target`` is not a ``tvm.target.Target``.
+    """
+    if not isinstance(target, Target):
+        raise TypeError(f"target must be a tvm.target.Target, got {type(target).__name__}")
+    host = fixed_vector_target(target.host) if target.host is not None else None
+    if target.kind.name not in _CPU_KINDS or not target_has_features("v", target):
+        return target if host is None or host.same_as(target.host) else target.with_host(host)
+    attrs = {key: value for key, value in target.export().items() if key != "host"}
+    attrs["mattr"] = [str(a) for a in attrs.get("mattr", ()) if str(a) not in ("+v", "-v")] + ["-v"]
+    return Target(attrs, host=host)
+
+
+def _with_fixed_vectors(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Target]]:
+    """``mod`` with each function's target replaced by :func:`fixed_vector_target`'s, and the
+    originals by the replacements' text (with and without a host)."""
+    originals: dict[str, Target] = {}
+    functions = {}
+    for gvar, func in mod.functions.items():
+        target = func.attrs.get("target") if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
+        shown = fixed_vector_target(target) if target is not None else None
+        if shown is not None and not shown.same_as(target):
+            originals[str(shown)] = target
+            if shown.host is not None:
+                originals[str(shown.host)] = target.host
+            func = func.with_attr("target", shown)
+        functions[gvar] = func
+    if not originals:
+        return mod, originals
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos), originals
+
+
+def _with_targets(mod: tvm.IRModule, originals: dict[str, Target]) -> tvm.IRModule:
+    """``mod`` with each function target that :func:`_with_fixed_vectors` replaced given back."""
+    if not originals:
+        return mod
+    functions = {}
+    for gvar, func in mod.functions.items():
+        target = func.attrs.get("target") if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
+        if target is not None and str(target) in originals:
+            func = func.with_attr("target", originals[str(target)])
+        functions[gvar] = func
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
 def _pipeline_factory() -> tuple:
     default, finalize_host, finalize_device = default_s_tir_pipeline()
 
     @tvm.transform.module_pass(opt_level=0, name="alt_tvm.TIRPipeline")
     def pipeline(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        # The default passes see RVV targets without V (fixed-width vectors), code generation
+        # sees them as they are.
+        mod, originals = _with_fixed_vectors(mod)
         # After the default passes: the buffers are flattened and placed where they are used,
         # and LowerTVMBuiltin (a finalizing pass) has not yet moved them to the pool.
-        return _keep_on_stack_pass(default(mod))
+        return _keep_on_stack_pass(_with_targets(default(mod), originals))
 
     return pipeline, finalize_host, finalize_device
 
