@@ -434,16 +434,25 @@ def attrs_dict(attrs: Any) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)) or value is None:
+    if isinstance(value, float):
+        return _float32(value)
+    if isinstance(value, (str, int, bool)) or value is None:
         return value
     if type(value).__name__ == "dtype":  # tvm_ffi's dtype (and NumPy's): its name, e.g. "float32"
         return str(value)
     if hasattr(value, "value") and isinstance(value.value, (int, float, str)):
-        return value.value
+        return _float32(value.value) if isinstance(value.value, float) else value.value
     try:
         return [_plain(v) for v in value]
     except TypeError:
         return str(value)
+
+
+def _float32(value: float) -> float:
+    """A float attribute as its float32 value's shortest spelling: an ONNX file stores a layer
+    norm's epsilon as float32 (9.999999960041972e-13 widened) and torch.export as float64
+    (1e-12); both key as 1e-12."""
+    return float(str(np.float32(value)))
 
 
 def workload_key(partition: Partition) -> str:

@@ -3,6 +3,7 @@ A/B comparison of two builds (``alt-tvm bench --compare``)."""
 
 from __future__ import annotations
 
+import os
 import json
 import subprocess
 import sys
@@ -273,3 +274,23 @@ def test_bench_times_openvino_beside_alt_tvm_where_it_is_installed(conv_onnx, ca
     against = printed["against_faster_peer"]
     assert against["faster_peer"] == faster
     assert against["ratio_vs_faster_peer"] == pytest.approx(times[faster] / times["alt-tvm"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="needs two CPUs to pin the caller to one")
+def test_a_peer_started_on_a_thread_pinned_to_one_core_still_gets_its_threads(conv_onnx):
+    """TVM's pool may pin the calling thread to one core; a peer started there is sized by the
+    process's CPUs, and the caller's own mask is restored."""
+    if why := openvino_available():
+        pytest.skip(why)
+    from alt_tvm.bench.openvino import openvino_session
+
+    own = os.sched_getaffinity(0)
+    one = {min(own)}
+    os.sched_setaffinity(0, one)
+    try:
+        runner = openvino_session(conv_onnx, threads=2)
+        assert os.sched_getaffinity(0) == one
+    finally:
+        os.sched_setaffinity(0, own)
+    assert runner.compiled.get_property("INFERENCE_NUM_THREADS") == 2

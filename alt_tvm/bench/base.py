@@ -8,11 +8,14 @@ threads it runs on: a fair comparison gives every runner the same count.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Runner", "check_threads"]
+__all__ = ["Runner", "check_threads", "process_affinity"]
 
 
 @runtime_checkable
@@ -46,3 +49,34 @@ def check_threads(threads: Any) -> int:
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads must be a positive int, got {threads!r}")
     return threads
+
+
+@contextlib.contextmanager
+def process_affinity() -> Iterator[None]:
+    """Let the calling thread run on every CPU of the process while a peer runtime starts.
+
+    Once a TVM kernel has run, TVM's pool may have pinned the calling thread to one core;
+    a runtime started on that thread sizes its threads by, and creates them with, that one
+    core's mask (OpenVINO then runs one inference thread, ONNX Runtime two threads on one
+    core). The thread's own mask is restored afterwards.
+    """
+    from alt_tvm.target import _AFFINITY_AT_IMPORT
+
+    try:
+        own = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        yield
+        return
+    wide = set(_AFFINITY_AT_IMPORT) | set(own)
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            wide |= os.sched_getaffinity(int(task))
+    try:
+        os.sched_setaffinity(0, wide)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, own)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import check_threads
+from .base import check_threads, process_affinity
 
 __all__ = ["ORTRunner", "onnxruntime_session"]
 
@@ -85,4 +85,5 @@ def onnxruntime_session(path_or_proto: str | os.PathLike | Any, *, threads: int 
         model = os.fspath(model)
     elif not isinstance(model, (str, bytes)):
         model = model.SerializeToString()  # an onnx.ModelProto
-    return ORTRunner(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]), threads=threads)
+    with process_affinity():
+        return ORTRunner(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]), threads=threads)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import check_threads
+from .base import check_threads, process_affinity
 
 __all__ = ["OpenVINORunner", "openvino_available", "openvino_session"]
 
@@ -66,4 +66,5 @@ def openvino_session(path: str | os.PathLike, *, threads: int = 1) -> OpenVINORu
 
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": "NO"}
-    return OpenVINORunner(openvino.Core().compile_model(os.fspath(path), "CPU", config), threads=threads)
+    with process_affinity():
+        return OpenVINORunner(openvino.Core().compile_model(os.fspath(path), "CPU", config), threads=threads)
