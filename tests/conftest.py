@@ -182,3 +182,45 @@ def loopback():
         yield loop
     finally:
         loop.close()
+
+
+#: Tests that took 10 s or more in the default run on a 2-vCPU machine and whose path another
+#: default test also covers: they run with the slow ones (``make test-all``), which keeps the
+#: default run within CI's budget.
+SLOW_IN_DEFAULT_RUN = frozenset({
+    "tests/test_cli_deploy.py::test_reference_logs_apply_here_or_say_they_are_for_another_target",
+    "tests/test_cli_deploy.py::test_a_clean_python_build_of_resnet18_prints_nothing",
+    "tests/test_fleet.py::test_three_boards_behind_one_tracker_each_run_candidates_and_a_killed_one_costs_only_its_own",
+    "tests/test_fleet.py::test_the_cli_tunes_on_every_board_reports_each_and_sizes_the_rest",
+    "tests/test_e2e_models.py::test_reference_model_matches_onnxruntime[mobilenet_v2-alt]",
+    "tests/test_models.py::test_torch_import_tvm_build_matches_ort[mobilenet_v2]",
+    "tests/test_tuning_driver.py::test_tuning_through_isolated_workers_writes_real_latencies",
+    "tests/test_block_space.py::test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block[short]",
+    "tests/test_e2e_models.py::test_reference_model_matches_onnxruntime[resnet3d_18-alt]",
+    "tests/test_tt_dse.py::test_script_json_and_outputs",
+    "tests/test_exporters.py::test_every_exporter_builds_to_the_same_partitions_and_outputs[resnet]",
+    "tests/test_onnx_node_suite.py::test_a_worker_that_dies_or_hangs_fails_only_the_job_it_was_running",
+    "tests/test_tt_einsum.py::test_chain_matches_dense_tt_layer[ins0-outs0-8-1-True]",
+    "tests/test_models.py::test_onnx_import_tvm_build_matches_ort[mobilenet_v2]",
+    "tests/test_alt_conv.py::test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch[True]",
+    "tests/test_exporters.py::test_every_exporter_builds_to_the_same_partitions_and_outputs[vit]",
+    "tests/test_tuning_cost_model.py::test_model_ranks_held_out_measured_variants",
+    "tests/test_block_space.py::test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block[stem]",
+    "tests/test_cli.py::test_tune_with_build_workers_builds_batches_in_workers_and_times_them_here",
+    "tests/test_e2e_models.py::test_reference_model_matches_onnxruntime[resnet18-alt-ol]",
+    "tests/test_onnx_node_suite.py::test_the_selection_covers_every_operator_and_gives_a_reason_for_each_case_left_out",
+    "tests/test_e2e_models.py::test_reference_model_matches_onnxruntime[resnet18-alt-wp]",
+    "tests/test_block_fusion.py::test_a_short_tail_that_fails_is_lowered_as_two_kernels",
+    "tests/test_build_records.py::test_a_log_that_does_not_apply_says_why[other-tvm]",
+    "tests/test_onnx_fold.py::test_public_swin_builds_where_tvms_importer_alone_fails",
+    "tests/test_tt_strategy.py::test_budget_picks_the_cheapest_solution_within_the_error",
+    "tests/test_tuning_measure.py::test_build_and_run_timeouts",
+    "tests/test_scheduler.py::test_two_tasks_in_flight_overlap_their_batches_and_log_everything",
+    "tests/test_measure_flush.py::test_local_runner_worker_flushes_and_runs_the_models_thread_count",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in SLOW_IN_DEFAULT_RUN:
+            item.add_marker(pytest.mark.slow)
