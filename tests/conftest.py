@@ -224,3 +224,39 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in SLOW_IN_DEFAULT_RUN:
             item.add_marker(pytest.mark.slow)
+
+
+def check_space(task, *, points: int = 4, seed: int = 0) -> None:
+    """Assert that ``task``'s tuning space starts at the untuned kernel, that each loop knob's
+    second choice gives another kernel, and that ``points`` random valid points compute what
+    the untuned kernel computes (on random activations)."""
+    space = task.space
+    assert space.check(*space.default()) is None
+    assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
+    rng = np.random.default_rng(seed)
+    lowered = task.lower(None)
+    acts = [np.asarray(rng.standard_normal(lowered.conversions[i].orig_shape if i in lowered.conversions else shape),
+                       dtype="float32")
+            for i, (shape, _) in enumerate(lowered.arg_specs[:-1]) if i not in lowered.constants]
+
+    def run(params):
+        point = task.lower(params)
+        return point.run(tvm.compile(point.func, task.target.to_tvm())["main"], acts, tvm.cpu()), str(point.func)
+
+    ref, default_ir = run(None)
+    layout, loop = space.default()
+    for knob in space.loop_knobs(layout):
+        other = next((c for c in knob.choices if c != loop[knob.name]), None)
+        if other is not None and space.check(layout, {**loop, knob.name: other}) is None:
+            assert str(task.lower(space.params(layout, {**loop, knob.name: other})).func) != default_ir, knob.name
+    checked = 0
+    for _ in range(10 * points):
+        layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
+        loop = space.random_loop(layout, rng)
+        if space.check(layout, loop) is None:
+            out, _ = run(space.params(layout, loop))
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
+            checked += 1
+        if checked == points:
+            break
+    assert checked == points

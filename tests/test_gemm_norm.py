@@ -260,7 +260,7 @@ def test_a_one_row_classifier_after_its_norm_builds_on_every_isa(x86_runnable, c
 def test_a_fused_gemm_norm_has_a_space_whose_default_is_the_untuned_kernel_and_whose_points_compute_it(
         norm_before, tmp_path):
     """Register block, panel, unroll and group size are knobs; every valid point computes the layer."""
-    import tvm
+    from conftest import check_space
 
     from alt_tvm.integration import extract_tasks
     from alt_tvm.strategies.alt.space import GemmNormSpace
@@ -268,28 +268,6 @@ def test_a_fused_gemm_norm_has_a_space_whose_default_is_the_untuned_kernel_and_w
     model = _randomise(_PreNorm() if norm_before else _PostNorm())
     x = torch.randn(1, 24, 32)
     (task, *_) = [t for t in extract_tasks(model, example_inputs=[x]) if isinstance(t.space, GemmNormSpace)]
-    space = task.space
-    assert space.check(*space.default()) is None
-    assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
-    rng = np.random.default_rng(0)
-    lowered = task.lower(None)
-    acts = [rng.standard_normal(shape).astype("float32")
-            for i, (shape, _) in enumerate(lowered.arg_specs[:-1]) if i not in lowered.constants]
-
-    def run(params):
-        point = task.lower(params)
-        return point.run(tvm.compile(point.func, task.target.to_tvm())["main"], acts, tvm.cpu()), str(point.func)
-
-    ref, default_ir = run(None)
-    layout, loop = space.default()
-    for knob in space.loop_knobs(layout):  # each loop knob with a second choice gives another kernel
-        other = next((c for c in knob.choices if c != loop[knob.name]), None)
-        if other is not None and space.check(layout, {**loop, knob.name: other}) is None:
-            assert str(task.lower(space.params(layout, {**loop, knob.name: other})).func) != default_ir, knob.name
-    for _ in range(4):
-        layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
-        loop = space.random_loop(layout, rng)
-        out, _ = run(space.params(layout, loop))
-        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
+    check_space(task)
     with pytest.raises(ValueError, match="do not fit rows=24, N=32"):
-        task.lower({**space.params(*space.default()), "nt": 5})
+        task.lower({**task.space.params(*task.space.default()), "nt": 5})

@@ -319,7 +319,7 @@ def test_class_token_and_position_embedding_leave_every_product_and_residual_to_
 @pytest.mark.parametrize("tokens", [49, 64])
 def test_attention_has_a_space_whose_default_is_the_untuned_kernel_and_whose_points_compute_it(tokens):
     """Score and context register blocks and the parallel loop are knobs of the fused attention."""
-    import tvm
+    from conftest import check_space
 
     from alt_tvm.integration import extract_tasks
     from alt_tvm.strategies.alt.space import BatchMatmulSpace
@@ -327,32 +327,10 @@ def test_attention_has_a_space_whose_default_is_the_untuned_kernel_and_whose_poi
     torch.manual_seed(0)
     model, x = _MaskedAttention(tokens).eval(), torch.randn(1, tokens, 32)
     (task,) = [t for t in extract_tasks(model, example_inputs=[x]) if isinstance(t.space, BatchMatmulSpace)]
-    space = task.space
-    assert space.attention and space.check(*space.default()) is None
-    assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
-    rng = np.random.default_rng(0)
-    lowered = task.lower(None)
-    acts = [np.asarray(rng.standard_normal(lowered.conversions[i].orig_shape if i in lowered.conversions else shape),
-                       dtype="float32")
-            for i, (shape, _) in enumerate(lowered.arg_specs[:-1]) if i not in lowered.constants]
-
-    def run(params):
-        point = task.lower(params)
-        return point.run(tvm.compile(point.func, task.target.to_tvm())["main"], acts, tvm.cpu()), str(point.func)
-
-    ref, default_ir = run(None)
-    layout, loop = space.default()
-    for knob in space.loop_knobs(layout):  # each loop knob with a second choice gives another kernel
-        other = next((c for c in knob.choices if c != loop[knob.name]), None)
-        if other is not None:
-            assert str(task.lower(space.params(layout, {**loop, knob.name: other})).func) != default_ir, knob.name
-    for _ in range(4):
-        layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
-        loop = space.random_loop(layout, rng)
-        out, _ = run(space.params(layout, loop))
-        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
+    assert task.space.attention
+    check_space(task)
     with pytest.raises(ValueError, match="batch matmul parameters .* do not fit N="):
-        task.lower({**space.params(*space.default()), "column": 5})
+        task.lower({**task.space.params(*task.space.default()), "column": 5})
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "softmax"])
