@@ -3,8 +3,8 @@ A/B comparison of two builds (``alt-tvm bench --compare``)."""
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import subprocess
 import sys
 

@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     report = built.report
     if args.json:
         print_json({"artifact": os.fspath(path), "target": built.target.name, "partitions": len(report.partitions),
-                    "tuned": report.tuned, "learned": dict(report.learned), "conversions": report.conversions, "fallbacks": sorted(report.fallbacks),
+                    "tuned": report.tuned, "learned": dict(report.learned), "conversions": report.conversions,
+                    "fallbacks": sorted(report.fallbacks),
                     "failed": dict(report.failed), "report": report.summary()})
     else:
         print(report.summary())
