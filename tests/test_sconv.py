@@ -1,11 +1,11 @@
 """SConv: CSA against hand-computed equations, the TIR kernel against PyTorch, the build strategy."""
 
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 import tvm
+from kernel_digests import PINNED
 
 from alt_tvm.strategies.sconv.csa import (
     PAPER_AVX512,
@@ -253,9 +253,9 @@ def test_vector_based_packing_emits_register_shifts():
         assert any(op in asm for op in ("valignd", "vpermt2ps", "vpermi2ps", "vpalignr")), "no shift/permute"
 
 
-#: An AVX-512 host (16 float lanes, 32 vector registers): the geometry below is worked out for it,
-#: whatever machine runs the tests.
-AVX512 = dataclasses.replace(host(), vector_bits=512, vector_registers=32)
+#: An AVX-512 CPU pinned whole (16 float lanes, 32 vector registers, its cores and caches): the
+#: geometry below is worked out for it, whatever machine runs the tests.
+AVX512 = PINNED["avx512"]
 
 
 def test_geometry_pads_tiles_to_whole_sets_and_the_weight_shape_is_checked():
