@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from alt_tvm.rpc import parse_address, tracker_problem
+from alt_tvm.rpc import free_port, kill_group, parse_address, tracker_problem
 
 __all__ = ["BOARD_NAME", "EmulatedBoard", "board_cache", "board_problem", "board_python", "start_emulated_board"]
 
@@ -66,21 +65,6 @@ def board_problem(*, cache: str | os.PathLike | None = None) -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    # Each process leads its own group: the RPC server's popen workers go with it.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
-
-
 @dataclass
 class EmulatedBoard:
     """A running emulated board: its RPC server registered as ``key`` at ``tracker``.
@@ -115,7 +99,7 @@ class EmulatedBoard:
         """Stop the server (and the tracker this board started)."""
         for proc in (self.server, self.own_tracker):
             if proc is not None:
-                _stop(proc)
+                kill_group(proc)
         if self._log_dir is not None:
             self._log_dir.cleanup()
             self._log_dir = None
@@ -165,14 +149,14 @@ def start_emulated_board(*, tracker: str | None = None, key: str = BOARD_NAME, t
     log_path = Path(log_dir.name) / "server.log"
     own_tracker = None
     if tracker is None:
-        port = _free_port()
+        port = free_port()
         tracker = f"127.0.0.1:{port}"
         own_tracker = subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
              "--port-end", str(port + 1), "--silent"],
             cwd=log_dir.name, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     host, port = parse_address(tracker, what="tracker")
-    server_port = _free_port()
+    server_port = free_port()
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [str(python), "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", key, "--host", "127.0.0.1",

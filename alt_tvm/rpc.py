@@ -6,14 +6,17 @@ per session), so both fail the same way when a tracker or board cannot be reache
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import struct
+import subprocess
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["call_with_timeout", "count_servers", "format_exception", "parse_address", "request_session",
-           "tracker_problem"]
+__all__ = ["call_with_timeout", "count_servers", "format_exception", "free_port", "kill_group", "parse_address",
+           "request_session", "tracker_problem"]
 
 
 def parse_address(text: Any, *, what: str = "tracker") -> tuple[str, int]:
@@ -141,3 +144,20 @@ def request_session(host: str, port: int, key: str, *, session_timeout: float = 
         raise RuntimeError(f"tracker {host}:{port} refused a session for key {key!r}: {value!r}")
     url, server_port, match_key = value[1]
     return tvm.rpc.connect(url, server_port, match_key, session_timeout), f"{url}:{server_port}"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a local tracker or server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill ``proc``'s process group and reap it: a process started with
+    ``start_new_session=True`` leads its own group, so an RPC server's popen workers go with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)

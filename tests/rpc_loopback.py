@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-from alt_tvm.rpc import tracker_problem
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from alt_tvm.rpc import free_port, kill_group, tracker_problem
 
 
 def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -24,14 +16,6 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=None if env is None else {**os.environ, **env})
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
 
 
 @dataclass
