@@ -244,28 +244,13 @@ def run_lowered(lowered: Any, *, activations: Sequence[np.ndarray], directory: s
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    inputs = [i for i in range(len(lowered.arg_specs) - 1) if i not in lowered.constants]
-    if len(activations) != len(inputs):
-        raise ValueError(f"the kernel takes {len(inputs)} activation(s), got {len(activations)}")
-    args, fed = [], iter(activations)
-    for i, (shape, dtype) in enumerate(lowered.arg_specs[:-1]):
-        data = lowered.constants.get(i)
-        if data is None:
-            data = np.asarray(next(fed), dtype=dtype)
-            if i in lowered.conversions:
-                data = lowered.conversions[i].apply(data)
-            if tuple(data.shape) != tuple(shape):
-                raise ValueError(f"activation for argument {i} has shape {tuple(data.shape)}, "
-                                 f"the kernel takes {tuple(shape)}")
-        args.append(np.ascontiguousarray(data, dtype=dtype))
-    shape, dtype = lowered.arg_specs[-1]
-    args.append(np.full(shape, np.nan, dtype) if "float" in dtype else np.zeros(shape, dtype))  # NaN: unwritten
+    args = lowered.arrays(activations)
     library = directory / "kernel.so"
     export_kernel(lowered.func, path=library, target=target)
     harness = prepare_harness(directory=directory, target=target)
     result = run_library(harness=harness, library=library, arrays=args, target=target, vector=vector,
                          timeout_s=timeout_s)[-1]
-    return lowered.output_layout.inverse_apply(result) if lowered.output_layout is not None else result
+    return lowered.canonical_output(result)
 
 
 def partition_tasks(model: Any, *, example_inputs: Sequence[Any], target: HardwareTarget | str = "bananapi-f3",

@@ -53,6 +53,20 @@ class Lowered:
         ValueError
             If the number or a shape of ``activations`` differs from the partition's.
         """
+        *args, out = (tvm.runtime.tensor(a, device) for a in self.arrays(activations))
+        kernel(*args, out)
+        return self.canonical_output(out.numpy())
+
+    def arrays(self, activations: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The kernel's arguments as C-contiguous arrays: the constants, ``activations``
+        (canonical layout) converted to the layouts the kernel reads, and an output filled with
+        NaN (zeros for integers), so that an element the kernel does not write shows.
+
+        Raises
+        ------
+        ValueError
+            If the number or a shape of ``activations`` differs from the partition's.
+        """
         inputs = [i for i in range(len(self.arg_specs) - 1) if i not in self.constants]
         if len(activations) != len(inputs):
             raise ValueError(f"the kernel takes {len(inputs)} activation(s), got {len(activations)}")
@@ -67,12 +81,13 @@ class Lowered:
                 if tuple(data.shape) != tuple(shape):
                     raise ValueError(f"activation for argument {i} has shape {tuple(data.shape)}, "
                                      f"the kernel takes {tuple(shape)}")
-            args.append(tvm.runtime.tensor(np.require(data, requirements="C"), device))  # keeps 0-d arrays 0-d
+            args.append(np.require(data, dtype=dtype, requirements="C"))  # keeps 0-d arrays 0-d
         shape, dtype = self.arg_specs[-1]
-        poison = np.full(shape, np.nan, dtype) if "float" in dtype else np.zeros(shape, dtype)
-        out = tvm.runtime.tensor(poison, device)  # NaN where the kernel writes nothing
-        kernel(*args, out)
-        result = out.numpy()
+        args.append(np.full(shape, np.nan, dtype) if "float" in dtype else np.zeros(shape, dtype))
+        return args
+
+    def canonical_output(self, result: np.ndarray) -> np.ndarray:
+        """The kernel's output ``result`` in the canonical layout."""
         return self.output_layout.inverse_apply(result) if self.output_layout is not None else result
 
 
