@@ -196,8 +196,11 @@ def choices_log(name: str, target: str, picks: Mapping[str, Choice]) -> TunedLog
 
 def _alternatives(task: Any, target: HardwareTarget, allowed: Sequence[str] | None,
                   options: Mapping[str, Any]) -> list[Choice]:
-    """The defaults of every other exact strategy that applies to ``task``'s anchor."""
-    found = []
+    """The defaults of every other exact strategy that applies to ``task``'s anchor (none for an
+    operator kernel's task, which has no partition)."""
+    found: list[Choice] = []
+    if task.partition is None:
+        return found
     for strategy in registry.registered_strategies():
         if strategy.name == task.strategy.name or not strategy.exact:
             continue
@@ -376,7 +379,7 @@ def profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray]
     for model in models:  # a model's first runs after a build are slower (page faults, a cold pool)
         profiler(model, arrays)
     runs = run_interleaved(len(models), rounds=rounds,
-                           run=lambda v: profiler(models[v], arrays).by_workload(models[v].report.kernels))
+                           run=lambda v: profiler(models[v], arrays).by_workload(models[v].report.timed_kernels))
     return {key: [[statistics.median(per_workload.get(key, (math.nan,))) for per_workload in runs[v]]
                   for v in range(len(models))] for key in keys}
 

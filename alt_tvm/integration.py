@@ -22,6 +22,7 @@ from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
 from alt_tvm.graph.prepare import prepare
 from alt_tvm.in_model import InModelResult, Profiler, decide_in_model
+from alt_tvm.operator_tasks import operator_tasks
 from alt_tvm.options import BuildOptions, TuneOptions, build_options, check_layout_levels, tune_options
 from alt_tvm.strategies.base import PartitionContext
 from alt_tvm.target import runs_on_host
@@ -51,7 +52,7 @@ def _space_options(options: Any, layout_levels: int) -> Any:
 def extract_tasks(model: Any, options: BuildOptions | None = None, *,
                   example_inputs: Sequence[Any] | None = None,
                   input_shapes: Mapping[str, Sequence[int]] | None = None, layout_levels: int = 1,
-                  **keywords: Any) -> list[Task]:
+                  operators: int = 0, **keywords: Any) -> list[Task]:
     """The tunable tasks of ``model``, in topological order.
 
     Parameters
@@ -63,6 +64,10 @@ def extract_tasks(model: Any, options: BuildOptions | None = None, *,
     layout_levels
         1 or 2: the one- or two-level layout templates (ALT paper §5.1) for the strategies
         that have both.
+    operators
+        Also this many tasks for the kernels no strategy implements
+        (:func:`alt_tvm.operator_tasks.operator_tasks`), those moving the most bytes
+        (buffer sizes x call sites) first, after the partitions' tasks.
 
     Returns
     -------
@@ -72,10 +77,10 @@ def extract_tasks(model: Any, options: BuildOptions | None = None, *,
     options = build_options(options, caller="extract_tasks", **keywords)
     layout_levels = check_layout_levels(layout_levels)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
-    return _extract(imported.mod, options, layout_levels=layout_levels)
+    return _extract(imported.mod, options, layout_levels=layout_levels, operators=operators)
 
 
-def _extract(mod: Any, options: BuildOptions, *, layout_levels: int) -> list[Task]:
+def _extract(mod: Any, options: BuildOptions, *, layout_levels: int, operators: int = 0) -> list[Task]:
     target, variant = options.target, options.variant
     func = prepare(mod)["main"]
     plan = plan_partitions(func, target=target, variant=variant, allowed=options.strategies,
@@ -94,7 +99,13 @@ def _extract(mod: Any, options: BuildOptions, *, layout_levels: int) -> list[Tas
             tasks[key].weight += 1
         else:
             tasks[key] = Task(key, strategy, partition, target, space, variant=variant, options=strategy_options)
-    return list(tasks.values())
+    return [*tasks.values(), *(operator_tasks(mod, options, limit=operators) if operators > 0 else [])]
+
+
+def _operator_budget(trials: int, strategy_tasks: int) -> int:
+    """How many operator kernels a run of ``trials`` tunes besides ``strategy_tasks`` tasks: as
+    many as leave every task 2 trials, at most ``trials // 8``."""
+    return max(0, min(trials // 8, (trials - 2 * strategy_tasks) // 2))
 
 
 def tune(model: Any, options: TuneOptions | None = None, *, example_inputs: Sequence[Any] | None = None,
@@ -145,6 +156,9 @@ def tune(model: Any, options: TuneOptions | None = None, *, example_inputs: Sequ
         use_runtime_threads(machine.num_cores)  # candidates are timed with the threads the built model has
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
     tasks = _extract(imported.mod, options.build, layout_levels=options.layout_levels)
+    budget = _operator_budget(options.trials, len(tasks)) if options.operators else 0
+    if budget > 0:
+        tasks += operator_tasks(imported.mod, options.build, limit=budget)
     summaries = tune_tasks(tasks, options, measure=measure)
     result = None
     if options.verify and not runs_on_host(machine):

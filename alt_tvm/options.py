@@ -256,6 +256,11 @@ class TuneOptions:
         ``resume``: reuse the log's measurements of the same target (transient failures
         are measured again). ``progress``: progress bars and INFO lines. ``plot``: write a
         PNG of the tuning curves here (None: none).
+    Operator kernels
+        ``operators``: also tune the loop knobs of the kernels no strategy implements
+        (:mod:`alt_tvm.operator_tasks`: pools, concatenations, means, element-wise chains,
+        kernels TVM fused), the ones moving the most bytes first: as many as leave each
+        strategy task 2 trials, at most ``trials // 8``. The tasks share ``trials`` by weight.
     In-model stage
         ``verify``: after the search, decide each workload inside the whole model and
         verify the model against the untuned one (:mod:`alt_tvm.in_model`), configured by
@@ -285,6 +290,7 @@ class TuneOptions:
     resume: bool = True
     progress: bool = True
     plot: str | os.PathLike[str] | None = None
+    operators: bool = True
     verify: bool = True
     in_model: InModelConfig = field(default_factory=InModelConfig)
 
@@ -317,6 +323,7 @@ class TuneOptions:
         if self.plot is not None and not isinstance(self.plot, str | os.PathLike):
             raise TypeError(f"plot must be None or the path of a PNG file, got {type(self.plot).__name__} "
                             f"{self.plot!r}")
+        _check_bool("operators", self.operators)
         _check_bool("verify", self.verify)
         if not isinstance(self.in_model, InModelConfig):
             raise TypeError(f"in_model must be an alt_tvm.options.InModelConfig, got {type(self.in_model).__name__}")

@@ -129,15 +129,14 @@ def test_a_fallback_kernel_the_schedule_fails_on_is_left_unscheduled_and_named(m
     """The minimal schedule of TVM's legalized kernels (a pool, here) failing on one kernel
     leaves that kernel as TVM legalized it: the build goes on, names the kernel in its report
     and computes the right result; a strict build raises."""
-    from alt_tvm.graph import lower, propagate
+    from alt_tvm.graph import in_layout
 
     def failing(func, **_):
         raise ValueError("this schedule fails")
 
-    # Both users of the schedule: the ops computed in their operands' layouts (which then
+    # For both users of the schedule: the ops computed in their operands' layouts (which then
     # fall back to TVM's legalization) and the fallbacks' schedule itself.
-    monkeypatch.setattr(propagate, "schedule_in_layout", failing)
-    monkeypatch.setattr(lower, "schedule_in_layout", failing)
+    monkeypatch.setattr(in_layout, "schedule_in_layout", failing)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.MaxPool2d(2), torch.nn.Softmax(dim=1)).eval()
     x = torch.randn(1, 3, 12, 12)

@@ -68,6 +68,9 @@ def _parser() -> Parser:
                         help="what the XGBoost cost model learns from (lowered TIR, or the knob values)")
     parser.add_argument("--revalidate", type=int, default=3,
                         help="re-measure this many of each task's fastest candidates (within --trials; 0: off)")
+    parser.add_argument("--no-operators", action="store_true",
+                        help="tune only the strategies' partitions, not the loop knobs of the kernels no strategy "
+                             "implements (pools, concatenations, element-wise chains, TVM's fused kernels)")
     parser.add_argument("--no-verify", action="store_true",
                         help="skip the in-model decisions and whole-model check after the search")
     parser.add_argument("--no-progress", action="store_true")
@@ -110,7 +113,8 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 _FLAGS = {"trials": "--trials", "log": "--log", "plot": "--plot", "joint_fraction": "--joint-fraction",
           "seed": "--seed", "resume": "--resume", "scheduler": "--scheduler", "in_flight": "--in-flight",
           "lookahead": "--lookahead", "layout_levels": "--layout-levels", "features": "--features",
-          "revalidate": "--revalidate", "verify": "--no-verify", "progress": "--no-progress"}
+          "revalidate": "--revalidate", "operators": "--no-operators", "verify": "--no-verify",
+          "progress": "--no-progress"}
 
 
 def _tune_options(parser: Parser, args: argparse.Namespace, *, log: str, plot: str) -> Any:
@@ -124,7 +128,8 @@ def _tune_options(parser: Parser, args: argparse.Namespace, *, log: str, plot: s
             joint_fraction=args.joint_fraction, resume=args.resume, progress=not args.no_progress,
             layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
             scheduler=args.scheduler, in_flight=_default(args.in_flight, 2 if args.tracker else 1),
-            lookahead=_default(args.lookahead, 1 if args.tracker else 0), verify=not args.no_verify)
+            lookahead=_default(args.lookahead, 1 if args.tracker else 0), operators=not args.no_operators,
+            verify=not args.no_verify)
     except (TypeError, ValueError) as err:
         message = str(err)
         field = next((name for name in _FLAGS if message.startswith(name + " ")), None)

@@ -197,7 +197,7 @@ class KernelProfile:
         runs = len(self.totals_ms)
         per_workload: dict[str, list[float]] = {}
         for kernel in kernels:
-            if kernel.workload and (kernel.kind == "partition" or (conversions and kernel.kind == "conversion")):
+            if kernel.workload and (kernel.kind != "conversion" or conversions):
                 share = self.per_call(kernel.name)
                 total = per_workload.setdefault(kernel.workload, [0.0] * runs)
                 for r in range(runs):

@@ -93,10 +93,11 @@ class CompiledModel(RunnableModel):
                            for buf in buffers if all(hasattr(d, "value") for d in buf.shape))
                 digest = f"{tvm_ffi.structural_hash(func) & (2**64 - 1):016x}"
                 if kernel is None:
+                    fused = self.report.fused.get(name) or self.report.fused.get(gvar.name_hint, "")
                     info[name] = KernelInfo("tvm", (name.removeprefix("fused_").rstrip("0123456789").rstrip("_"),),
-                                            "", flops, size, digest)
+                                            "", flops, size, digest, self.report.tuning_of(fused))
                 else:
-                    tuning = self.report.tuning_of(kernel.workload) if kernel.kind == "partition" else ""
+                    tuning = self.report.tuning_of(kernel.workload) if kernel.kind != "conversion" else ""
                     info[name] = KernelInfo(kernel.kind, kernel.ops, kernel.layout, flops, size, digest, tuning)
             self._kernel_info = info
         return self._kernel_info

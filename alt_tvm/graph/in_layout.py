@@ -28,8 +28,152 @@ from alt_tvm.strategies.wellformed import fresh_block_vars
 
 from .ieee import legalize_overrides
 
-__all__ = ["LegalizedOp", "channel_blocked", "channel_vector", "legalize_alone", "parallelize", "relayout",
-           "schedule_concat", "schedule_in_layout", "TRANSPOSE_TILE"]
+__all__ = ["OPERATOR_STRATEGY", "LegalizedOp", "OperatorKernel", "OperatorSchedule", "TRANSPOSE_TILE",
+           "channel_blocked", "channel_vector", "legalize_alone", "operator_key", "parallelize", "relayout",
+           "schedule_concat", "schedule_elementwise", "schedule_in_layout", "schedule_operator"]
+
+
+#: The name tuning records give the schedule of operator kernels (in place of a strategy's).
+OPERATOR_STRATEGY = "in_layout"
+
+
+@dataclass(frozen=True)
+class OperatorSchedule:
+    """The loop knobs of a kernel no strategy implements (an op computed in its operands'
+    layouts, a chain of element-wise ops, a kernel TVM legalized): what its tuning space
+    (:class:`alt_tvm.operator_tasks.OperatorSpace`) varies. The defaults are the untuned rules.
+
+    Attributes
+    ----------
+    chunks
+        The launcher's chunking: the outer loops are fused up to ``chunks x cores`` iterations
+        and run as that many parallel chunks (:func:`parallelize`); 0: the rule (4 x cores
+        iterations, not cut; a concatenation fuses every outer spatial loop).
+    split
+        The widest piece the innermost spatial loop is split into before it is vectorised
+        (8 to 64).
+    pad_at
+        A padded copy of an input (a pool's) is computed inside each parallel iteration,
+        right before its rows are read, rather than whole before the reduction.
+    lanes
+        For element-wise chains: the vector width (0: left to LLVM; None: the rule's,
+        :func:`elementwise_lanes`).
+    """
+
+    chunks: int = 0
+    split: int = 64
+    pad_at: bool = True
+    lanes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunks, int) or not 0 <= self.chunks <= 64:
+            raise ValueError(f"OperatorSchedule: chunks={self.chunks!r}; expected an int from 0 to 64")
+        if self.split not in (8, 16, 32, 64):
+            raise ValueError(f"OperatorSchedule: split={self.split!r}; expected 8, 16, 32 or 64")
+        if self.lanes is not None and (not isinstance(self.lanes, int) or self.lanes < 0):
+            raise ValueError(f"OperatorSchedule: lanes={self.lanes!r}; expected None or an int >= 0")
+
+
+@dataclass(frozen=True)
+class OperatorKernel:
+    """A kernel no strategy implements, before its schedule: what the build emits and what a
+    tuning task for it (:mod:`alt_tvm.operator_tasks`) lowers.
+
+    Attributes
+    ----------
+    key
+        Its workload key (:func:`operator_key`).
+    kind
+        ``"operator"`` (a legalized op in its operands' layouts, or a kernel TVM fused:
+        :func:`schedule_in_layout`), ``"concat"`` (:func:`schedule_concat`) or
+        ``"elementwise"`` (:func:`schedule_elementwise`).
+    func
+        The unscheduled PrimFunc, its buffers already in their stored layouts.
+    cores
+        Parallel iterations are sized for this many cores.
+    inputs
+        Per input parameter, the layout it is stored in (None: row-major).
+    output
+        The layout the output is stored in (None: row-major).
+    constants
+        Input parameter index -> the constant passed there.
+    axis, sizes
+        For a concatenation: its axis and the inputs' extents along it.
+    inline, lanes
+        For an element-wise chain: the stages computed inside the last one, and the rule's
+        vector width.
+    """
+
+    key: str
+    kind: str
+    func: tirx.PrimFunc
+    cores: int
+    inputs: tuple[Layout | None, ...] = ()
+    output: Layout | None = None
+    constants: tuple[tuple[int, object], ...] = ()
+    axis: int = 0
+    sizes: tuple[int, ...] = ()
+    inline: tuple[str, ...] = ()
+    lanes: int = 0
+
+    @property
+    def default(self) -> OperatorSchedule:
+        """The untuned schedule."""
+        return OperatorSchedule()
+
+    @property
+    def pads(self) -> bool:
+        """Whether a stage other than the output's is a padded copy (its place is a knob)."""
+        sch = tvm.s_tir.Schedule(self.func)
+        return any("pad" in sch.get(block).name_hint for block in _all_blocks(sch))
+
+
+def operator_key(ops: Sequence[str], func: tirx.PrimFunc) -> str:
+    """The workload key of an operator kernel: its ops, its buffers' stored shapes and dtypes,
+    and the structural hash of its unscheduled function (which holds the layouts' index
+    arithmetic), e.g. ``max_pool2d|(1,2,112,112,32):float32;...|in_layout=0123abcd...``."""
+    shapes = ";".join(f"({','.join(str(int(d)) for d in p.ty.shape)}):{p.ty.dtype}"
+                      for p in func.params if hasattr(p.ty, "shape"))
+    names = "+".join(str(op).removeprefix("relax.") for op in ops) or "fused"
+    return f"{names}|{shapes}|in_layout={tvm_ffi.structural_hash(func) & (2**64 - 1):016x}"
+
+
+def schedule_operator(kernel: OperatorKernel, schedule: OperatorSchedule | None = None) -> tirx.PrimFunc:
+    """``kernel`` scheduled with ``schedule`` (None: its defaults), by its kind's rule."""
+    schedule = schedule or kernel.default
+    if kernel.kind == "concat":
+        func = schedule_concat(kernel.func, cores=kernel.cores, output=kernel.output, axis=kernel.axis,
+                               sizes=kernel.sizes, schedule=schedule)
+        if func is None:
+            raise ValueError(f"{kernel.key}: not a concatenation schedule_concat can schedule")
+        return func
+    if kernel.kind == "elementwise":
+        return schedule_elementwise(kernel.func, cores=kernel.cores, inline=kernel.inline,
+                                    lanes=kernel.lanes if schedule.lanes is None else schedule.lanes,
+                                    chunks=schedule.chunks)
+    if kernel.kind == "operator":
+        return schedule_in_layout(kernel.func, cores=kernel.cores, output=kernel.output, inputs=kernel.inputs,
+                                  schedule=schedule)
+    raise ValueError(f"operator kernel kind {kernel.kind!r}; expected 'operator', 'concat' or 'elementwise'")
+
+
+def schedule_elementwise(func: tirx.PrimFunc, *, cores: int, inline: Sequence[str], lanes: int,
+                         chunks: int = 0) -> tirx.PrimFunc:
+    """A chain of element-wise stages as one loop nest: the stages named ``inline`` computed
+    inside the last one, its innermost loop vectorised ``lanes`` wide (0: left to LLVM) where
+    that divides it, the outer loops parallel (:func:`parallelize` with ``chunks``)."""
+    sch = tvm.s_tir.Schedule(func)
+    for name in inline:
+        sch.compute_inline(sch.get_sblock(name))
+    result = sch.mod["main"].params[-1]
+    block = next(b for b in _all_blocks(sch) if any(w.source.same_as(result) for w in sch.get(b).writes))
+    inner = sch.get_loops(block)[-1]
+    extent = int(sch.get(inner).extent)
+    if lanes and extent % lanes == 0:
+        # Vectorised explicitly: LLVM leaves the lane loop of a small map (a
+        # squeeze-excitation scale on 7x7) scalar.
+        sch.vectorize(sch.split(inner, [None, lanes])[1] if extent > lanes else inner)
+    return parallelize(sch.mod["main"], cores, chunks=chunks)
 
 
 @dataclass(frozen=True)
@@ -154,13 +298,17 @@ def relayout(func: tirx.PrimFunc, inputs: Sequence[Layout | None], output: Layou
     return sch.mod["main"]
 
 
-def parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
+def parallelize(func: tvm.tirx.PrimFunc, cores: int, *, chunks: int = 0) -> tvm.tirx.PrimFunc:
     """Run the outer spatial loops of each top-level block nest in parallel (best effort).
 
     The outer loops are fused until there are ``4 x cores`` iterations; where that takes in a
     reduction loop (a global mean over few channel vectors), which cannot run in parallel,
     fewer loops are tried, so the nest keeps its spatial parallelism and its loops unfused.
+    With ``chunks`` (the launcher's chunking, a tuning knob; 0: the rule) they are fused up to
+    ``chunks x cores`` iterations and the fused loop is cut into that many parallel chunks
+    (the largest divisor of its extent up to there), each running the rest serially.
     """
+    goal = (chunks or 4) * cores
     sch = tvm.s_tir.Schedule(func)
     try:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
@@ -174,14 +322,17 @@ def parallelize(func: tvm.tirx.PrimFunc, cores: int) -> tvm.tirx.PrimFunc:
         outer, extents = [], []
         for loop in loops:
             loop_extent = sch.get(loop).extent
-            if not hasattr(loop_extent, "value") or math.prod(extents) >= 4 * cores:
+            if not hasattr(loop_extent, "value") or math.prod(extents) >= goal:
                 break
             outer.append(loop)
             extents.append(int(loop_extent.value))
-        while outer and math.prod(extents) >= 2 * cores:
+        while outer and math.prod(extents) >= min(2 * cores, goal):
             trial = sch.copy()  # a failed fuse or parallel must leave ``sch`` as it was
             try:
-                trial.parallel(trial.fuse(*outer) if len(outer) > 1 else outer[0])
+                fused = trial.fuse(*outer) if len(outer) > 1 else outer[0]
+                total = math.prod(extents)
+                parts = max((d for d in range(cores, goal + 1) if total % d == 0), default=total) if chunks else total
+                trial.parallel(trial.split(fused, [parts, None])[0] if parts < total else fused)
             except Exception:  # noqa: BLE001 - a reduction or non-affine loop among them
                 outer.pop()
                 extents.pop()
@@ -219,8 +370,10 @@ def _within_block_domains(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None = None,
-                       inputs: Sequence[Layout | None] = ()) -> tirx.PrimFunc:
-    """A minimal schedule for a legalized op (after :func:`relayout`).
+                       inputs: Sequence[Layout | None] = (),
+                       schedule: OperatorSchedule | None = None) -> tirx.PrimFunc:
+    """A minimal schedule for a legalized op (after :func:`relayout`), with the loop knobs of
+    ``schedule`` (None: :class:`OperatorSchedule`'s defaults).
 
     Padding and other injective stages are inlined into their consumers. In each loop
     nest the reduction loops move inside the spatial ones, the innermost spatial loop is
@@ -236,6 +389,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     tiles from a 16-channel concatenation), the vector loop is cut to that width, so each
     vector load is one contiguous piece of the input rather than a gather.
     """
+    schedule = schedule or OperatorSchedule()
     sch = tvm.s_tir.Schedule(_within_block_domains(func))
     result = sch.mod["main"].params[-1]  # by identity: stages may share the output's name
     vector = output.innermost_dim if output is not None and not output.is_identity else None
@@ -282,8 +436,9 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
             elif _tile_transpose(sch, block, spatial):
                 continue
             extent = sch.get(spatial[-1]).extent
-            if hasattr(extent, "value") and int(extent.value) > 64 and len(spatial) > 1:
-                factor = next((f for f in (64, 32, 16, 8) if int(extent.value) % f == 0), None)
+            if hasattr(extent, "value") and int(extent.value) > schedule.split and len(spatial) > 1:
+                factor = next((f for f in (64, 32, 16, 8) if f <= schedule.split and int(extent.value) % f == 0),
+                              None)
                 if factor is not None:
                     spatial = [*spatial[:-1], *sch.split(spatial[-1], [None, factor])]
                     extent = sch.get(spatial[-1]).extent
@@ -291,8 +446,8 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
                 sch.vectorize(spatial[-1])  # (a reduction keeps its init: parallel needs it)
         except Exception:  # noqa: BLE001 - leave this nest scalar
             continue
-    func = parallelize(sch.mod["main"], cores)
-    if not copies:
+    func = parallelize(sch.mod["main"], cores, chunks=schedule.chunks)
+    if not copies or not schedule.pad_at:
         return func
     # Each parallel iteration pads the input rows its windows read, right before reading
     # them (in L1), instead of a pass that copies the whole input first (ResNet-18's stem max
@@ -435,7 +590,7 @@ def _transpose_tile(extent: int | None) -> int | None:
 
 
 def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, axis: int,
-                    sizes: Sequence[int]) -> tirx.PrimFunc | None:
+                    sizes: Sequence[int], schedule: OperatorSchedule | None = None) -> tirx.PrimFunc | None:
     """A schedule for a concatenation along ``axis`` (inputs of ``sizes`` along it) that
     writes channel vectors (NCHWc, :func:`channel_blocked`), after :func:`relayout`.
 
@@ -444,9 +599,12 @@ def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, a
     alone: 0.32 ms). When every input starts and ends on a whole vector, the
     vector-block loop is partitioned at the inputs' boundaries, so each input is copied by
     a loop of its own whose selection the simplifier removes (0.018 ms). The outer spatial
-    loops run in parallel around all the copies (one parallel region). None when the
-    layout or the sizes do not allow it.
+    loops run in parallel around all the copies (one parallel region): all of them fused, or
+    with ``schedule.chunks`` (:class:`OperatorSchedule`), the outer ones up to ``chunks x
+    cores`` iterations, the rest inside each copy. None when the layout or the sizes do not
+    allow it.
     """
+    chunks = (schedule or OperatorSchedule()).chunks
     vector = output.innermost_dim if output is not None and not output.is_identity else None
     shape = tuple(int(d) for d in output.orig_shape) if output is not None else ()
     if vector is None or vector[0] != axis or output != channel_blocked(shape, vector[1]) \
@@ -461,7 +619,14 @@ def schedule_concat(func: tirx.PrimFunc, *, cores: int, output: Layout | None, a
     if len(loops) != len(output.shape) or len(loops) < 4:
         return None
     blocks_loop, spatial = loops[1], [loops[0], *loops[2:-2]]
-    sch.reorder(*spatial, blocks_loop, *loops[-2:])
+    if chunks:
+        extents = [_extent(sch, loop) for loop in spatial]
+        count = next((k for k in range(1, len(spatial) + 1) if math.prod(extents[:k]) >= chunks * cores),
+                     len(spatial))
+        inside, spatial = spatial[count:], spatial[:count]
+    else:
+        inside = []
+    sch.reorder(*spatial, blocks_loop, *inside, *loops[-2:])
     sch.loop_partition(blocks_loop, [size // lanes for size in sizes[:-1]] + [None])
     sch.parallel(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0])
     for block in _all_blocks(sch):

@@ -10,12 +10,13 @@ minimal schedule, and kernels that overwrite a dead operand.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
 
 from .ieee import legalize_overrides
-from .in_layout import schedule_in_layout
+from .in_layout import OperatorKernel, operator_key, schedule_operator
 from .inplace import write_in_place
 from .prepare import prepare
 from .propagate import AltLayoutPass
@@ -34,7 +35,8 @@ def lower(mod: tvm.IRModule, alt_pass: AltLayoutPass) -> tvm.IRModule:
     machine = options.target
     with machine.to_tvm():
         lowered = lower_fallbacks(alt_pass(prepare(mod)), cores=machine.num_cores, fast_math=options.fast_math,
-                                  unscheduled=None if options.strict else alt_pass.report.left_as_is)
+                                  unscheduled=None if options.strict else alt_pass.report.left_as_is,
+                                  schedule=alt_pass.schedule_fused)
     lowered, alt_pass.report.in_place, skipped = write_in_place(lowered, attr=ALT_KERNEL_ATTR,
                                                                 strict=options.strict)
     alt_pass.report.left_as_is.update(skipped)
@@ -42,7 +44,8 @@ def lower(mod: tvm.IRModule, alt_pass: AltLayoutPass) -> tvm.IRModule:
 
 
 def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False,
-                    unscheduled: dict[str, str] | None = None) -> tvm.IRModule:
+                    unscheduled: dict[str, str] | None = None,
+                    schedule: Callable[[OperatorKernel, str], tvm.tirx.PrimFunc] | None = None) -> tvm.IRModule:
     """TVM's legalization for everything no strategy took, fused, with a minimal schedule.
 
     ``tvm.compile``'s default CPU pipeline neither fuses nor schedules legalized ops, so a
@@ -55,6 +58,9 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False,
     :func:`alt_tvm.graph.ieee.legalize_overrides`, which propagate NaN. Where ``unscheduled``
     is given, a kernel the schedule cannot be applied to is left as TVM legalized it and
     ``unscheduled`` receives its name and why; without it the error propagates (a strict build).
+    Each such kernel is an :class:`~alt_tvm.graph.in_layout.OperatorKernel`: ``schedule(kernel,
+    name)`` schedules it (the propagation pass's, which applies tuned knobs); without it, its
+    defaults.
     """
     seq = tvm.ir.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=legalize_overrides(fast_math=fast_math)),
@@ -72,7 +78,9 @@ def lower_fallbacks(mod: tvm.IRModule, *, cores: int, fast_math: bool = False,
         if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and ALT_KERNEL_ATTR in func.attrs):
             continue
         try:
-            mod[gvar] = schedule_in_layout(func, cores=cores)
+            ops = (gvar.name_hint.removeprefix("fused_").rstrip("0123456789").rstrip("_"),)
+            kernel = OperatorKernel(operator_key(ops, func), "operator", func, cores)
+            mod[gvar] = schedule(kernel, gvar.name_hint) if schedule is not None else schedule_operator(kernel)
         except Exception as err:  # noqa: BLE001 - TVM's verifier and primitives raise several types
             if unscheduled is None:
                 raise

@@ -39,17 +39,20 @@ from alt_tvm.strategies.base import (
     static_shape,
     workload_key,
 )
+from alt_tvm.strategies.constants import const_value
 from alt_tvm.strategies.epilogue import epilogue_te, joinable
 
 from .in_layout import (
+    OPERATOR_STRATEGY,
+    OperatorKernel,
     channel_blocked,
     channel_vector,
     elementwise_lanes,
     legalize_alone,
-    parallelize,
+    operator_key,
     relayout,
     schedule_concat,
-    schedule_in_layout,
+    schedule_operator,
 )
 from .partition import consumers, plan_partitions, tail_pieces
 from .report import ALT_KERNEL_ATTR, BuildReport, Kernel
@@ -75,6 +78,8 @@ class AltLayoutPass:
         self.report = BuildReport(log=self.options.log_path)
         #: partition output var -> the layout its reader asked it to be written in
         self.requested: dict = {}
+        #: every operator kernel emitted, before its schedule (what tuning tasks are made of)
+        self.operators: list[OperatorKernel] = []
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -195,6 +200,31 @@ class AltLayoutPass:
                 self.report.untuned.append((key, why or self.options.records.why_not(key)))
         return context, lowered
 
+    def schedule(self, operator: OperatorKernel) -> tvm.tirx.PrimFunc:
+        """``operator`` scheduled with the log's tuned knobs for its workload, else its defaults;
+        noted in the report (its workload is tunable). Knobs the schedule rejects are skipped with
+        a :class:`~alt_tvm.records.RecordWarning`."""
+        self.operators.append(operator)
+        self.report.tunable.add(operator.key)
+        record = None
+        if self.options.records is not None and self.options.variant != "alt-ol":
+            record = self.options.records.params_for(operator.key, OPERATOR_STRATEGY)
+        if record is not None:
+            try:
+                func = schedule_operator(operator, replace(operator.default, **record.candidate["params"]))
+            except Exception as err:  # noqa: BLE001 - bad knobs fall back to the defaults
+                warnings.warn(f"{record.source}: skipped tuned knobs for {operator.key.split('|')[0]}: "
+                              f"{type(err).__name__}: {err}", RecordWarning, stacklevel=2)
+            else:
+                self.report.tuned_workloads.add(operator.key)
+                return func
+        return schedule_operator(operator)
+
+    def schedule_fused(self, operator: OperatorKernel, name: str) -> tvm.tirx.PrimFunc:
+        """:meth:`schedule` for a kernel TVM fused from ops no strategy took, named ``name``."""
+        self.report.fused[name] = operator.key
+        return self.schedule(operator)
+
     def _requested_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
         """Output layouts asked of partitions by the partition that reads their output
         through views (:meth:`Strategy.preferred_source_layouts`): attention asks for Q, K
@@ -281,6 +311,16 @@ def _elementwise_chains(func: relax.Function, backward: dict) -> dict:
             stack.extend(producers[a] for a in binding.value.args if isinstance(a, relax.Var) and a in inner)
         chains[var] = sorted(chain, key=lambda b: position[b.var])
     return chains
+
+
+def _constants(args) -> tuple:
+    """``(index, array)`` of each constant among a kernel's inputs ``args``."""
+    found = []
+    for index, arg in enumerate(args):
+        data = const_value(arg)
+        if data is not None:
+            found.append((index, data))
+    return tuple(found)
 
 
 def _stored(layout: Layout | None) -> str:
@@ -413,17 +453,19 @@ class _Mutator(relax.PyExprMutator):
         cores = self.owner.options.target.num_cores
         try:
             func = relayout(legal.func, inputs, wanted)
-            concat = None
+            operator = OperatorKernel(operator_key([op_name(call)], func), "operator", func, cores, tuple(inputs),
+                                      wanted, _constants(legal.args))
             if op_name(call) == "relax.concat" and isinstance(call.args[0], relax.Tuple):
                 axis = int(call.attrs.axis) % len(static_shape(var))
-                concat = schedule_concat(func, cores=cores, output=wanted, axis=axis,
-                                         sizes=[static_shape(f)[axis] for f in call.args[0].fields])
-            func = concat or schedule_in_layout(func, cores=cores, output=wanted, inputs=inputs)
+                sizes = tuple(static_shape(f)[axis] for f in call.args[0].fields)
+                if schedule_concat(func, cores=cores, output=wanted, axis=axis, sizes=sizes) is not None:
+                    operator = replace(operator, kind="concat", axis=axis, sizes=sizes)
+            func = self.owner.schedule(operator)
         except Exception:  # noqa: BLE001 - a layout TIR cannot express: convert instead
             return False
         self.count += 1
         name = f"alt_{op_name(call).split('.')[-1]}_{self.count}"
-        kernel = Kernel(name, "operator", ops=(op_name(call),), layout=_stored(wanted))
+        kernel = Kernel(name, "operator", operator.key, ops=(op_name(call),), layout=_stored(wanted))
         shape = static_shape(var) if wanted is None else wanted.shape
         new_var = self._emit_call(func, kernel, args, shape, dtype_of(var))
         if wanted is None:
@@ -459,20 +501,17 @@ class _Mutator(relax.PyExprMutator):
             layouts[values[binding.var]] = layout
         out = values[chain[-1].var]
         result = rewrite([out], layouts=layouts)
-        sch = tvm.s_tir.Schedule(te.create_prim_func([*(result[t] for t in inputs), result[out]]))
-        for binding in chain[:-1]:
-            sch.compute_inline(sch.get_sblock(result[values[binding.var]].op.name))
-        lanes = elementwise_lanes(layout, [(tensor.shape, layouts.get(tensor)) for tensor in inputs])
-        inner = sch.get_loops(sch.get_sblock(result[out].op.name))[-1]
-        if lanes and int(sch.get(inner).extent) % lanes == 0:
-            # Vectorised explicitly: LLVM leaves the lane loop of a small map (a
-            # squeeze-excitation scale on 7x7) scalar.
-            sch.vectorize(sch.split(inner, [None, lanes])[1] if int(sch.get(inner).extent) > lanes else inner)
-        func = parallelize(sch.mod["main"], self.owner.options.target.num_cores)
-        self.count += 1
+        unscheduled = te.create_prim_func([*(result[t] for t in inputs), result[out]])
         ops = tuple(op_name(b.value) for b in chain)
+        operator = OperatorKernel(
+            operator_key(ops, unscheduled), "elementwise", unscheduled, self.owner.options.target.num_cores,
+            tuple(layouts.get(t) for t in inputs), layout, _constants(args),
+            inline=tuple(result[values[b.var]].op.name for b in chain[:-1]),
+            lanes=elementwise_lanes(layout, [(tensor.shape, layouts.get(tensor)) for tensor in inputs]))
+        func = self.owner.schedule(operator)
+        self.count += 1
         name = f"alt_{ops[-1].split('.')[-1]}_{self.count}"
-        kernel = Kernel(name, "elementwise", ops=ops, layout=_stored(layout))
+        kernel = Kernel(name, "elementwise", operator.key, ops=ops, layout=_stored(layout))
         new_var = self._emit_call(func, kernel, args, layout.shape, dtype_of(chain[-1].var))
         self._hold(chain[-1].var, new_var, layout)
         for op in ops:

@@ -78,10 +78,15 @@ class BuildReport:
     refused: dict[str, str] = field(default_factory=dict)
     #: workload key -> the strategy the log chose for it instead of the priority rule's
     chosen_strategies: dict[str, str] = field(default_factory=dict)
-    #: workload keys of the partitions whose strategy has a tuning space
+    #: workload keys of the partitions whose strategy has a tuning space, and of the operator
+    #: kernels (:class:`~alt_tvm.graph.in_layout.OperatorKernel`: each has loop knobs)
     tunable: set[str] = field(default_factory=set)
-    #: workload keys of the partitions built with tuned parameters
+    #: workload keys of the partitions built with tuned parameters and of the operator kernels
+    #: built with tuned knobs
     tuned_workloads: set[str] = field(default_factory=set)
+    #: kernel name -> workload key of a kernel TVM fused from ops no strategy took (its
+    #: schedule's knobs are tunable as an operator kernel's)
+    fused: dict[str, str] = field(default_factory=dict)
     #: workload key -> what the learned defaults (:mod:`alt_tvm.priors`) changed for it, and the
     #: decision it came from
     learned: dict[str, str] = field(default_factory=dict)
@@ -112,7 +117,18 @@ class BuildReport:
         """Whether the log changed any kernel: a partition built with tuned parameters or
         with the strategy the log chose. False without a log, and where the log's in-model
         check kept every default (the build then emits the untuned build's kernels)."""
-        return self.tuned > 0 or bool(self.chosen_strategies)
+        return self.tuned > 0 or bool(self.chosen_strategies) or bool(self.tuned_operators)
+
+    @property
+    def timed_kernels(self) -> list[Kernel]:
+        """:attr:`kernels` and the kernels TVM fused that carry a workload (kind ``"tvm"``): what
+        :meth:`~alt_tvm.deploy.profile.KernelProfile.by_workload` reads to time each workload."""
+        return [*self.kernels, *(Kernel(name, "tvm", key) for name, key in self.fused.items())]
+
+    @property
+    def tuned_operators(self) -> set[str]:
+        """Workload keys of the operator kernels (not partitions) built with tuned knobs."""
+        return self.tuned_workloads - set(self.workloads)
 
     def tuning_summary(self) -> str:
         """How much of the model the log tuned, and why the rest was not ("" without a log)."""
@@ -125,6 +141,8 @@ class BuildReport:
         reasons: dict[str, int] = {}
         for _, reason in self.untuned:
             reasons[reason] = reasons.get(reason, 0) + 1
+        if self.tuned_operators:
+            line += f"; {len(self.tuned_operators)} operator kernels with tuned loop knobs"
         lines = [line]
         if self.chosen_strategies:
             names = sorted(set(self.chosen_strategies.values()))
