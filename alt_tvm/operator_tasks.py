@@ -3,7 +3,7 @@ layouts, element-wise chains computed in their consumer's layout, and kernels TV
 the rest (:class:`~alt_tvm.graph.in_layout.OperatorKernel`).
 
 Their schedules are rules (:mod:`alt_tvm.graph.in_layout`) with loop knobs: how many parallel
-iterations the launcher gets per core, how wide the vectorised inner piece is, where a pool's
+chunks per core the outer loops are cut into, how wide the vectorised inner piece is, where a pool's
 padded copy is computed, the vector width of an element-wise chain
 (:class:`~alt_tvm.graph.in_layout.OperatorSchedule`). :class:`OperatorSpace` lets the tuner
 search them as it searches a strategy's loop space (ALT paper §5.2: the loop space of an

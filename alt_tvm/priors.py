@@ -247,7 +247,9 @@ def fit_priors(logs: Sequence[str | os.PathLike]) -> Priors:
                     decided.update(found)
                 found = {}
                 continue
-            if candidate.get("decision") != "in-model":
+            # Operator kernels' decisions (strategy "in_layout") are keyed by their function's
+            # structure: they have no neighbours to carry to.
+            if candidate.get("decision") != "in-model" or candidate.get("strategy") == "in_layout":
                 continue
             key = (record.target, record.workload_key)
             ratio = 1.0 if candidate.get("label") == "default" else float(candidate.get("ratio", 1.0))

@@ -46,7 +46,7 @@ class OperatorSchedule:
     Attributes
     ----------
     chunks
-        The launcher's chunking: the outer loops are fused up to ``chunks x cores`` iterations
+        The parallel loop's chunking: the outer loops are fused up to ``chunks x cores`` iterations
         and run as that many parallel chunks (:func:`parallelize`); 0: the rule (4 x cores
         iterations, not cut; a concatenation fuses every outer spatial loop).
     split
@@ -304,7 +304,7 @@ def parallelize(func: tvm.tirx.PrimFunc, cores: int, *, chunks: int = 0) -> tvm.
     The outer loops are fused until there are ``4 x cores`` iterations; where that takes in a
     reduction loop (a global mean over few channel vectors), which cannot run in parallel,
     fewer loops are tried, so the nest keeps its spatial parallelism and its loops unfused.
-    With ``chunks`` (the launcher's chunking, a tuning knob; 0: the rule) they are fused up to
+    With ``chunks`` (a tuning knob; 0: the rule) they are fused up to
     ``chunks x cores`` iterations and the fused loop is cut into that many parallel chunks
     (the largest divisor of its extent up to there), each running the rest serially.
     """

@@ -204,11 +204,10 @@ class AltLayoutPass:
         """``operator`` scheduled with the log's tuned knobs for its workload, else its defaults;
         noted in the report (its workload is tunable). Knobs the schedule rejects are skipped with
         a :class:`~alt_tvm.records.RecordWarning`."""
-        self.operators.append(operator)
-        self.report.tunable.add(operator.key)
         record = None
         if self.options.records is not None and self.options.variant != "alt-ol":
             record = self.options.records.params_for(operator.key, OPERATOR_STRATEGY)
+        func = None
         if record is not None:
             try:
                 func = schedule_operator(operator, replace(operator.default, **record.candidate["params"]))
@@ -217,13 +216,16 @@ class AltLayoutPass:
                               f"{type(err).__name__}: {err}", RecordWarning, stacklevel=2)
             else:
                 self.report.tuned_workloads.add(operator.key)
-                return func
-        return schedule_operator(operator)
+        func = func if func is not None else schedule_operator(operator)
+        self.operators.append(operator)
+        self.report.tunable.add(operator.key)
+        return func
 
     def schedule_fused(self, operator: OperatorKernel, name: str) -> tvm.tirx.PrimFunc:
         """:meth:`schedule` for a kernel TVM fused from ops no strategy took, named ``name``."""
+        func = self.schedule(operator)
         self.report.fused[name] = operator.key
-        return self.schedule(operator)
+        return func
 
     def _requested_layouts(self, func: relax.Function, partitions: list[Partition], selected: dict) -> dict:
         """Output layouts asked of partitions by the partition that reads their output
