@@ -219,16 +219,21 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
     for task in tasks:
         name = task.strategy.name
         found = [Choice(name, None, "default")]
-        seen = set()
+        seen, tuned = set(), 0
+        try:  # a finalist at the default point is the default: not timed twice
+            seen.add(candidate_key(task.space.params(*task.space.default())))
+        except (AttributeError, ValueError):
+            pass
         for record in ranked.get(task.key, []):
-            if len(seen) >= config.finalists:
+            if tuned >= config.finalists:
                 break
             params = record.candidate.get("params")
             if not isinstance(params, dict) or record.candidate.get("strategy", name) != name:
                 continue
             if candidate_key(params) not in seen:
                 seen.add(candidate_key(params))
-                found.append(Choice(name, params, f"tuned#{len(seen)}"))
+                tuned += 1
+                found.append(Choice(name, params, f"tuned#{tuned}"))
         if config.alternatives:
             found += _alternatives(task, target, allowed, options)
         choices[task.key] = found

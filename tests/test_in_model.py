@@ -137,8 +137,12 @@ def test_a_choice_faster_in_the_model_is_kept_and_applied(searched, tmp_path):
                              model_timer=lambda model, arrays: 1.5 if untuned_copy(model.report) else 1.0)
     assert result.kept and result.speedup == pytest.approx(1.5)
     ranked = rank_candidates(r for r in map(TuningRecord.from_json, log.read_text().splitlines()))
+    by_key = {task.key: task for task in tasks}
     for d in result.decisions:
-        assert d.choice.label == "tuned#1" and d.choice.params == ranked[d.key][0].candidate["params"]
+        # The best-ranked candidate off the default point (one at the default point is the default).
+        default = by_key[d.key].space.params(*by_key[d.key].space.default())
+        best = next(r.candidate["params"] for r in ranked[d.key] if r.candidate["params"] != default)
+        assert d.choice.label == "tuned#1" and d.choice.params == best
     built = quiet_build(records=log)
     assert built.report.tuned == 2 and built.report.changed_by_log
     np.testing.assert_allclose(built(INPUTS[0].numpy())[0], reference(), rtol=1e-4, atol=1e-4)
@@ -236,3 +240,14 @@ def test_runs_interleave_with_a_different_runner_first_each_round():
     results = run_interleaved(3, rounds=4, run=lambda i: calls.append(i) or 10 * i)
     assert results == [[0] * 4, [10] * 4, [20] * 4]  # grouped per runner, in round order
     assert calls == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # each round starts one runner later
+
+
+def test_a_finalist_at_the_default_point_is_not_timed_again(searched):
+    from alt_tvm.in_model import _candidates
+
+    task = searched[1][0]
+    default = task.space.params(*task.space.default())
+    at_default = TuningRecord(workload_key=task.key, target=TARGET, latencies_ms=(0.5,),
+                              candidate={"params": default, "strategy": task.strategy.name})
+    choices = _candidates([task], {task.key: [at_default]}, FAST, host(), None, {})
+    assert [c.label for c in choices[task.key] if c.strategy == task.strategy.name] == ["default"]
