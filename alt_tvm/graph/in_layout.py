@@ -121,12 +121,6 @@ class OperatorKernel:
         """The untuned schedule."""
         return OperatorSchedule()
 
-    @property
-    def pads(self) -> bool:
-        """Whether a stage other than the output's is a padded copy (its place is a knob)."""
-        sch = tvm.s_tir.Schedule(self.func)
-        return any("pad" in sch.get(block).name_hint for block in _all_blocks(sch))
-
 
 def operator_key(ops: Sequence[str], func: tirx.PrimFunc) -> str:
     """The workload key of an operator kernel: its ops, its buffers' stored shapes and dtypes,
