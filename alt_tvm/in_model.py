@@ -11,7 +11,7 @@ workload's candidates are timed where they will run:
    its ``v``-th candidate (copy 0: every workload at its defaults, i.e. the untuned
    model), so ``k`` builds time the candidates of all workloads at once.
 2. Run the copies in interleaved rounds with per-kernel timing
-   (:meth:`alt_tvm.graph.compiled.CompiledModel.profile`); a workload's time in a copy is
+   (:meth:`alt_tvm.deploy.model.RunnableModel.profile`); a workload's time in a copy is
    its kernels' plus the layout conversions its layout choice caused.
 3. Per workload, keep the candidate whose time, paired round by round with the default's,
    is lowest, if it beats the default by more than ``margin``; else the defaults.
@@ -36,7 +36,6 @@ import math
 import os
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +43,11 @@ from typing import Any
 import numpy as np
 
 from alt_tvm.bench.timing import run_interleaved
-from alt_tvm.deploy.model import aligned, seeded_inputs
+from alt_tvm.deploy.model import RunnableModel, aligned, seeded_inputs
 from alt_tvm.deploy.profile import KernelProfile
-from alt_tvm.graph.build import build
-from alt_tvm.graph.compiled import CompiledModel
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import strategy_named
+from alt_tvm.graph.variants import BuiltVariant, VariantBuilder
 from alt_tvm.options import BuildOptions, InModelConfig, build_options
 from alt_tvm.records import (
     RecordWriter,
@@ -62,7 +60,7 @@ from alt_tvm.records import (
     tvm_version,
 )
 from alt_tvm.strategies import registry
-from alt_tvm.target import HardwareTarget
+from alt_tvm.target import HardwareTarget, process_cores
 
 __all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs",
            "choices_log", "profile_rounds"]
@@ -70,9 +68,9 @@ __all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "deci
 logger = logging.getLogger(__name__)
 
 #: ``profile(model, arrays) -> KernelProfile``: how a built copy is timed per kernel (one round).
-Profiler = Callable[[CompiledModel, Sequence[np.ndarray]], KernelProfile]
+Profiler = Callable[[RunnableModel, Sequence[np.ndarray]], KernelProfile]
 #: ``time(model, arrays) -> ms``: how a whole built model is timed (one round).
-ModelTimer = Callable[[CompiledModel, Sequence[np.ndarray]], float]
+ModelTimer = Callable[[RunnableModel, Sequence[np.ndarray]], float]
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ class InModelResult:
         return "\n".join(lines)
 
 
-def model_inputs(model: CompiledModel, *, seed: int = 0,
+def model_inputs(model: RunnableModel, *, seed: int = 0,
                  example_inputs: Sequence[Any] | None = None) -> list[np.ndarray]:
     """Inputs to time ``model`` on: ``example_inputs`` as arrays, else :func:`seeded_inputs` of
     its shapes; :func:`aligned`, so every build reads them in place."""
@@ -161,11 +159,11 @@ def model_inputs(model: CompiledModel, *, seed: int = 0,
     return seeded_inputs(shapes=model.input_shapes, dtypes=model.input_dtypes, seed=seed)
 
 
-def _profile_once(model: CompiledModel, arrays: Sequence[np.ndarray]) -> KernelProfile:
+def _profile_once(model: RunnableModel, arrays: Sequence[np.ndarray]) -> KernelProfile:
     return model.profile(*arrays, repeat=3)
 
 
-def _time_once(model: CompiledModel, arrays: Sequence[np.ndarray]) -> float:
+def _time_once(model: RunnableModel, arrays: Sequence[np.ndarray]) -> float:
     return model.time(*arrays, number=3, repeat=1)[1]
 
 
@@ -276,8 +274,8 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
         timed on (default: :func:`model_inputs`).
     profiler, model_timer
         How one round times a copy per kernel and a whole model (defaults: the VM's
-        per-kernel instrument, :meth:`CompiledModel.profile`, and
-        :meth:`CompiledModel.time`); replaceable for tests of the bookkeeping.
+        per-kernel instrument, :meth:`RunnableModel.profile`, and
+        :meth:`RunnableModel.time`); replaceable for tests of the bookkeeping.
     progress
         Log each step at INFO level (``logging``) rather than DEBUG.
 
@@ -300,71 +298,74 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
     choices = _candidates(tasks, rank_candidates(records), config, target, options.strategies,
                           options.strategy_options)
     copies = max(len(c) for c in choices.values())
+    source = model if isinstance(model, (str, os.PathLike)) and example_inputs is None else None
+    with VariantBuilder(mod, options, source=source, input_shapes=input_shapes,
+                        workers=min(config.build_workers or process_cores(), copies)) as builder:
 
-    def build_copy(name: str, picks: Mapping[str, Choice]) -> CompiledModel:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="alt-tvm:")  # the partition summary of every copy
-            return build(mod, options, records=choices_log(name, target_json, picks))
+        def build_copies(named: Mapping[str, Mapping[str, Choice]]) -> list[BuiltVariant]:
+            say("in-model: building %s", ", ".join(named))
+            return builder.build([choices_log(f"<in-model {name}>", target_json, picks)
+                                  for name, picks in named.items()])
 
-    built = []
-    for v in range(copies):
-        say("in-model: building copy %d of %d", v + 1, copies)
-        built.append(build_copy(f"<in-model copy {v}>",
-                                {key: c[v] if v < len(c) else c[0] for key, c in choices.items()}))
-    arrays = model_inputs(built[0], seed=config.seed, example_inputs=example_inputs)
-    times = profile_rounds(built, arrays, keys=keys, rounds=config.rounds, profiler=profiler)
-    decisions = [_decide(task.key, choices[task.key], times[task.key], config.margin) for task in tasks]
-    defaults = {key: c[0] for key, c in choices.items()}
-    builds = copies
-    untuned, untuned_samples, tuned_samples = built[0], [], []
-    kept = any(d.choice.label != "default" for d in decisions)
-    if kept:
-        # The choices were timed each in its own copy; together, the layout a producer now
-        # writes changes what its consumer pays (a conversion, or a pad stage that converts).
-        # Time them together, drop the choices whose kernels no longer gain, then time whole
-        # models: these choices, and the same without strategy switches (a switch changes
-        # the layout the neighbours see most), against the untuned model.
-        say("in-model: building the model with the choices")
-        tuned = build_copy("<in-model choices>", {d.key: d.choice for d in decisions})
-        builds += 1
-        together = profile_rounds([untuned, tuned], arrays, keys=keys, rounds=config.rounds, profiler=profiler)
-        dropped = 0
-        for d in decisions:
-            ratio = _paired_ratio(together[d.key][1], together[d.key][0])
-            if d.choice.label != "default" and not ratio < 1.0 - config.margin:
-                dropped += 1
-                _revert(d, defaults[d.key], times[d.key][0],
-                        f"{d.choice.label} gained in its copy but took {ratio:.3f}x the default's time in the "
-                        f"model with every workload's choice; defaults kept")
-        configs = {}
-        picks = {d.key: d.choice for d in decisions}
-        if any(c.label != "default" for c in picks.values()):
-            configs["choices"] = tuned if not dropped else None
-            same = {k: c if c.strategy == defaults[k].strategy else defaults[k] for k, c in picks.items()}
-            if same != picks and any(c.label != "default" for c in same.values()):
-                configs["choices without strategy switches"] = None
-        for label in configs:
-            if configs[label] is None:
-                chosen = picks if label == "choices" else same
-                configs[label] = build_copy(f"<in-model {label}>", chosen)
-                builds += 1
-        kept = False
-        if configs:
-            samples = _time_rounds([untuned, *configs.values()], arrays, config.model_rounds, model_timer)
-            untuned_samples = samples[0]
-            ratios = {label: _paired_ratio(samples[i + 1], untuned_samples) for i, label in enumerate(configs)}
-            best = min(ratios, key=ratios.get)
-            tuned_samples = samples[1 + list(configs).index(best)]
-            kept = ratios[best] < 1.0 - config.margin
+        built = build_copies({f"copy {v}": {key: c[v] if v < len(c) else c[0] for key, c in choices.items()}
+                              for v in range(copies)})
+        arrays = model_inputs(built[0].model, seed=config.seed, example_inputs=example_inputs)
+        times = profile_rounds(built, arrays, keys=keys, rounds=config.rounds, profiler=profiler)
+        decisions = [_decide(task.key, choices[task.key], times[task.key], config.margin) for task in tasks]
+        defaults = {key: c[0] for key, c in choices.items()}
+        builds = copies
+        untuned, untuned_samples, tuned_samples = built[0], [], []
+        kept = any(d.choice.label != "default" for d in decisions)
+        if kept:
+            # The choices were timed each in its own copy; together, the layout a producer now
+            # writes changes what its consumer pays (a conversion, or a pad stage that converts).
+            # Time them together, drop the choices whose kernels no longer gain, then time whole
+            # models: these choices, and the same without strategy switches (a switch changes
+            # the layout the neighbours see most), against the untuned model.
+            [tuned] = build_copies({"choices": {d.key: d.choice for d in decisions}})
+            builds += 1
+            together = profile_rounds([untuned, tuned], arrays, keys=keys, rounds=config.rounds,
+                                      profiler=profiler)
+            dropped = 0
             for d in decisions:
-                if not kept:
+                ratio = _paired_ratio(together[d.key][1], together[d.key][0])
+                if d.choice.label != "default" and not ratio < 1.0 - config.margin:
+                    dropped += 1
                     _revert(d, defaults[d.key], times[d.key][0],
-                            f"the model with the {best} took {ratios[best]:.3f}x the untuned model's time (not "
-                            f"faster by more than {config.margin:.0%}); defaults kept")
-                elif best != "choices" and d.choice.strategy != defaults[d.key].strategy:
-                    _revert(d, defaults[d.key], times[d.key][0],
-                            f"the model without strategy switches was fastest ({ratios[best]:.3f}x the untuned "
-                            f"model's time, with them {ratios['choices']:.3f}x); defaults kept")
+                            f"{d.choice.label} gained in its copy but took {ratio:.3f}x the default's time in "
+                            f"the model with every workload's choice; defaults kept")
+            configs: dict[str, BuiltVariant | None] = {}
+            picks = {d.key: d.choice for d in decisions}
+            same = {k: c if c.strategy == defaults[k].strategy else defaults[k] for k, c in picks.items()}
+            if any(c.label != "default" for c in picks.values()):
+                configs["choices"] = tuned if not dropped else None
+                if same != picks and any(c.label != "default" for c in same.values()):
+                    configs["choices without strategy switches"] = None
+            missing = {label: picks if label == "choices" else same for label in configs if configs[label] is None}
+            if missing:
+                configs.update(zip(missing, build_copies(missing)))
+                builds += len(missing)
+            kept = False
+            if configs:
+                samples = _time_rounds([untuned.model, *(c.model for c in configs.values())], arrays,
+                                       config.model_rounds, model_timer)
+                untuned_samples = samples[0]
+                ratios = {label: _paired_ratio(samples[i + 1], untuned_samples) for i, label in enumerate(configs)}
+                best = min(ratios, key=ratios.get)
+                tuned_samples = samples[1 + list(configs).index(best)]
+                kept = ratios[best] < 1.0 - config.margin
+                for d in decisions:
+                    if not kept:
+                        _revert(d, defaults[d.key], times[d.key][0],
+                                f"the model with the {best} took {ratios[best]:.3f}x the untuned model's time "
+                                f"(not faster by more than {config.margin:.0%}); defaults kept")
+                    elif best != "choices" and d.choice.strategy != defaults[d.key].strategy:
+                        _revert(d, defaults[d.key], times[d.key][0],
+                                f"the model without strategy switches was fastest ({ratios[best]:.3f}x the "
+                                f"untuned model's time, with them {ratios['choices']:.3f}x); defaults kept")
+        if not untuned_samples:
+            untuned_samples = [model_timer(untuned.model, arrays) for _ in range(config.model_rounds)]
+            tuned_samples = list(untuned_samples)
     if not untuned_samples:
         untuned_samples = [model_timer(untuned, arrays) for _ in range(config.model_rounds)]
         tuned_samples = list(untuned_samples)
@@ -375,21 +376,21 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
     return result
 
 
-def profile_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], *, keys: set[str], rounds: int,
+def profile_rounds(copies: Sequence[BuiltVariant], arrays: Sequence[np.ndarray], *, keys: set[str], rounds: int,
                    profiler: Profiler | None = None) -> dict[str, list[list[float]]]:
     """``times[key][v]``: per round, the time of workload ``key``'s kernels (and the conversions
-    its layout caused) in ``models[v]``; the models run interleaved, a different one first each
-    round. ``profiler`` times one run per kernel (default :meth:`CompiledModel.profile`)."""
+    its layout caused) in ``copies[v]``; the copies run interleaved, a different one first each
+    round. ``profiler`` times one run per kernel (default :meth:`RunnableModel.profile`)."""
     profiler = profiler or _profile_once
-    for model in models:  # a model's first runs after a build are slower (page faults, a cold pool)
-        profiler(model, arrays)
-    runs = run_interleaved(len(models), rounds=rounds,
-                           run=lambda v: profiler(models[v], arrays).by_workload(models[v].report.timed_kernels))
+    for copy in copies:  # a model's first runs after a build are slower (page faults, a cold pool)
+        profiler(copy.model, arrays)
+    runs = run_interleaved(len(copies), rounds=rounds,
+                           run=lambda v: profiler(copies[v].model, arrays).by_workload(copies[v].kernels))
     return {key: [[statistics.median(per_workload.get(key, (math.nan,))) for per_workload in runs[v]]
-                  for v in range(len(models))] for key in keys}
+                  for v in range(len(copies))] for key in keys}
 
 
-def _time_rounds(models: Sequence[CompiledModel], arrays: Sequence[np.ndarray], rounds: int,
+def _time_rounds(models: Sequence[RunnableModel], arrays: Sequence[np.ndarray], rounds: int,
                  model_timer: ModelTimer) -> list[list[float]]:
     """Whole-model times of ``models``, interleaved, a different one first each round."""
     return run_interleaved(len(models), rounds=rounds, run=lambda v: model_timer(models[v], arrays))

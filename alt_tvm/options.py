@@ -197,6 +197,10 @@ class InModelConfig:
         2-core VM, hence 3%.
     seed
         Seed of the random model inputs.
+    build_workers
+        Copies built at once, each in a worker process
+        (:class:`~alt_tvm.graph.variants.VariantBuilder`); None: the cores this process may
+        use. A copy is a whole single-threaded build, so this divides the stage's build time.
     """
 
     finalists: int = 2
@@ -205,8 +209,12 @@ class InModelConfig:
     model_rounds: int = 9
     margin: float = 0.03
     seed: int = 0
+    build_workers: int | None = None
 
     def __post_init__(self) -> None:
+        if self.build_workers is not None and (isinstance(self.build_workers, bool)
+                                               or not isinstance(self.build_workers, int) or self.build_workers < 1):
+            raise ValueError(f"InModelConfig.build_workers must be an int >= 1 or None, got {self.build_workers!r}")
         for name, low in (("finalists", 0), ("rounds", 1), ("model_rounds", 1), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
