@@ -303,9 +303,11 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
                         workers=min(config.build_workers or process_cores(), copies)) as builder:
 
         def build_copies(named: Mapping[str, Mapping[str, Choice]]) -> list[BuiltVariant]:
-            say("in-model: building %s", ", ".join(named))
-            return builder.build([choices_log(f"<in-model {name}>", target_json, picks)
-                                  for name, picks in named.items()])
+            started_builds = time.perf_counter()
+            copies_built = builder.build([choices_log(f"<in-model {name}>", target_json, picks)
+                                          for name, picks in named.items()])
+            say("in-model: built %s in %.0f s", ", ".join(named), time.perf_counter() - started_builds)
+            return copies_built
 
         built = build_copies({f"copy {v}": {key: c[v] if v < len(c) else c[0] for key, c in choices.items()}
                               for v in range(copies)})

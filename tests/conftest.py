@@ -226,10 +226,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-def check_space(task, *, points: int = 4, seed: int = 0) -> None:
-    """Assert that ``task``'s tuning space starts at the untuned kernel, that each loop knob's
-    second choice gives another kernel, and that ``points`` random valid points compute what
-    the untuned kernel computes (on random activations)."""
+def check_space(task, *, points: int = 4, seed: int = 0, loop_knobs: bool = True) -> None:
+    """Assert that ``task``'s tuning space starts at the untuned kernel, that each layout knob's
+    second choice (with the nearest loop knobs) and, with ``loop_knobs``, each loop knob's second
+    choice gives another kernel, and that ``points`` random valid points compute what the
+    untuned kernel computes (on random activations)."""
     space = task.space
     assert space.check(*space.default()) is None
     assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
@@ -245,7 +246,14 @@ def check_space(task, *, points: int = 4, seed: int = 0) -> None:
 
     ref, default_ir = run(None)
     layout, loop = space.default()
-    for knob in space.loop_knobs(layout):
+    for knob in space.layout_knobs:
+        other = next((c for c in knob.choices if c != layout[knob.name]), None)
+        if other is not None:
+            moved = {**layout, knob.name: other}
+            nearest = {k.name: k for k in space.loop_knobs(moved)}
+            point = space.params(moved, {k: nearest[k].nearest(v) for k, v in loop.items() if k in nearest})
+            assert str(task.lower(point).func) != default_ir, knob.name
+    for knob in space.loop_knobs(layout) if loop_knobs else ():
         other = next((c for c in knob.choices if c != loop[knob.name]), None)
         if other is not None and space.check(layout, {**loop, knob.name: other}) is None:
             assert str(task.lower(space.params(layout, {**loop, knob.name: other})).func) != default_ir, knob.name

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import one_record_log
+from conftest import check_space, one_record_log
 from test_block_fusion import ALWAYS, _fused, _InvertedResidual, _MBConv, _Stem
 
 import alt_tvm
@@ -46,56 +46,10 @@ def short():  # a block that ends at its depthwise conv (a squeeze-excitation re
     return _block_task(lambda: _MBConv(), SHAPE)
 
 
-def _activations(task, rng):
-    """Random canonical activations for the task's kernel (its input map)."""
-    lowered = task.lower(None)
-    shapes = [lowered.conversions[i].orig_shape if i in lowered.conversions else shape
-              for i, (shape, _) in enumerate(lowered.arg_specs[:-1]) if i not in lowered.constants]
-    return [rng.standard_normal(shape).astype("float32") for shape in shapes]
-
-
 @pytest.mark.parametrize("which", ["block", "stem", "short"])
-def test_the_default_point_is_the_untuned_kernel(which, request):
+def test_the_space_starts_at_the_untuned_block_and_every_point_computes_the_same_block(which, request):
     _, _, task = request.getfixturevalue(which)
-    space = task.space
-    assert space.check(*space.default()) is None
-    assert str(task.lower(space.params(*space.default())).func) == str(task.lower(None).func)
-
-
-@pytest.mark.parametrize("which", ["block", "stem", "short"])
-def test_every_knob_changes_the_kernel_and_random_points_compute_the_same_block(which, request):
-    _, _, task = request.getfixturevalue(which)
-    space = task.space
-    rng = np.random.default_rng(0)
-    acts = _activations(task, rng)
-    import tvm
-
-    def run(params):
-        lowered = task.lower(params)
-        kernel = tvm.compile(lowered.func, task.target.to_tvm())["main"]
-        return lowered.run(kernel, acts, tvm.cpu()), str(lowered.func)
-
-    ref, default_ir = run(None)
-    layout, loop = space.default()
-    # Each knob with a second choice gives another kernel.
-    for knob in space.layout_knobs:
-        other = next((c for c in knob.choices if c != layout[knob.name]), None)
-        if other is not None:
-            moved = {**layout, knob.name: other}
-            knobs = {k.name: k for k in space.loop_knobs(moved)}
-            point = space.params(moved, {k: knobs[k].nearest(v) for k, v in loop.items()})
-            assert str(task.lower(point).func) != default_ir, knob.name
-    checked = 0
-    for _ in range(50):
-        layout = {k.name: k.choices[int(rng.integers(len(k.choices)))] for k in space.layout_knobs}
-        loop = space.random_loop(layout, rng)
-        if space.check(layout, loop) is None:
-            out, _ = run(space.params(layout, loop))
-            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{layout} {loop}")
-            checked += 1
-        if checked == 6:
-            break
-    assert checked == 6
+    check_space(task, points=6, loop_knobs=False)
 
 
 def test_channel_tiles_are_wider_than_a_quarter_vector_and_a_scalar_block_is_refused(stem):
