@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from conftest import torch_to_onnx
+from test_in_model import INPUTS, MODEL
 
 from alt_tvm.deploy.artifact import LoadedModel
 from alt_tvm.graph.compiled import CompiledModel
@@ -18,20 +18,6 @@ from alt_tvm.options import build_options
 from alt_tvm.records import target_key
 from alt_tvm.target import host
 
-
-class ConvPair(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
-        self.b = torch.nn.Conv2d(16, 16, 3, padding=1)
-
-    def forward(self, x):
-        return torch.relu(self.b(torch.relu(self.a(x))))
-
-
-MODEL = ConvPair().eval()
-INPUTS = (torch.randn(1, 8, 16, 16, generator=torch.Generator().manual_seed(1)),)
 OPTIONS = build_options(None, caller="test")
 TARGET = target_key(host().to_tvm())
 
