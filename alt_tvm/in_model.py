@@ -60,7 +60,7 @@ from alt_tvm.records import (
     tvm_version,
 )
 from alt_tvm.strategies import registry
-from alt_tvm.target import HardwareTarget, process_cores
+from alt_tvm.target import HardwareTarget
 
 __all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs",
            "choices_log", "profile_rounds"]
@@ -300,7 +300,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
     copies = max(len(c) for c in choices.values())
     source = model if isinstance(model, (str, os.PathLike)) and example_inputs is None else None
     with VariantBuilder(mod, options, source=source, input_shapes=input_shapes,
-                        workers=min(config.build_workers or process_cores(), copies)) as builder:
+                        workers=config.build_workers) as builder:
 
         def build_copies(named: Mapping[str, Mapping[str, Choice]]) -> list[BuiltVariant]:
             started_builds = time.perf_counter()

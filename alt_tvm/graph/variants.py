@@ -30,6 +30,8 @@ from alt_tvm.options import BuildOptions
 from alt_tvm.records import TunedLog
 from alt_tvm.target import process_cores
 
+from .build import build
+from .frontend import load_model
 from .report import Kernel
 
 __all__ = ["BuiltVariant", "VariantBuilder"]
@@ -99,7 +101,7 @@ class VariantBuilder:
         for log in logs:
             out = Path(self._directory(), f"copy{self._count}")
             self._count += 1
-            futures.append((log, out, self._executor().submit(_build_in_worker, source, self.options, log,
+            futures.append((log, out, self._executor(len(logs)).submit(_build_in_worker, source, self.options, log,
                                                                os.fspath(out))))
         built = []
         for log, out, future in futures:
@@ -122,8 +124,6 @@ class VariantBuilder:
             self._dir = None
 
     def _build_here(self, log: TunedLog) -> BuiltVariant:
-        from .build import build
-
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="alt-tvm:")  # each copy's partition summary
             compiled = build(self.mod, self.options, records=log)
@@ -134,11 +134,11 @@ class VariantBuilder:
             self._dir = tempfile.TemporaryDirectory(prefix="alt_tvm_variants_")
         return self._dir.name
 
-    def _executor(self) -> Any:
-        if self._pool is None:
+    def _executor(self, batch: int) -> Any:
+        if self._pool is None:  # no more workers than the first (largest) batch has copies
             from tvm.support.popen_pool import PopenPoolExecutor
 
-            self._pool = PopenPoolExecutor(max_workers=self.workers)
+            self._pool = PopenPoolExecutor(max_workers=min(self.workers, batch))
         return self._pool
 
     def _worker_source(self) -> tuple:
@@ -152,9 +152,6 @@ class VariantBuilder:
 
 def _build_in_worker(source: tuple, options: BuildOptions, log: TunedLog, out: str) -> list[Kernel]:
     """In a worker: import the model (once per worker), build it with ``log``, export it to ``out``."""
-    from .build import build
-    from .frontend import load_model
-
     mod = _WORKER_MODULE.get(source)
     if mod is None:
         if source[0] == "file":
