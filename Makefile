@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= --disable-pip-version-check
+# Test files run in this many worker processes (pytest-xdist, a file per worker: its fixtures stay
+# in one process). 2 fits CI's 2 cores; each worker is a whole TVM + torch process (~1.5 GB).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-all install install-dev lint
 
@@ -27,10 +31,10 @@ demo: install
 test: install-dev
 	bash .ci/install-cross.sh
 	bash .ci/prepare-board.sh $(PY)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-all: install-dev
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PYTEST) -m "slow or not slow"
 
 lint: install-dev
 	$(VENV)/bin/ruff check alt_tvm strategies tuning vta_mapping scripts benchmarks tests
