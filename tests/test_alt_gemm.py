@@ -156,6 +156,13 @@ def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_prod
     # 10 row blocks and the 64 steps of a chunk
     assert "in T.parallel(2)" in script
     assert script.index("in T.parallel(2)") < script.index("in T.grid(8, 3, 10, 64)")
+    # the register block is unrolled in the product, not in the zeroing of the group's outputs
+    # (unrolled, that zeroing is one long straight block for LLVM to generate)
+    sch = tvm.s_tir.Schedule(lowered.func)
+    kinds = {name: [sch.get(loop).kind for loop in sch.get_loops(sch.get_sblock(name))]
+             for name in ("matmul_init", "matmul_update")}
+    assert tvm.tirx.ForKind.UNROLLED not in kinds["matmul_init"]
+    assert kinds["matmul_update"].count(tvm.tirx.ForKind.UNROLLED) == 2
     np.testing.assert_allclose(_run(lowered, x, x86_runnable), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
