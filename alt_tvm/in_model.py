@@ -9,7 +9,9 @@ workload's candidates are timed where they will run:
 
 1. *Variants*: build ``k`` copies of the model, copy ``v`` lowering every workload with
    its ``v``-th candidate (copy 0: every workload at its defaults, i.e. the untuned
-   model), so ``k`` builds time the candidates of all workloads at once.
+   model), so ``k`` builds time the candidates of all workloads at once. A workload's
+   candidates are its defaults, the search's best candidates measured faster than the
+   defaults alone, and the defaults of the other exact strategies that apply.
 2. Run the copies in interleaved rounds with per-kernel timing
    (:meth:`alt_tvm.deploy.model.RunnableModel.profile`); a workload's time in a copy is
    its kernels' plus the layout conversions its layout choice caused.
@@ -222,13 +224,16 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
             seen.add(candidate_key(task.space.params(*task.space.default())))
         except (AttributeError, ValueError):
             pass
-        for record in ranked.get(task.key, []):
+        records = [r for r in ranked.get(task.key, []) if isinstance(r.candidate.get("params"), dict)
+                   and r.candidate.get("strategy", name) == name]
+        # A candidate the search measured slower than the defaults is no finalist: it would cost
+        # a copy's build and, being slower alone, gain in the model only by the profile's noise.
+        default_ms = next((r.median_ms for r in records if candidate_key(r.candidate["params"]) in seen), math.inf)
+        for record in records:
             if tuned >= config.finalists:
                 break
-            params = record.candidate.get("params")
-            if not isinstance(params, dict) or record.candidate.get("strategy", name) != name:
-                continue
-            if candidate_key(params) not in seen:
+            params = record.candidate["params"]
+            if candidate_key(params) not in seen and record.median_ms < default_ms:
                 seen.add(candidate_key(params))
                 tuned += 1
                 found.append(Choice(name, params, f"tuned#{tuned}"))

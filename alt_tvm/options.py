@@ -182,7 +182,8 @@ class InModelConfig:
     Attributes
     ----------
     finalists
-        Tuned candidates per workload timed in the model (its best by the log's ranking).
+        Tuned candidates per workload timed in the model: its best by the log's ranking among
+        those the search measured faster than the defaults.
     alternatives
         Also time the defaults of every other exact strategy that applies to a workload
         (e.g. SConv for a convolution the ALT template lowers by default).

@@ -49,6 +49,8 @@ FAST = InModelConfig(finalists=1, rounds=3, model_rounds=3, build_workers=1)
 
 
 def fake_measure(task, params) -> float:
+    if params == task.space.params(*task.space.default()):
+        return 2.0  # every other point looks faster alone: each task has finalists
     return 1.0 + zlib.crc32(candidate_key(params).encode()) % 1000 / 1000
 
 
@@ -252,3 +254,24 @@ def test_a_finalist_at_the_default_point_is_not_timed_again(searched):
                               candidate={"params": default, "strategy": task.strategy.name})
     choices = _candidates([task], {task.key: [at_default]}, FAST, host(), None, {})
     assert [c.label for c in choices[task.key] if c.strategy == task.strategy.name] == ["default"]
+
+
+def test_a_candidate_measured_slower_than_the_default_is_no_finalist(searched):
+    from alt_tvm.in_model import _candidates
+
+    task = searched[1][0]
+    default = task.space.params(*task.space.default())
+    logged = rank_candidates(map(TuningRecord.from_json, searched[0].read_text().splitlines()))[task.key]
+    others = [r.candidate["params"] for r in logged if r.candidate["params"] != default]
+
+    def record(params, ms):
+        return TuningRecord(workload_key=task.key, target=TARGET, latencies_ms=(ms,),
+                            candidate={"params": params, "strategy": task.strategy.name})
+
+    ranked = [record(others[0], 0.8), record(default, 1.0), record(others[1], 1.2)]
+    config = InModelConfig(finalists=2, alternatives=False)
+    choices = _candidates([task], {task.key: ranked}, config, host(), None, {})[task.key]
+    assert [(c.label, c.params) for c in choices] == [("default", None), ("tuned#1", others[0])]
+    # a log without the default's measurement keeps the finalists as ranked
+    choices = _candidates([task], {task.key: [ranked[0], ranked[2]]}, config, host(), None, {})[task.key]
+    assert [c.label for c in choices] == ["default", "tuned#1", "tuned#2"]
