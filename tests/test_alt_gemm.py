@@ -5,6 +5,8 @@ and lets the last block be partial, and the tuning space offers such partial blo
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -163,6 +165,8 @@ def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_prod
              for name in ("matmul_init", "matmul_update")}
     assert tvm.tirx.ForKind.UNROLLED not in kinds["matmul_init"]
     assert kinds["matmul_update"].count(tvm.tirx.ForKind.UNROLLED) == 2
+    # and a group's write-back (48 columns) runs in vectors of the register block's width
+    assert {int(n) for n in re.findall(r"T\.vectorized\((\d+)\)", script)} == {lanes}
     np.testing.assert_allclose(_run(lowered, x, x86_runnable), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
