@@ -55,7 +55,8 @@ setup(
     extras_require={
         # transformers: public architecture definitions (built from configs, offline) that the
         # tests export and build; onnxscript: PyTorch's default (dynamo) ONNX exporter needs it.
-        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.5", "transformers>=5,<6", "onnxscript>=0.5"],
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.5", "transformers>=5,<6",
+                "onnxscript>=0.5"],
         # IREE: the einsum-kernel baseline of benchmarks/bench_tt.py (skipped when absent).
         # transformers, onnxscript: public architecture definitions exported by both of
         # PyTorch's exporters (alt_tvm.models.public: scripts/export_public.py, benchmarks/sweep_public.py).

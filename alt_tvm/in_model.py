@@ -219,16 +219,17 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
     for task in tasks:
         name = task.strategy.name
         found = [Choice(name, None, "default")]
-        seen, tuned = set(), 0
         try:  # a finalist at the default point is the default: not timed twice
-            seen.add(candidate_key(task.space.params(*task.space.default())))
+            default_key = candidate_key(task.space.params(*task.space.default()))
         except (AttributeError, ValueError):
-            pass
+            default_key = None
+        seen, tuned = {default_key}, 0
         records = [r for r in ranked.get(task.key, []) if isinstance(r.candidate.get("params"), dict)
                    and r.candidate.get("strategy", name) == name]
         # A candidate the search measured slower than the defaults is no finalist: it would cost
         # a copy's build and, being slower alone, gain in the model only by the profile's noise.
-        default_ms = next((r.median_ms for r in records if candidate_key(r.candidate["params"]) in seen), math.inf)
+        default_ms = next((r.median_ms for r in records if candidate_key(r.candidate["params"]) == default_key),
+                          math.inf)
         for record in records:
             if tuned >= config.finalists:
                 break
