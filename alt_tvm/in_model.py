@@ -11,7 +11,9 @@ workload's candidates are timed where they will run:
    its ``v``-th candidate (copy 0: every workload at its defaults, i.e. the untuned
    model), so ``k`` builds time the candidates of all workloads at once. A workload's
    candidates are its defaults, the search's best candidates measured faster than the
-   defaults alone, and the defaults of the other exact strategies that apply.
+   defaults alone, and the defaults of the other exact strategies that apply, in that order,
+   the first ``k``; ``k`` is one batch of parallel builds unless set
+   (:attr:`~alt_tvm.options.InModelConfig.copies`), since the builds are the stage's cost.
 2. Run the copies in interleaved rounds with per-kernel timing
    (:meth:`alt_tvm.deploy.model.RunnableModel.profile`); a workload's time in a copy is
    its kernels' plus the layout conversions its layout choice caused.
@@ -62,7 +64,7 @@ from alt_tvm.records import (
     tvm_version,
 )
 from alt_tvm.strategies import registry
-from alt_tvm.target import HardwareTarget
+from alt_tvm.target import HardwareTarget, process_cores
 
 __all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs",
            "choices_log", "profile_rounds"]
@@ -214,7 +216,8 @@ def _alternatives(task: Any, target: HardwareTarget, allowed: Sequence[str] | No
 
 def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], config: InModelConfig,
                 target: HardwareTarget, allowed: Sequence[str] | None,
-                options: Mapping[str, Any]) -> dict[str, list[Choice]]:
+                options: Mapping[str, Any], *, copies: int | None = None) -> dict[str, list[Choice]]:
+    """Each task's candidates, the default first, at most ``copies`` (None: all)."""
     choices: dict[str, list[Choice]] = {}
     for task in tasks:
         name = task.strategy.name
@@ -240,8 +243,18 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
                 found.append(Choice(name, params, f"tuned#{tuned}"))
         if config.alternatives:
             found += _alternatives(task, target, allowed, options)
-        choices[task.key] = found
+        if copies is not None and len(found) > copies:
+            logger.debug("in-model: %s: %s not timed (%d copies)", task.key,
+                         ", ".join(c.label for c in found[copies:]), copies)
+        choices[task.key] = found[:copies]
     return choices
+
+
+def _copies(config: InModelConfig) -> int:
+    """The copies the stage builds: ``config.copies``, else one batch of the build workers."""
+    if config.copies is not None:
+        return config.copies
+    return max(2, config.build_workers or process_cores())
 
 
 def _paired_ratio(samples: Sequence[float], default: Sequence[float]) -> float:
@@ -302,7 +315,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
     records = [r for r in iter_records(log) if r.workload_key in keys and r.target == target_json
                and r.tvm_version == tvm_version()]
     choices = _candidates(tasks, rank_candidates(records), config, target, options.strategies,
-                          options.strategy_options)
+                          options.strategy_options, copies=_copies(config))
     copies = max(len(c) for c in choices.values())
     source = model if isinstance(model, (str, os.PathLike)) and example_inputs is None else None
     with VariantBuilder(mod, options, source=source, input_shapes=input_shapes,

@@ -186,7 +186,12 @@ class InModelConfig:
         those the search measured faster than the defaults.
     alternatives
         Also time the defaults of every other exact strategy that applies to a workload
-        (e.g. SConv for a convolution the ALT template lowers by default).
+        (e.g. SConv for a convolution the ALT template lowers by default), after its finalists.
+    copies
+        Copies of the model built to time the candidates, the defaults' copy included: a
+        workload's candidates beyond it (finalists first, then alternatives) are not timed.
+        Each copy is a whole build, the stage's main cost. None: one batch of builds, i.e.
+        ``build_workers`` copies (at least 2).
     rounds
         Interleaved rounds of per-kernel timing (each copy runs once per round).
     model_rounds
@@ -211,8 +216,12 @@ class InModelConfig:
     margin: float = 0.03
     seed: int = 0
     build_workers: int | None = None
+    copies: int | None = None
 
     def __post_init__(self) -> None:
+        if self.copies is not None and (isinstance(self.copies, bool) or not isinstance(self.copies, int)
+                                        or self.copies < 1):
+            raise ValueError(f"InModelConfig.copies must be an int >= 1 or None, got {self.copies!r}")
         if self.build_workers is not None and (isinstance(self.build_workers, bool)
                                                or not isinstance(self.build_workers, int) or self.build_workers < 1):
             raise ValueError(f"InModelConfig.build_workers must be an int >= 1 or None, got {self.build_workers!r}")

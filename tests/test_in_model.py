@@ -275,3 +275,27 @@ def test_a_candidate_measured_slower_than_the_default_is_no_finalist(searched):
     # a log without the default's measurement keeps the finalists as ranked
     choices = _candidates([task], {task.key: [ranked[0], ranked[2]]}, config, host(), None, {})[task.key]
     assert [c.label for c in choices] == ["default", "tuned#1", "tuned#2"]
+
+
+def test_the_candidates_timed_are_cut_to_the_copies_built_finalists_first(searched):
+    from alt_tvm.in_model import _candidates, _copies
+
+    task = searched[1][0]
+    default = task.space.params(*task.space.default())
+    logged = rank_candidates(map(TuningRecord.from_json, searched[0].read_text().splitlines()))[task.key]
+    others = [r.candidate["params"] for r in logged if r.candidate["params"] != default]
+    ranked = [TuningRecord(workload_key=task.key, target=TARGET, latencies_ms=(ms,),
+                           candidate={"params": params, "strategy": task.strategy.name})
+              for params, ms in ((others[0], 0.8), (others[1], 0.9), (default, 1.0))]
+    config = InModelConfig(finalists=2, alternatives=True)
+    every = _candidates([task], {task.key: ranked}, config, host(), None, {})[task.key]
+    assert [c.label for c in every][:3] == ["default", "tuned#1", "tuned#2"]
+    assert len(every) > 3, "a convolution has another exact strategy (SConv) to time"
+    for copies in (1, 2, 3, len(every) + 1):
+        cut = _candidates([task], {task.key: ranked}, config, host(), None, {}, copies=copies)[task.key]
+        assert cut == every[:copies]
+    assert _copies(InModelConfig(build_workers=3)) == 3
+    assert _copies(InModelConfig(build_workers=1)) == 2  # the defaults and one candidate at least
+    assert _copies(InModelConfig(build_workers=1, copies=4)) == 4
+    with pytest.raises(ValueError, match="copies"):
+        InModelConfig(copies=0)

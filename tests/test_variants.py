@@ -85,3 +85,20 @@ def test_bad_worker_counts_are_clear_errors():
         from alt_tvm.options import InModelConfig
 
         InModelConfig(build_workers=True)
+
+
+def test_a_copy_is_built_without_argument_checks_and_a_build_keeps_them():
+    import alt_tvm
+
+    mod = load_model(MODEL, example_inputs=INPUTS).mod
+    with VariantBuilder(mod, OPTIONS, workers=1) as here:
+        (copy,) = here.build([choices_log("plain", TARGET, {})])
+    normal = alt_tvm.build(mod, OPTIONS)
+
+    def checks(model):
+        return sum(lib.inspect_source("ll").count("assert_fail") for lib in model.executable.mod.imports)
+
+    assert checks(normal) > 10  # every kernel checks each argument's shape and type
+    assert checks(copy.model) == 0
+    np.testing.assert_allclose(copy.model(INPUTS[0].numpy())[0], MODEL(*INPUTS).detach().numpy(),
+                               rtol=1e-4, atol=1e-4)
