@@ -19,12 +19,13 @@ workload's candidates are timed where they will run:
    its kernels' plus the layout conversions its layout choice caused.
 3. Per workload, keep the candidate whose time, paired round by round with the default's,
    is lowest, if it beats the default by more than ``margin``; else the defaults.
-4. Build the model with those choices and profile it against the untuned model: a choice
+4. Build the model with those choices, and where they switch a strategy the same without
+   the switches, in one batch; profile the choices against the untuned model: a choice
    whose kernels no longer gain there goes back to the defaults (the layout a producer now
-   writes changes what its consumer pays). Then time whole models, interleaved: the
-   untuned one, the choices, and the choices without strategy switches; the fastest is
-   kept if it beats the untuned model by more than ``margin``, else every workload goes
-   back to its defaults.
+   writes changes what its consumer pays), and a model it changed is built again. Then
+   time whole models, interleaved: the untuned one, the choices, and the choices without
+   strategy switches; the fastest is kept if it beats the untuned model by more than
+   ``margin``, else every workload goes back to its defaults.
 
 The choices are appended to the log as *decision* records (:func:`alt_tvm.records.is_decision`)
 which ``alt_tvm.build(records=...)`` applies, strategy included, and the whole-model times
@@ -257,6 +258,20 @@ def _copies(config: InModelConfig) -> int:
     return max(2, config.build_workers or process_cores())
 
 
+def _configs(decisions: Sequence[WorkloadDecision],
+             defaults: Mapping[str, Choice]) -> dict[str, dict[str, Choice]]:
+    """The whole models the check times, by label: the choices, and where they switch a
+    strategy and keep another change, the same without the switches (none without a change)."""
+    picks = {d.key: d.choice for d in decisions}
+    if all(c.label == "default" for c in picks.values()):
+        return {}
+    named = {"choices": picks}
+    same = {k: c if c.strategy == defaults[k].strategy else defaults[k] for k, c in picks.items()}
+    if same != picks and any(c.label != "default" for c in same.values()):
+        named["choices without strategy switches"] = same
+    return named
+
+
 def _paired_ratio(samples: Sequence[float], default: Sequence[float]) -> float:
     return statistics.median(s / d if d > 0 and math.isfinite(s) and math.isfinite(d) else math.inf
                              for s, d in zip(samples, default))
@@ -342,10 +357,12 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
             # writes changes what its consumer pays (a conversion, or a pad stage that converts).
             # Time them together, drop the choices whose kernels no longer gain, then time whole
             # models: these choices, and the same without strategy switches (a switch changes
-            # the layout the neighbours see most), against the untuned model.
-            [tuned] = build_copies({"choices": {d.key: d.choice for d in decisions}})
-            builds += 1
-            together = profile_rounds([untuned, tuned], arrays, keys=keys, rounds=config.rounds,
+            # the layout the neighbours see most), against the untuned model. Both are built in
+            # one batch; one is built again only where a dropped choice changed it.
+            wanted = _configs(decisions, defaults)
+            configs: dict[str, BuiltVariant | None] = dict(zip(wanted, build_copies(wanted)))
+            builds += len(wanted)
+            together = profile_rounds([untuned, configs["choices"]], arrays, keys=keys, rounds=config.rounds,
                                       profiler=profiler)
             dropped = 0
             for d in decisions:
@@ -355,17 +372,14 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
                     _revert(d, defaults[d.key], times[d.key][0],
                             f"{d.choice.label} gained in its copy but took {ratio:.3f}x the default's time in "
                             f"the model with every workload's choice; defaults kept")
-            configs: dict[str, BuiltVariant | None] = {}
-            picks = {d.key: d.choice for d in decisions}
-            same = {k: c if c.strategy == defaults[k].strategy else defaults[k] for k, c in picks.items()}
-            if any(c.label != "default" for c in picks.values()):
-                configs["choices"] = tuned if not dropped else None
-                if same != picks and any(c.label != "default" for c in same.values()):
-                    configs["choices without strategy switches"] = None
-            missing = {label: picks if label == "choices" else same for label in configs if configs[label] is None}
-            if missing:
-                configs.update(zip(missing, build_copies(missing)))
-                builds += len(missing)
+            if dropped:
+                kept_picks = _configs(decisions, defaults)
+                configs = {label: configs[label] if wanted.get(label) == chosen else None
+                           for label, chosen in kept_picks.items()}
+                missing = {label: kept_picks[label] for label, built in configs.items() if built is None}
+                if missing:
+                    configs.update(zip(missing, build_copies(missing)))
+                    builds += len(missing)
             kept = False
             if configs:
                 samples = _time_rounds([untuned.model, *(c.model for c in configs.values())], arrays,

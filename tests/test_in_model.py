@@ -164,6 +164,60 @@ def test_choices_that_gain_alone_but_not_in_the_whole_model_are_reverted(searche
     assert read_log(log).best == {}
 
 
+def profiler_by_copy(kernel_ms):
+    """A profiler that times each partition kernel by ``kernel_ms(copy's log name, workload)``."""
+    def profile(model, arrays):
+        report = model.report
+        times = {k.name: (kernel_ms(report.log, k.workload),) for k in report.kernels if k.kind == "partition"}
+        return KernelProfile(times, (sum(t[0] for t in times.values()),))
+    return profile
+
+
+def test_a_choice_that_loses_beside_the_others_is_dropped_and_the_rest_built_again(searched, tmp_path):
+    log = copy_of(searched, tmp_path)
+    first, second = (t.key for t in searched[1])
+
+    def kernel_ms(copy, workload):
+        if copy == "<in-model copy 0>":
+            return 1.5
+        # both tuned candidates gain in their copy; beside the other, the second loses
+        return 1.6 if copy == "<in-model choices>" and workload == second else 1.0
+
+    result = decide_in_model(MODEL, searched[1], log=log, target=host(), config=FAST, example_inputs=INPUTS,
+                             profiler=profiler_by_copy(kernel_ms),
+                             model_timer=lambda model, arrays: 1.5 if untuned_copy(model.report) else 1.0)
+    by_key = {d.key: d for d in result.decisions}
+    assert by_key[first].choice.label == "tuned#1"
+    assert by_key[second].choice.label == "default" and "gained in its copy" in by_key[second].reason
+    # 2 copies, the choices, and the choices without the dropped one: the model kept is the one timed
+    assert result.builds == 4 and result.kept
+    assert quiet_build(records=log).report.tuned == 1
+
+
+def test_the_choices_and_the_same_without_strategy_switches_are_built_in_one_batch(searched, tmp_path,
+                                                                                   monkeypatch):
+    from alt_tvm.graph.variants import VariantBuilder
+
+    batches = []
+    build = VariantBuilder.build
+    monkeypatch.setattr(VariantBuilder, "build", lambda self, logs: batches.append(len(logs)) or build(self, logs))
+    log = copy_of(searched, tmp_path)
+    first, second = (t.key for t in searched[1])
+    config = InModelConfig(finalists=1, rounds=3, model_rounds=3, build_workers=1, copies=3)
+
+    def kernel_ms(copy, workload):
+        fastest = {first: "<in-model copy 2>", second: "<in-model copy 1>"}  # SConv, a tuned point
+        return 1.5 if copy in ("<in-model copy 0>", "<in-model copy 1>", "<in-model copy 2>") \
+            and copy != fastest[workload] else 1.0
+
+    result = decide_in_model(MODEL, searched[1], log=log, target=host(), config=config, example_inputs=INPUTS,
+                             profiler=profiler_by_copy(kernel_ms),
+                             model_timer=lambda model, arrays: 1.5 if untuned_copy(model.report) else 1.0)
+    by_key = {d.key: d for d in result.decisions}
+    assert by_key[first].choice.strategy == "sconv" and by_key[second].choice.label == "tuned#1"
+    assert batches == [3, 2] and result.builds == 5 and result.kept  # no copy built twice
+
+
 def decision(key, strategy, params=None):
     return TuningRecord(workload_key=key, target=TARGET, latencies_ms=(1.0,),
                         candidate={"decision": "in-model", "strategy": strategy, "params": params,
