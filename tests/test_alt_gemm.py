@@ -165,6 +165,10 @@ def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_prod
              for name in ("matmul_init", "matmul_update")}
     assert tvm.tirx.ForKind.UNROLLED not in kinds["matmul_init"]
     assert kinds["matmul_update"].count(tvm.tirx.ForKind.UNROLLED) == 2
+    # ... but in one serial loop of vectors (nested, LLVM unrolls the rows into memsets)
+    shared = {sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))}
+    own = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_init")) if sch.get(loop) not in shared]
+    assert [loop.kind for loop in own] == [tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.VECTORIZED]
     # and a group's write-back (48 columns) runs in vectors of the register block's width
     assert {int(n) for n in re.findall(r"T\.vectorized\((\d+)\)", script)} == {lanes}
     np.testing.assert_allclose(_run(lowered, x, x86_runnable), model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
