@@ -65,7 +65,7 @@ from alt_tvm.records import (
     tvm_version,
 )
 from alt_tvm.strategies import registry
-from alt_tvm.target import HardwareTarget, process_cores
+from alt_tvm.target import HardwareTarget
 
 __all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs",
            "choices_log", "profile_rounds"]
@@ -251,11 +251,9 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
     return choices
 
 
-def _copies(config: InModelConfig) -> int:
-    """The copies the stage builds: ``config.copies``, else one batch of the build workers."""
-    if config.copies is not None:
-        return config.copies
-    return max(2, config.build_workers or process_cores())
+def _copies(config: InModelConfig, workers: int) -> int:
+    """The copies the stage builds: ``config.copies``, else one batch of the ``workers``."""
+    return config.copies if config.copies is not None else max(2, workers)
 
 
 def _configs(decisions: Sequence[WorkloadDecision],
@@ -329,12 +327,12 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
     keys = {task.key for task in tasks}
     records = [r for r in iter_records(log) if r.workload_key in keys and r.target == target_json
                and r.tvm_version == tvm_version()]
-    choices = _candidates(tasks, rank_candidates(records), config, target, options.strategies,
-                          options.strategy_options, copies=_copies(config))
-    copies = max(len(c) for c in choices.values())
     source = model if isinstance(model, (str, os.PathLike)) and example_inputs is None else None
     with VariantBuilder(mod, options, source=source, input_shapes=input_shapes,
                         workers=config.build_workers) as builder:
+        choices = _candidates(tasks, rank_candidates(records), config, target, options.strategies,
+                              options.strategy_options, copies=_copies(config, builder.workers))
+        copies = max(len(c) for c in choices.values())
 
         def build_copies(named: Mapping[str, Mapping[str, Choice]]) -> list[BuiltVariant]:
             started_builds = time.perf_counter()

@@ -348,8 +348,8 @@ def test_the_candidates_timed_are_cut_to_the_copies_built_finalists_first(search
     for copies in (1, 2, 3, len(every) + 1):
         cut = _candidates([task], {task.key: ranked}, config, host(), None, {}, copies=copies)[task.key]
         assert cut == every[:copies]
-    assert _copies(InModelConfig(build_workers=3)) == 3
-    assert _copies(InModelConfig(build_workers=1)) == 2  # the defaults and one candidate at least
-    assert _copies(InModelConfig(build_workers=1, copies=4)) == 4
+    assert _copies(InModelConfig(), 3) == 3
+    assert _copies(InModelConfig(), 1) == 2  # the defaults and one candidate at least
+    assert _copies(InModelConfig(copies=4), 1) == 4
     with pytest.raises(ValueError, match="copies"):
         InModelConfig(copies=0)

@@ -177,5 +177,5 @@ def _unchecked() -> tvm.transform.PassContext:
     """The context a copy is built (and its object code emitted) in: kernels without argument checks."""
     current = tvm.transform.PassContext.current()
     return tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
-                                     disabled_pass=current.disabled_pass,
+                                     disabled_pass=current.disabled_pass, instruments=current.instruments,
                                      config={**current.config, "tirx.disable_assert": True})
