@@ -123,7 +123,10 @@ def test_weight_panels_run_outside_the_batch_rows_when_the_weight_does_not_fit(l
     (197, 768, 32, 16, (6, 64)),   # AVX-512: 6 rows of 4 vectors, 24 accumulators (33 blocks, 1 row padded)
     (128, 768, 32, 16, (4, 96)),   # 4 rows divide M exactly: 4 rows of 6 vectors, as many accumulators
     (197, 96, 32, 16, (4, 96)),    # 4 vectors do not divide 96
-    (1, 1000, 16, 8, (1, 40)),     # a classifier's one row keeps its own rule (5 whole vectors of 1000)
+    (1, 1000, 16, 8, (1, 8)),      # a classifier's one row streams its weight: one vector per panel
+    (1, 1000, 32, 16, (1, 8)),     # 16 lanes do not divide 1000: the widest power of two that does
+    (1, 1280, 32, 16, (1, 16)),
+    (2, 1001, 32, 16, (2, 13)),    # no power of two divides 1001 (7 x 11 x 13): its widest divisor up to 16
 ])
 def test_the_register_block_does_the_most_fmas_per_load_that_fit_the_registers(m, n, registers, lanes, want):
     from alt_tvm.strategies.alt.gemm import register_tile
