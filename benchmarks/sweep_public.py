@@ -16,11 +16,15 @@ at the end the run is written to ``benchmarks/results/<machine kind>/<suite>.jso
 
     python benchmarks/sweep_public.py [--names hf_vit_b16 hf_swin_tiny ...] [--kind cnn] [--out sweep.jsonl]
                                       [--json FILE] [--markdown table.md] [--timeout 1200] [--resume]
-                                      [--target cpu:haswell]
+                                      [--target cpu:haswell [--peer-isa AVX2]]
 
 ``--target`` builds for another description than this machine's (a board name, or
 ``cpu:<LLVM CPU>``: ``cpu:haswell`` is AVX2 with FMA, which an AVX-512 machine also runs),
-so one machine checks the kernels of another instruction set.
+so one machine checks the kernels of another instruction set. ``--peer-isa AVX2`` caps
+OpenVINO's oneDNN kernels to that set as well (:data:`alt_tvm.bench.openvino.ISA_ENV`, set in
+each model's child process), so an AVX2 build meets an AVX2 peer; each row counts OpenVINO's
+kernels per instruction set (its own JIT kernels and MLAS's GEMMs are not capped), and ONNX
+Runtime, which has no cap, keeps the machine's widest.
 
 ``--names`` takes model names and group names of ``alt_tvm.models.public.GROUPS`` (``cnn_suite``: the
 torchvision CNN suite); ``--kind`` keeps the models of one kind.
@@ -42,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+from alt_tvm.bench.openvino import ISA_CAPS, ISA_ENV
 from alt_tvm.bench.peers import CPU_PEERS, against_faster_peer, describe_against_faster_peer, faster_peer
 from alt_tvm.bench.results import SUITES, results_path, write_results
 from alt_tvm.models.public import (
@@ -86,6 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="which of PyTorch's ONNX exporters to export with (default: both)")
     parser.add_argument("--target", default="host",
                         help="what to build for: 'host', a board, or 'cpu:<LLVM CPU>' (default: host)")
+    parser.add_argument("--peer-isa", choices=sorted(ISA_CAPS), default=None,
+                        help="cap OpenVINO's oneDNN kernels to this instruction set (default: the machine's)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's model
     args = parser.parse_args(argv)
     if args.one is None:  # the model names, groups expanded and --kind applied
@@ -187,6 +194,11 @@ def other_peers(row: dict, path, x, got, *, threads: int) -> dict:
         notes.update({p: {"status": "failed", "reason": _reason(err)} for p in others})
         return {}
     notes.update({name: {"status": "skipped", "reason": why} for name, why in skipped.items()})
+    if "openvino" in made and os.environ.get(ISA_ENV):
+        from alt_tvm.bench import openvino_kernel_isas
+
+        row["peer_isa"] = {"cap": os.environ[ISA_ENV], "openvino_kernels": openvino_kernel_isas(path, threads=threads),
+                           "onnxruntime": "uncapped (no instruction-set cap): the machine's widest"}
     timed = {}
     for name, runner in made.items():
         try:
@@ -230,9 +242,10 @@ def run_in_child(name: str, args: argparse.Namespace) -> dict:
                "--exporters", *args.exporters, "--target", args.target]
     if args.torchvision_src is not None:
         command += ["--torchvision-src", str(args.torchvision_src)]
+    env = {**os.environ, ISA_ENV: args.peer_isa} if args.peer_isa else None
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"model": name, "error": f"timed out after {args.timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -334,7 +347,8 @@ def main(argv=None) -> int:
         args.markdown.write_text(table)
     print(table)
     written = write_results(args.suite, {"peaks_gflops": peaks.readings, "rows": rows,
-                                         "against_faster_peer": summary(rows)},
+                                         "against_faster_peer": summary(rows),
+                                         **({"peer_isa": args.peer_isa} if args.peer_isa else {})},
                             path=args.json or results_path(args.suite), peak_gflops=peaks.best, threads=args.threads)
     print(f"results: {written}")
     failed = [r["model"] for r in rows if "error" in r or any(

@@ -31,6 +31,7 @@ from alt_tvm.bench import (
 )
 from alt_tvm.bench.compare import changed_kernels, compare_builds, output_mismatch, parse_config
 from alt_tvm.cli import main
+from conftest import runnable, x86_description
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,23 @@ def test_openvino_is_an_optional_peer_that_computes_what_ort_does(conv_onnx):
     assert isinstance(runner, Runner) and (runner.name, runner.threads) == ("openvino", 1)
     x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype("float32")
     assert output_mismatch(onnxruntime_session(conv_onnx)(x), runner(x)) is None
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_an_instruction_set_cap_binds_openvinos_convolutions(conv_onnx, isa):
+    if why := openvino_available():
+        pytest.skip(why)
+    from alt_tvm.bench.openvino import ISA_CAPS, ISA_ENV
+
+    target = runnable(x86_description(isa))  # a cap to a set the machine lacks does not bind
+    cap = next(name for name, word in ISA_CAPS.items() if word == isa)
+    # oneDNN reads the cap once per process, at its first kernel: a child process of its own.
+    script = ("import json, sys; from alt_tvm.bench import openvino_kernel_isas; "
+              "print(json.dumps(openvino_kernel_isas(sys.argv[1])))")
+    done = subprocess.run([sys.executable, "-c", script, str(conv_onnx)], capture_output=True, text=True,
+                          env={**os.environ, ISA_ENV: cap}, check=True)
+    counts = json.loads(done.stdout.splitlines()[-1])
+    assert counts.get(isa, 0) >= 1 and set(counts) <= {isa, "unnamed"}, (target.name, counts)
 
 
 def test_cpu_peers_are_onnx_runtime_and_openvino_on_one_thread_count(conv_onnx):

@@ -23,7 +23,7 @@ build code (the graph's frontend is imported only when an untuned TVM build is m
 
 from .base import Runner, check_threads
 from .onnxruntime import ORTRunner, onnxruntime_session
-from .openvino import OpenVINORunner, openvino_available, openvino_session
+from .openvino import OpenVINORunner, openvino_available, openvino_kernel_isas, openvino_session
 from .peak import PeakReadings, measure_memory_bandwidth, measure_peak_gflops
 from .peers import CPU_PEERS, FasterPeer, against_faster_peer, cpu_peers, describe_against_faster_peer, faster_peer
 from .results import machine_kind, results_path, write_results
@@ -43,6 +43,6 @@ from .tvm import TVMRunner, tvm_default_build
 __all__ = ["CPU_PEERS", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner", "Timing",
            "TimingPolicy", "TorchRunner", "against_faster_peer", "check_threads", "cpu_peers",
            "describe_against_faster_peer", "faster_peer", "machine_kind", "measure_memory_bandwidth",
-           "measure_peak_gflops", "onnxruntime_session", "openvino_available", "openvino_session", "quiet_tvm_pool",
+           "measure_peak_gflops", "onnxruntime_session", "openvino_available", "openvino_kernel_isas", "openvino_session", "quiet_tvm_pool",
            "results_path", "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved",
            "torch_runner", "tvm_default_build", "write_results"]

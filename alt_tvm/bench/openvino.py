@@ -10,7 +10,15 @@ import numpy as np
 
 from .base import check_threads, process_affinity
 
-__all__ = ["OpenVINORunner", "openvino_available", "openvino_session"]
+__all__ = ["ISA_CAPS", "ISA_ENV", "OpenVINORunner", "openvino_available", "openvino_kernel_isas", "openvino_session"]
+
+#: The environment variable that caps the instruction set of OpenVINO's CPU kernels (its oneDNN
+#: reads it once, when the process makes its first kernel: set it before that, e.g. in a child
+#: process's environment). ONNX Runtime has no such cap: it always runs the machine's widest.
+ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+#: Values of :data:`ISA_ENV` a benchmark may ask for, and the word OpenVINO's kernels then carry in
+#: their names (``brgconv_avx2_f32``).
+ISA_CAPS = {"AVX2": "avx2", "AVX512_CORE": "avx512"}
 
 
 class OpenVINORunner:
@@ -68,3 +76,32 @@ def openvino_session(path: str | os.PathLike, *, threads: int = 1) -> OpenVINORu
               "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": "NO"}
     with process_affinity():
         return OpenVINORunner(openvino.Core().compile_model(os.fspath(path), "CPU", config), threads=threads)
+
+
+def openvino_kernel_isas(path: str | os.PathLike, *, threads: int = 1) -> dict[str, int]:
+    """How many of OpenVINO's kernels for ``path`` name each instruction set (:data:`ISA_CAPS`' words;
+    ``"unnamed"``: kernels whose name gives none, such as MLAS's GEMMs, which pick the machine's
+    widest themselves), from one profiled call on zeros: how a run shows how far a cap
+    (:data:`ISA_ENV`) reached. It binds oneDNN's kernels (convolutions, pooling); OpenVINO's own
+    JIT kernels (a reduction, fused element-wise subgraphs) and MLAS may still use wider vectors.
+
+    Raises
+    ------
+    ImportError
+        Where OpenVINO is not installed.
+    """
+    check_threads(threads)
+    import openvino
+
+    config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True}
+    compiled = openvino.Core().compile_model(os.fspath(path), "CPU", config)
+    request = compiled.create_infer_request()
+    request.infer({i: np.zeros([d.get_length() for d in port.get_partial_shape()], np.float32)
+                   for i, port in enumerate(compiled.inputs)})
+    counts: dict[str, int] = {}
+    for info in request.profiling_info:
+        if info.exec_type in ("undef", "unknown_f32") or info.node_type in ("Parameter", "Result", "Reshape"):
+            continue  # not run, or no kernel of its own
+        word = next((w for w in ISA_CAPS.values() if f"_{w}" in info.exec_type), "unnamed")
+        counts[word] = counts.get(word, 0) + 1
+    return counts
