@@ -193,7 +193,7 @@ def test_convs_and_a_block_in_tiles_of_one_and_a_half_vectors_match_pytorch(full
                                 torch.nn.Conv2d(3 * c, 3 * c, 3, padding=1, groups=3 * c), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(3 * c, c, 1)).eval()
     x = torch.randn(1, 16, 28, 28)
-    for fuse in (False, True):
+    for fuse in (False, "always"):  # "always": AVX2's 16 registers do not fuse blocks by default
         built = alt_tvm.build(model, target=machine, example_inputs=[x],
                               strategy_options={"alt": {"fuse_blocks": fuse}})
         ref = model(x).detach().numpy()

@@ -16,7 +16,7 @@ from alt_tvm.graph.build import build
 from alt_tvm.graph.partition import plan_partitions, tail_pieces
 from alt_tvm.graph.prepare import prepare
 from alt_tvm.strategies.alt import block
-from alt_tvm.target import resolve
+from alt_tvm.target import describe_cpu, resolve
 
 
 class _InvertedResidual(nn.Module):  # MobileNet-V2's block: ReLU6 after expand and depthwise
@@ -104,12 +104,16 @@ def test_a_first_conv_depthwise_pointwise_chain_is_one_kernel_and_matches_pytorc
     assert not geometry.pointwise_expand and geometry.expand_taps == kwargs.get("kernel", 3) ** 2
 
 
-def _plan(model, x, options=None):
-    """The build's partition plan of ``model`` on this machine."""
+#: This machine described with 32 vector registers (AVX-512), where blocks are fused by default.
+WIDE = describe_cpu("skylake-avx512")
+
+
+def _plan(model, x, options=None, target=None):
+    """The build's partition plan of ``model`` on ``target`` (default: this machine)."""
     from alt_tvm.graph.frontend import load_model
 
     return plan_partitions(prepare(load_model(model, example_inputs=[x]).mod)["main"],
-                           target=resolve(None), strategy_options=options)
+                           target=target or resolve(None), strategy_options=options)
 
 
 def _anchor_and_tail(model, x):
@@ -144,9 +148,9 @@ def test_single_row_bands_are_not_fused_by_default_and_nothing_with_the_option_o
     model = _InvertedResidual(32, 32).eval()
     x = torch.randn(1, 3, 7, 7)
     for options in (None, {"alt": {"fuse_blocks": False}}):
-        built = build(model, example_inputs=[x], strategy_options=options)
-        assert _fused(built) == []
-        assert sum(k.ops[0] == "relax.nn.conv2d" for k in built.report.kernels if k.kind == "partition") == 4
+        plan = _plan(model, x, options, target=WIDE)
+        assert [p for p in plan.partitions if p.tail] == []
+        assert sum(p.anchor.value.op.name == "relax.nn.conv2d" for p in plan.partitions) == 4
 
 
 def test_fuse_blocks_option_rejects_other_values():
@@ -156,11 +160,15 @@ def test_fuse_blocks_option_rejects_other_values():
         build(model, example_inputs=[torch.randn(1, 3, 8, 8)], strategy_options={"alt": {"fuse_blocks": "yes"}})
 
 
-def test_a_block_with_cheap_bands_is_fused_by_default():
+def test_a_block_with_cheap_bands_is_fused_by_default_with_32_registers_and_not_with_16():
     torch.manual_seed(0)
     model = _InvertedResidual(16, 24, stride=2).eval()
     x = torch.randn(1, 3, 56, 56)
-    tails = [p for p in _plan(model, x).partitions if p.tail]
+    narrow = describe_cpu("haswell")  # AVX2: 16 vector registers
+    assert narrow.vector_registers < block.BLOCK_MIN_REGISTERS <= WIDE.vector_registers
+    assert [p for p in _plan(model, x, target=narrow).partitions if p.tail] == []
+    assert len([p for p in _plan(model, x, ALWAYS, target=narrow).partitions if p.tail]) == 1
+    tails = [p for p in _plan(model, x, target=WIDE).partitions if p.tail]
     assert len(tails) == 1 and len(tail_pieces(tails[0])) == 3
     assert [len(piece.epilogue) for piece in tail_pieces(tails[0])] == [2, 2, 1]  # bias + clip, bias + clip, bias
     geometry = block.BlockGeometry.of(tails[0].anchor, tails[0].tail)

@@ -249,6 +249,16 @@ class BlockTiling:
 STEM_EXPAND_POSITIONS = 8
 
 
+#: Vector registers from which a block is fused by default (:func:`.conv.fuses_block`). The fused
+#: kernel keeps three stages' register blocks in 3/4 of the registers (:func:`block_register_budget`);
+#: with AVX2's 16 they are too small to pay for the recomputed rows. Built for AVX2 (on a
+#: Cascade Lake guest, 2 threads), the unfused models take 0.79 (MobileNet-V2), 0.81 (MNASNet),
+#: 0.88 (MobileNet-V3-L) and 0.97 (EfficientNet-B0) of the fused time; built for its AVX-512,
+#: 0.98, 0.96, 0.97 and 0.86, where on Zen 4 fusion made MobileNet-V2 1.23x and MNASNet 1.09x
+#: faster: with 32 registers the choice depends on the machine beyond this rule.
+BLOCK_MIN_REGISTERS = 32
+
+
 def block_register_budget(registers: int) -> int:
     """Vector registers a fused block's register blocks use by default: 3/4 of them, not the
     unfused conv's all-but-four, since the three stages keep more values live (28 of 32 make

@@ -43,6 +43,7 @@ from alt_tvm.strategies.registry import register_strategy
 from alt_tvm.target import HardwareTarget
 
 from .block import (
+    BLOCK_MIN_REGISTERS,
     MAX_SHORT_WORK_RATIO,
     MAX_WORK_RATIO,
     BlockGeometry,
@@ -416,10 +417,13 @@ def fuses_block(strategy: AltConvStrategy, anchor: relax.VarBinding, match: Matc
     of rows fits half the L2 cache with a band per core and, by default, the recomputed rows
     leave the fused kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work
     (:data:`.block.MAX_SHORT_WORK_RATIO` times the two kernels' for a block that ends at its
-    depthwise conv). The option ``fuse_blocks``: True (that rule), False (never),
-    ``"always"`` (wherever a band fits)."""
+    depthwise conv), on targets with at least :data:`.block.BLOCK_MIN_REGISTERS` vector
+    registers. The option ``fuse_blocks``: True (that rule), False (never), ``"always"``
+    (wherever a band fits)."""
     fuse = fusion_option(options, "fuse_blocks")
     if fuse is False or target.to_tvm().kind.name != "llvm":
+        return False
+    if fuse is True and (target.vector_registers or 16) < BLOCK_MIN_REGISTERS:
         return False
     try:
         geometry = BlockGeometry.of(anchor, match.tail)
