@@ -268,7 +268,7 @@ def stream_tile(n: int, lanes: int) -> int:
     unrolled :data:`STREAM_UNROLL` steps. Such a product reads each weight once and is bound by
     memory, so what counts is that each panel streams as one run of whole vectors.
 
-    Inside the model on 2 AVX-512 cores, one 8-lane vector over ResNet-50's ``2048 x 1000``
+    Alone with warm caches on 2 AVX-512 cores, one 8-lane vector over ResNet-50's ``2048 x 1000``
     weight takes 0.71 ms against 1.61 ms for five 5-lane vectors, and one 16-lane vector over
     MobileNet-V3's ``960 x 1280`` 0.22 ms against 0.33 ms for five (two or four: 0.23 ms).
     """
