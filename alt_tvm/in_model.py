@@ -14,6 +14,9 @@ workload's candidates are timed where they will run:
    defaults alone, and the defaults of the other exact strategies that apply, in that order,
    the first ``k``; ``k`` is one batch of parallel builds unless set
    (:attr:`~alt_tvm.options.InModelConfig.copies`), since the builds are the stage's cost.
+   A fused workload (a block, a GEMM with its layer norm) also has its pieces as a
+   candidate, after its best finalist: the copy is partitioned without that fusion, and
+   the pieces' kernels are timed as the fused workload.
 2. Run the copies in interleaved rounds with per-kernel timing
    (:meth:`alt_tvm.deploy.model.RunnableModel.profile`); a workload's time in a copy is
    its kernels' plus the layout conversions its layout choice caused.
@@ -80,11 +83,13 @@ ModelTimer = Callable[[RunnableModel, Sequence[np.ndarray]], float]
 
 @dataclass(frozen=True)
 class Choice:
-    """One way to lower a workload: a strategy and its parameters (None: its defaults)."""
+    """One way to lower a workload: a strategy and its parameters (None: its defaults); a
+    fused workload with ``fused`` false is built as its pieces, each at its defaults."""
 
     strategy: str
     params: Mapping[str, Any] | None
     label: str
+    fused: bool = True
 
 
 @dataclass
@@ -185,16 +190,18 @@ def choices_log(name: str, target: str, picks: Mapping[str, Choice]) -> TunedLog
     picks
         Workload key -> :class:`Choice`.
     """
-    best, strategies, defaults = {}, {}, {}
+    best, strategies, defaults, unfused = {}, {}, {}, {}
     for key, choice in picks.items():
         strategies[key] = choice.strategy
+        if not choice.fused:
+            unfused[key] = name
         if choice.params is None:
             defaults[key] = f"{choice.label} ({name})"
         else:
             best[key] = TuningRecord(workload_key=key, target=target, latencies_ms=(1.0,), source=name,
                                      candidate={"decision": "variant", "strategy": choice.strategy,
                                                 "params": dict(choice.params)})
-    return TunedLog(name, target, best, {}, {}, strategies, defaults)
+    return TunedLog(name, target, best, {}, {}, strategies, defaults, unfused)
 
 
 def _alternatives(task: Any, target: HardwareTarget, allowed: Sequence[str] | None,
@@ -242,6 +249,10 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
                 seen.add(candidate_key(params))
                 tuned += 1
                 found.append(Choice(name, params, f"tuned#{tuned}"))
+        if config.unfused and task.partition is not None and task.partition.pieces():
+            # After the best finalist: whether a fusion pays depends on the machine beyond the
+            # rule that fuses it (the block's register-count rule, strategies/alt/block.py).
+            found.insert(min(2, len(found)), Choice(name, None, "unfused", fused=False))
         if config.alternatives:
             found += _alternatives(task, target, allowed, options)
         if copies is not None and len(found) > copies:
@@ -251,9 +262,13 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
     return choices
 
 
-def _copies(config: InModelConfig, workers: int) -> int:
-    """The copies the stage builds: ``config.copies``, else one batch of the ``workers``."""
-    return config.copies if config.copies is not None else max(2, workers)
+def _copies(config: InModelConfig, workers: int, tasks: Sequence[Any]) -> int:
+    """The copies the stage builds: ``config.copies``, else one batch of the ``workers`` (at
+    least 2), and 3 where a fused workload's pieces are a candidate (after its best finalist)."""
+    if config.copies is not None:
+        return config.copies
+    split = config.unfused and any(t.partition is not None and t.partition.pieces() for t in tasks)
+    return max(3 if split else 2, workers)
 
 
 def _configs(decisions: Sequence[WorkloadDecision],
@@ -331,7 +346,7 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
     with VariantBuilder(mod, options, source=source, input_shapes=input_shapes,
                         workers=config.build_workers) as builder:
         choices = _candidates(tasks, rank_candidates(records), config, target, options.strategies,
-                              options.strategy_options, copies=_copies(config, builder.workers))
+                              options.strategy_options, copies=_copies(config, builder.workers, tasks))
         copies = max(len(c) for c in choices.values())
 
         def build_copies(named: Mapping[str, Mapping[str, Choice]]) -> list[BuiltVariant]:
@@ -462,7 +477,8 @@ def _write(log: str | os.PathLike[str], target_json: str, result: InModelResult)
                 candidate={"decision": "in-model", "strategy": d.choice.strategy,
                            "params": None if d.choice.params is None else dict(d.choice.params),
                            "label": d.choice.label, "reason": d.reason, "ratio": _finite(d.ratio),
-                           "in_model_ms": {k: _finite(v) for k, v in d.times_ms.items()}}))
+                           "in_model_ms": {k: _finite(v) for k, v in d.times_ms.items()},
+                           **({} if d.choice.fused else {"fuse": False})}))
         digest = hashlib.sha1("\n".join(sorted(d.key for d in result.decisions)).encode()).hexdigest()[:16]
         writer.write(TuningRecord(
             workload_key=f"model|{digest}", target=target_json, latencies_ms=result.tuned_samples or (0.0,),

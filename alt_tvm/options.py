@@ -187,11 +187,16 @@ class InModelConfig:
     alternatives
         Also time the defaults of every other exact strategy that applies to a workload
         (e.g. SConv for a convolution the ALT template lowers by default), after its finalists.
+    unfused
+        Also time a fused workload (a pattern with pieces: an inverted-residual block, a GEMM
+        with its layer norm) built as its pieces at their defaults, after its best finalist:
+        whether a fusion pays depends on the machine beyond the rule that fuses it.
     copies
         Copies of the model built to time the candidates, the defaults' copy included: a
         workload's candidates beyond it (finalists first, then alternatives) are not timed.
         Each copy is a whole build, the stage's main cost. None: one batch of builds, i.e.
-        ``build_workers`` copies (at least 2).
+        ``build_workers`` copies (at least 2; at least 3 where a fused workload's pieces are a
+        candidate).
     rounds
         Interleaved rounds of per-kernel timing (each copy runs once per round).
     model_rounds
@@ -211,6 +216,7 @@ class InModelConfig:
 
     finalists: int = 2
     alternatives: bool = True
+    unfused: bool = True
     rounds: int = 7
     model_rounds: int = 9
     margin: float = 0.03

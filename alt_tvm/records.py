@@ -686,6 +686,9 @@ class TunedLog:
         The strategy each decided workload is lowered with (its last decision's).
     defaults : dict of str to str
         Workloads whose last decision keeps the strategy's defaults, and why.
+    unfused : dict of str to str
+        Fused workloads (a block, a GEMM with its layer norm) whose last decision builds them
+        as their pieces (``candidate["fuse"]`` false), and where that decision is.
     """
 
     path: str
@@ -695,6 +698,7 @@ class TunedLog:
     skipped: Mapping[str, int]
     strategies: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, str] = field(default_factory=dict)
+    unfused: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def params(self) -> dict[str, dict[str, Any]]:
@@ -765,10 +769,12 @@ def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> Tune
         elif "params" in record.candidate:
             applicable.append(record)
     best = choose_best(applicable)
-    strategies, defaults = {}, {}
+    strategies, defaults, unfused = {}, {}, {}
     for key, decision in decisions.items():
         if isinstance(decision.candidate.get("strategy"), str):
             strategies[key] = decision.candidate["strategy"]
+        if decision.candidate.get("fuse") is False:
+            unfused[key] = decision.source
         if isinstance(decision.candidate.get("params"), dict):
             best[key] = decision
         else:
@@ -789,7 +795,7 @@ def read_log(path: str | os.PathLike[str], *, target: Any | None = None) -> Tune
             elsewhere[key] = "every measurement of this workload in the log failed"
         else:
             elsewhere[key] = "its records carry no decoded strategy parameters"
-    return TunedLog(str(path), wanted, best, elsewhere, skipped, strategies, defaults)
+    return TunedLog(str(path), wanted, best, elsewhere, skipped, strategies, defaults, unfused)
 
 
 def _short_target(target: str) -> str:

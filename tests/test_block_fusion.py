@@ -192,6 +192,56 @@ def test_a_fused_block_that_fails_is_lowered_as_three_kernels(monkeypatch):
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+def _unfused_log(path, key, target):
+    from alt_tvm.records import RecordWriter, TuningRecord, target_key
+
+    with RecordWriter(path) as writer:
+        writer.write(TuningRecord(workload_key=key, target=target_key(target.to_tvm()), latencies_ms=(1.0,),
+                                  candidate={"decision": "in-model", "strategy": "alt", "params": None,
+                                             "label": "unfused", "fuse": False}))
+    return path
+
+
+def test_a_log_that_builds_a_block_as_its_pieces_lowers_three_kernels_timed_as_the_block(tmp_path):
+    from alt_tvm.records import read_log
+
+    torch.manual_seed(0)
+    model = _InvertedResidual(16, 16).eval()
+    x = torch.randn(1, 3, 12, 12)
+    (fused,) = _fused(build(model, example_inputs=[x], strategy_options=ALWAYS))
+    log = read_log(_unfused_log(tmp_path / "log.jsonl", fused.workload, resolve(None)))
+    assert set(log.unfused) == {fused.workload}
+    built = build(model, example_inputs=[x], strategy_options=ALWAYS, records=log, strict=True)
+    assert _fused(built) == [] and built.report.unfused == {fused.workload} and built.report.changed_by_log
+    pieces = [k for k in built.report.kernels if k.kind == "partition" and k.workload == fused.workload]
+    # expand, depthwise, project: each its own kernel, timed as the block the decision split
+    assert [k.ops.count("relax.nn.conv2d") for k in pieces] == [1, 1, 1]
+    assert built.report.tuning_of(fused.workload) == "tuned"
+    assert "1 fused workloads built as their pieces" in built.report.tuning_summary()
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_splitting_a_workload_that_fuses_nothing_here_is_refused_with_the_reason():
+    from alt_tvm.strategies.base import workload_key
+
+    torch.manual_seed(0)
+    model = _InvertedResidual(16, 16).eval()
+    x = torch.randn(1, 3, 12, 12)
+    from alt_tvm.graph.frontend import load_model
+
+    func = prepare(load_model(model, example_inputs=[x]).mod)["main"]
+    plan = plan_partitions(func, target=resolve(None), strategy_options=ALWAYS)
+    stem = next(p for p in plan.partitions if not p.tail)
+    (block_part,) = [p for p in plan.partitions if p.tail]
+    keys = {workload_key(stem), workload_key(block_part)}
+    split = plan_partitions(func, target=resolve(None), strategy_options=ALWAYS, unfused=keys)
+    assert split.split == {workload_key(block_part)} and not [p for p in split.partitions if p.tail]
+    assert "fuses nothing here" in split.refused[workload_key(stem)]
+    # the pieces' anchors map to the block they came from; the stem is no piece
+    assert sorted(set(split.pieces_of.values())) == [workload_key(block_part)] and len(split.pieces_of) == 3
+
+
 def test_band_rows_fit_half_the_l2_cache_and_divide_the_output():
     geometry = block.BlockGeometry(n=1, c=16, m=96, o=24, h=112, w=112, oh=56, ow=56, kernel=(3, 3),
                                    stride=(2, 2), pads=(1, 1, 1, 1))

@@ -5,6 +5,7 @@ the per-kernel profiles of real runs and the numerics are real."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 import zlib
@@ -348,8 +349,60 @@ def test_the_candidates_timed_are_cut_to_the_copies_built_finalists_first(search
     for copies in (1, 2, 3, len(every) + 1):
         cut = _candidates([task], {task.key: ranked}, config, host(), None, {}, copies=copies)[task.key]
         assert cut == every[:copies]
-    assert _copies(InModelConfig(), 3) == 3
-    assert _copies(InModelConfig(), 1) == 2  # the defaults and one candidate at least
-    assert _copies(InModelConfig(copies=4), 1) == 4
+    assert _copies(InModelConfig(), 3, [task]) == 3
+    assert _copies(InModelConfig(), 1, [task]) == 2  # the defaults and one candidate at least
+    assert _copies(InModelConfig(copies=4), 1, [task]) == 4
     with pytest.raises(ValueError, match="copies"):
         InModelConfig(copies=0)
+
+
+class Block(torch.nn.Module):
+    """A stem conv and an inverted-residual block (expand 1x1, depthwise 3x3, project 1x1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.expand = torch.nn.Conv2d(16, 64, 1)
+        self.dw = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
+        self.project = torch.nn.Conv2d(64, 16, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        return x + self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
+
+
+def test_a_fused_block_whose_pieces_are_faster_in_the_model_is_built_as_its_pieces(tmp_path):
+    from alt_tvm.in_model import _copies
+
+    model, x = Block().eval(), torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    always = {"alt": {"fuse_blocks": "always"}}
+    tasks = extract_tasks(model, example_inputs=[x], strategy_options=always)
+    (block,) = [t for t in tasks if t.partition.pieces()]
+    assert _copies(InModelConfig(), 2, tasks) == 3  # the defaults, the best finalist, the pieces
+
+    def profile(built, arrays):  # the pieces together take less than the fused kernel
+        report = built.report
+        times = {k.name: (0.2 if k.workload in report.unfused else 1.0,)
+                 for k in report.kernels if k.kind == "partition"}
+        return KernelProfile(times, (sum(t[0] for t in times.values()),))
+
+    log = tmp_path / "log.jsonl"
+    log.write_text("")  # no search records: the block's candidates are its defaults and its pieces
+    result = decide_in_model(model, tasks, log=log, target=host(), strategy_options=always, example_inputs=[x],
+                             config=dataclasses.replace(FAST, alternatives=False), profiler=profile,
+                             model_timer=lambda built, arrays: 1.0 if built.report.unfused else 1.5)
+    by_key = {d.key: d for d in result.decisions}
+    assert result.kept and by_key[block.key].choice.label == "unfused"
+    assert by_key[block.key].times_ms["unfused"] == pytest.approx(0.6)  # three kernels, timed as the block
+    assert all(d.choice.label == "default" for k, d in by_key.items() if k != block.key)
+    decision = [json.loads(line)["candidate"] for line in log.read_text().splitlines()
+                if json.loads(line)["workload_key"] == block.key][-1]
+    assert decision["fuse"] is False and decision["params"] is None
+    assert set(read_log(log).unfused) == {block.key}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = alt_tvm.build(model, example_inputs=[x], strategy_options=always, records=log)
+    assert built.report.unfused == {block.key}
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

@@ -12,7 +12,7 @@ without knowing what they fuse.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -77,7 +77,8 @@ class _Blocked:
 def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBinding], bool],
                     epilogues: bool = True, strategy_of: Callable[[relax.VarBinding], Strategy] | None = None,
                     target: HardwareTarget | None = None,
-                    strategy_options: Mapping[str, Any] | None = None) -> list[Partition]:
+                    strategy_options: Mapping[str, Any] | None = None,
+                    declined: Mapping[Any, str] | None = None) -> list[Partition]:
     """Partitions of ``func``'s dataflow blocks, anchored where ``is_anchor`` says.
 
     The epilogue is the largest run of element-wise ops after the anchor that reads the
@@ -91,9 +92,12 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
     the strategy's ``strategy_options``. A pattern whose prologue is itself an anchor
     (:attr:`~alt_tvm.strategies.pattern.FusionPattern.claims_anchor`) is matched over the
     whole block first, so that its prologue does not start a partition of its own.
+    ``declined`` maps anchor vars to the name of a pattern they do not grow by (a tuning
+    decision built that fused workload unfused).
     """
     users = consumers(func)
     options = dict(strategy_options or {})
+    declined = dict(declined or {})
     partitions: list[Partition] = []
     taken: set = set()
 
@@ -104,6 +108,8 @@ def find_partitions(func: relax.Function, *, is_anchor: Callable[[relax.VarBindi
                 if (epilogues or p.absorbs) and op_name(binding.value) in p.anchor]
 
     def fuses(pattern: FusionPattern, binding: relax.VarBinding, match: Match) -> bool:
+        if declined.get(binding.var) == pattern.name:
+            return False
         strategy = strategy_of(binding)
         return pattern.accepts(strategy, binding, match, target, options.get(strategy.name))
 
@@ -228,6 +234,11 @@ class PartitionPlan:
     refused: dict[str, str] = field(default_factory=dict)
     #: workload key -> the strategy ``chosen`` for it, where that replaced the priority rule
     overridden: dict[str, str] = field(default_factory=dict)
+    #: anchor var of a piece -> the workload key of the fused partition it was split from
+    #: (``unfused``): the in-model stage times the pieces as that workload
+    pieces_of: dict = field(default_factory=dict)
+    #: workload keys ``unfused`` named that were split here
+    split: set[str] = field(default_factory=set)
 
     def strategy_of(self, partition: Partition) -> Strategy:
         return self.strategies[partition.anchor.var]
@@ -236,7 +247,8 @@ class PartitionPlan:
 def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: str = "alt",
                     allowed: Sequence[str] | None = None,
                     strategy_options: Mapping[str, Any] | None = None,
-                    chosen: Mapping[str, str] | None = None) -> PartitionPlan:
+                    chosen: Mapping[str, str] | None = None,
+                    unfused: Collection[str] | None = None) -> PartitionPlan:
     """Partition ``func`` and select a strategy for every partition: the one rule that the
     build and task extraction both apply, so a task is tuned for exactly the program the
     build makes.
@@ -260,11 +272,17 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
         where not, the reason is in ``refused``. Workload keys do not depend on the
         strategy, so the partitions are found again with the chosen strategies (which may
         absorb a pad producer or not).
+    unfused
+        Workload keys of fused partitions (a pattern with
+        :attr:`~alt_tvm.strategies.pattern.FusionPattern.pieces`) that a tuning log's decisions
+        build as their pieces: their anchors do not grow by that pattern. A key whose
+        partition fuses nothing here is named in ``refused``.
     """
     options = dict(strategy_options or {})
     anchor_ops = strategy_ops()
     plan = PartitionPlan([])
     overrides: dict = {}  # anchor var -> the chosen strategy
+    declined: dict = {}  # anchor var -> the pattern a decision split its partition from
 
     def is_anchor(binding: relax.VarBinding) -> bool:
         name = op_name(binding.value)
@@ -284,9 +302,13 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
     def partition() -> list[Partition]:
         return find_partitions(func, is_anchor=is_anchor, epilogues=variant != "alt-wp",
                                strategy_of=lambda b: plan.strategies[b.var], target=target,
-                               strategy_options=options)
+                               strategy_options=options, declined=declined)
 
     plan.partitions = partition()
+    split = _split(plan, set(unfused or ()), declined)
+    if split:
+        plan.partitions = partition()
+        plan.pieces_of = {p.anchor.var: split[p.anchor.var] for p in plan.partitions if p.anchor.var in split}
     for part in plan.partitions if chosen else []:
         key = workload_key(part)
         name = chosen.get(key)
@@ -304,3 +326,20 @@ def plan_partitions(func: relax.Function, *, target: HardwareTarget, variant: st
     if overrides:
         plan.partitions = partition()
     return plan
+
+
+def _split(plan: PartitionPlan, unfused: set[str], declined: dict) -> dict:
+    """Decline the pattern of each of ``plan``'s partitions whose key ``unfused`` names (into
+    ``declined``); returns its bindings' vars -> its key."""
+    members: dict = {}
+    for part in plan.partitions if unfused else []:
+        key = workload_key(part)
+        if key not in unfused:
+            continue
+        if part.pattern is None or not part.pieces():
+            plan.refused[key] = "the log builds this workload as the pieces of a fusion, but it fuses nothing here"
+            continue
+        declined[part.anchor.var] = part.pattern.name
+        plan.split.add(key)
+        members.update((b.var, key) for b in part.bindings)
+    return members

@@ -86,13 +86,16 @@ class AltLayoutPass:
             raise ValueError("the Relax module has no 'main' function")
         func = mod["main"]
         options = self.options
-        chosen = None if options.records is None or options.variant == "alt-ol" else options.records.strategies
+        decided = options.records is not None and options.variant != "alt-ol"
+        chosen = options.records.strategies if decided else None
+        unfused = options.records.unfused if decided else None
         plan = plan_partitions(func, target=options.target, variant=options.variant, allowed=options.strategies,
-                               strategy_options=options.strategy_options, chosen=chosen)
+                               strategy_options=options.strategy_options, chosen=chosen, unfused=unfused)
         learned = self._learned_strategies(plan.partitions)
         if learned:
             plan = plan_partitions(func, target=options.target, variant=options.variant, allowed=options.strategies,
-                                   strategy_options=options.strategy_options, chosen={**learned, **(chosen or {})})
+                                   strategy_options=options.strategy_options, chosen={**learned, **(chosen or {})},
+                                   unfused=unfused)
             for key in learned:
                 # A learned choice that does not apply here is no fault of the build: it keeps the rule's.
                 plan.refused.pop(key, None)
@@ -100,13 +103,15 @@ class AltLayoutPass:
                     self.report.learned[key] = f"strategy {plan.overridden.pop(key)} ({self._learned_source(key)})"
         self.report.refused.update(plan.refused)
         self.report.chosen_strategies.update(plan.overridden)
+        self.report.unfused.update(plan.split)
         for name, reasons in plan.fallbacks.items():
             known = self.report.fallbacks.setdefault(name, [])
             known.extend(r for r in reasons if r not in known)
         partitions, selected = plan.partitions, plan.strategies
         backward = self._backward_layouts(func, partitions, selected) if self.options.variant != "alt-wp" else {}
         self.requested = self._requested_layouts(func, partitions, selected) if self.options.variant != "alt-wp" else {}
-        mutator = _Mutator(mod, partitions, selected, self, backward, _elementwise_chains(func, backward))
+        mutator = _Mutator(mod, partitions, selected, self, backward, _elementwise_chains(func, backward),
+                           plan.pieces_of)
         new_func = mutator.visit_expr(func)
         new_mod = mutator.builder_.get()
         new_mod["main"] = relax.analysis.remove_all_unused(new_func)
@@ -338,9 +343,10 @@ def _standalone_elementwise(binding: relax.VarBinding, users: dict) -> bool:
 @relax.expr_functor.mutator
 class _Mutator(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, partitions: list[Partition], selected: dict, owner: AltLayoutPass,
-                 backward: dict, chains: dict):
+                 backward: dict, chains: dict, pieces_of: dict):
         super().__init__(mod)
         self.owner = owner
+        self.pieces_of = pieces_of  # a piece's anchor var -> the key of the fusion a decision split
         self.backward = backward  # element-wise var -> layout its consumer wants
         self.chains = chains  # last element-wise op of a chain -> the chain's bindings
         self.chained = {b.var for chain in chains.values() for b in chain[:-1]}
@@ -348,7 +354,9 @@ class _Mutator(relax.PyExprMutator):
         self.final = {p.output: p for p in partitions}
         self.members = {b.var for p in partitions for b in p.bindings}
         self.layouts: dict = {}  # original var -> (new var holding the value, its Layout)
-        self.owners: dict = {}  # original var -> workload key of the partition that chose its layout
+        #: original var -> workload key of the partition that chose its layout (of the fusion a
+        #: piece was split from: the in-model stage times the pieces as that workload)
+        self.owners: dict = {}
         self.canonical: dict = {}  # original var -> new var in canonical layout
         self.count = 0
         self.emitted: dict[int, list[tuple[tvm.tirx.PrimFunc, relax.GlobalVar, str]]] = {}  # hash -> kernels
@@ -537,13 +545,14 @@ class _Mutator(relax.PyExprMutator):
                 raise
             self._fall_back(partition, strategy, err)
             return
+        workload = self.pieces_of.get(partition.anchor.var, context.workload_key)
         args = []
         for arg in lowered.args:
             if isinstance(arg, relax.Var):
                 if arg in context.conversions:
                     current = self.layouts[arg] if arg in self.layouts else (self.visit_expr(arg), None)
                     arg = self._convert(current[0], current[1], context.conversions[arg], static_shape(arg),
-                                        dtype_of(arg), workload=context.workload_key,
+                                        dtype_of(arg), workload=workload,
                                         boundary=not isinstance(arg, relax.DataflowVar))
                 elif arg in self.layouts:
                     arg = self.layouts[arg][0]
@@ -553,7 +562,7 @@ class _Mutator(relax.PyExprMutator):
         self.count += 1
         name = f"alt_{partition.ops[0].split('.')[-1]}_{self.count}"
         layout = lowered.output_layout
-        kernel = Kernel(name, "partition", context.workload_key, ops=tuple(partition.ops), layout=_stored(layout),
+        kernel = Kernel(name, "partition", workload, ops=tuple(partition.ops), layout=_stored(layout),
                         flops=relax_flops(partition.bindings))
         out = partition.output
         if lowered.packed_func is not None:
@@ -565,7 +574,7 @@ class _Mutator(relax.PyExprMutator):
             new_var = self._emit_call(lowered.func, kernel, args, lowered.output_shape, lowered.output_dtype)
         self.owner.report.partitions.append((lowered.strategy, partition.ops[0], partition.ops))
         if lowered.output_layout is not None:
-            self.owners[out] = context.workload_key
+            self.owners[out] = workload
             # alt-wp: no propagation; convert back at every boundary, consumers see canonical data.
             self._hold(out, new_var, lowered.output_layout, canonical=self.owner.options.variant == "alt-wp")
             return

@@ -78,6 +78,9 @@ class BuildReport:
     refused: dict[str, str] = field(default_factory=dict)
     #: workload key -> the strategy the log chose for it instead of the priority rule's
     chosen_strategies: dict[str, str] = field(default_factory=dict)
+    #: workload keys of fused partitions the log's decisions built as their pieces; the pieces'
+    #: kernels (and the conversions their layouts cause) carry the fused workload's key
+    unfused: set[str] = field(default_factory=set)
     #: workload keys of the partitions whose strategy has a tuning space, and of the operator
     #: kernels (:class:`~alt_tvm.graph.in_layout.OperatorKernel`: each has loop knobs)
     tunable: set[str] = field(default_factory=set)
@@ -106,7 +109,8 @@ class BuildReport:
         decision chose), ``"learned"`` for one the learned defaults changed, ``"default"`` for
         one with a tuning space built with the defaults, "" for one without a space (and for a
         kernel of no partition)."""
-        if workload and (workload in self.tuned_workloads or workload in self.chosen_strategies):
+        if workload and (workload in self.tuned_workloads or workload in self.chosen_strategies
+                         or workload in self.unfused):
             return "tuned"
         if workload and workload in self.learned:
             return "learned"
@@ -115,9 +119,10 @@ class BuildReport:
     @property
     def changed_by_log(self) -> bool:
         """Whether the log changed any kernel: a partition built with tuned parameters or
-        with the strategy the log chose. False without a log, and where the log's in-model
-        check kept every default (the build then emits the untuned build's kernels)."""
-        return self.tuned > 0 or bool(self.chosen_strategies) or bool(self.tuned_operators)
+        with the strategy the log chose, or a fusion built as its pieces. False without a log,
+        and where the log's in-model check kept every default (the build then emits the
+        untuned build's kernels)."""
+        return self.tuned > 0 or bool(self.chosen_strategies) or bool(self.tuned_operators) or bool(self.unfused)
 
     @property
     def timed_kernels(self) -> list[Kernel]:
@@ -148,6 +153,9 @@ class BuildReport:
             names = sorted(set(self.chosen_strategies.values()))
             lines.append(f"{len(self.chosen_strategies)} partitions lowered with the strategy the log chose "
                          f"by in-model time ({', '.join(names)})")
+        if self.unfused:
+            lines.append(f"{len(self.unfused)} fused workloads built as their pieces, as the log decided by "
+                         f"in-model time")
         lines += [f"  {n} untuned: {reason}" for reason, n in reasons.items()]
         lines += [f"  {key.split('|')[0]}: {reason}" for key, reason in self.refused.items()]
         return "\n".join(lines)
