@@ -207,12 +207,16 @@ def choices_log(name: str, target: str, picks: Mapping[str, Choice]) -> TunedLog
 def _alternatives(task: Any, target: HardwareTarget, allowed: Sequence[str] | None,
                   options: Mapping[str, Any]) -> list[Choice]:
     """The defaults of every other exact strategy that applies to ``task``'s anchor (none for an
-    operator kernel's task, which has no partition)."""
+    operator kernel's task, which has no partition) and lowers the fusion pattern that is part
+    of its workload key: another builds partitions of other keys, which time as no candidate."""
     found: list[Choice] = []
     if task.partition is None:
         return found
+    pattern = task.partition.pattern
     for strategy in registry.registered_strategies():
         if strategy.name == task.strategy.name or not strategy.exact:
+            continue
+        if pattern is not None and pattern.key is not None and all(p.name != pattern.name for p in strategy.patterns):
             continue
         if allowed is not None and strategy.name not in allowed:
             continue

@@ -373,13 +373,16 @@ class Block(torch.nn.Module):
 
 
 def test_a_fused_block_whose_pieces_are_faster_in_the_model_is_built_as_its_pieces(tmp_path):
-    from alt_tvm.in_model import _copies
+    from alt_tvm.in_model import _candidates, _copies
 
     model, x = Block().eval(), torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(2))
     always = {"alt": {"fuse_blocks": "always"}}
     tasks = extract_tasks(model, example_inputs=[x], strategy_options=always)
     (block,) = [t for t in tasks if t.partition.pieces()]
     assert _copies(InModelConfig(), 2, tasks) == 3  # the defaults, the best finalist, the pieces
+    # SConv lowers no block: as the block's alternative it would build partitions of other keys
+    assert [c.label for c in _candidates([block], {}, InModelConfig(), host(), None, always)[block.key]] \
+        == ["default", "unfused"]
 
     def profile(built, arrays):  # the pieces together take less than the fused kernel
         report = built.report
