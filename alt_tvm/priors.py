@@ -8,8 +8,9 @@ convolution of ResNet-18 (0.34-0.96x the time). :class:`Priors` keeps such decis
 target and answers, for a workload of another model on that target, with the decision of its
 nearest decided workload of the same kind (same operator, kernel window, strides and
 grouping) when every extent is within a factor of :data:`RADIUS` of it. Only what carries
-across shapes is taken: the choice of strategy, and the on/off loop knobs of a tuned
-candidate (tile sizes depend on the extents and are left to the defaults).
+across shapes is taken: the choice of strategy, whether a fused workload is built as its
+pieces, and the on/off loop knobs of a tuned candidate (tile sizes depend on the extents and
+are left to the defaults).
 
 :func:`fit_priors` reads tuning logs; :func:`shipped_priors` loads the file fitted from the
 logs that ship with alt-tvm (``logs/reference/``, by ``scripts/fit_priors.py``). A build
@@ -47,6 +48,7 @@ PRIORS_ENV = "ALT_TVM_PRIORS"
 SHIPPED = Path(__file__).resolve().parent / "data" / "priors.json"
 
 _SHAPE = re.compile(r"\(([\d, ]*)\)")
+_STRIDES = re.compile(r'"strides":\s*(\[[\d, ]*\])')
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class LearnedDecision:
         In-model time of the choice over the defaults' (below 1: faster).
     source
         ``"<log path>:<line>"``.
+    fused
+        False where it built a fused workload as its pieces (``candidate["fuse"]``).
     """
 
     target: str
@@ -75,6 +79,7 @@ class LearnedDecision:
     switches: Mapping[str, bool] = field(default_factory=dict)
     ratio: float = 1.0
     source: str = ""
+    fused: bool = True
 
     @property
     def finding(self) -> bool:
@@ -85,7 +90,7 @@ class LearnedDecision:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "workload": self.workload, "strategy": self.strategy,
                 "switches": dict(sorted(self.switches.items())), "ratio": round(self.ratio, 4),
-                "source": self.source}
+                "source": self.source, **({} if self.fused else {"fused": False})}
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> LearnedDecision:
@@ -100,8 +105,11 @@ class LearnedDecision:
             switches = {str(k): v for k, v in dict(record.get("switches", {})).items()}
             if not all(isinstance(v, bool) for v in switches.values()):
                 raise TypeError("switches must map knob names to true/false")
+            fused = record.get("fused", True)
+            if not isinstance(fused, bool):
+                raise TypeError("fused must be true or false")
             return cls(str(record["target"]), str(record["workload"]), str(record["strategy"]), switches,
-                       float(record.get("ratio", 1.0)), str(record.get("source", "")))
+                       float(record.get("ratio", 1.0)), str(record.get("source", "")), fused)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a learned decision: {record!r} ({err})") from None
 
@@ -110,9 +118,9 @@ def workload_kind(workload: str) -> tuple[str, tuple[float, ...]] | None:
     """``(kind, log2 extents)`` of a workload key, or None for one it cannot read.
 
     The kind is the operator, the shapes' ranks and the attributes, with ``groups`` reduced
-    to whether the op is dense, depthwise (one channel per group) or grouped; the extents
-    are every dimension of the operands and the output. Two workloads of one kind differ
-    only in their extents.
+    to whether the op is dense, depthwise (one channel per group) or grouped, and the ops a
+    fusion pattern adds (a block's convs, a layer norm); the extents are every dimension of
+    the operands and the output. Two workloads of one kind differ only in their extents.
     """
     parts = workload.split("|")
     if len(parts) < 2:
@@ -136,6 +144,12 @@ def workload_kind(workload: str) -> tuple[str, tuple[float, ...]] | None:
     # The window's extents belong to the kind: a 3x3 decision says nothing of a 1x1 conv.
     if parts[0].startswith("nn.conv") and len(shapes) > 1:
         kind += f"|window={shapes[1][2:]}"
+    # A fusion's part of the key (``then=<op>:<shapes>:<attrs>+<op>...``): its ops and their
+    # strides (a block's depthwise conv may halve the map), not its extents.
+    for part in parts[2:]:
+        if part.startswith(("then=", "prologue=")):
+            ops = [piece.split(":", 1)[0] + "".join(_STRIDES.findall(piece)) for piece in part.split("+")]
+            kind += "|" + "+".join(ops)
     return kind, tuple(math.log2(d) for s in shapes for d in s)
 
 
@@ -181,6 +195,16 @@ class Priors:
             if decision is not None and decision.finding:
                 chosen[workload] = decision.strategy
         return chosen
+
+    def unfused(self, workloads: Iterable[str], *, target: str) -> set[str]:
+        """The fused workloads among ``workloads`` whose nearest decision built its own as its
+        pieces (:attr:`LearnedDecision.fused`), faster by :data:`MIN_GAIN`."""
+        split = set()
+        for workload in workloads:
+            decision = self.nearest(workload, target=target)
+            if decision is not None and decision.finding and not decision.fused:
+                split.add(workload)
+        return split
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "decisions": [d.to_json() for d in self.decisions]}
@@ -256,7 +280,7 @@ def fit_priors(logs: Sequence[str | os.PathLike]) -> Priors:
             params = candidate.get("params") or {}
             switches = {k: v for k, v in params.items() if isinstance(v, bool)} if ratio <= MIN_GAIN else {}
             found[key] = LearnedDecision(record.target, record.workload_key, str(candidate["strategy"]), switches,
-                                         ratio, record.source)
+                                         ratio, record.source, candidate.get("fuse") is not False)
         decided.update(found)  # decisions no check has judged yet
     return Priors(tuple(decided[k] for k in sorted(decided)))
 

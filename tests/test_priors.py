@@ -137,3 +137,57 @@ def test_the_shipped_priors_are_the_reference_logs_fitted(monkeypatch):
     logs = sorted(str(p.relative_to(root)) for p in (root / "logs" / "reference").glob("*.jsonl"))
     shipped = Priors.read(SHIPPED)
     assert shipped.to_json() == fit_priors(logs).to_json() and any(d.finding for d in shipped.decisions)
+
+
+class _Block(torch.nn.Module):
+    """A stem conv, then an inverted-residual block (expand 1x1, depthwise 3x3, project 1x1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.expand = torch.nn.Conv2d(16, 64, 1)
+        self.dw = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
+        self.project = torch.nn.Conv2d(64, 16, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        return x + self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
+
+
+def test_a_learned_split_builds_the_neighbouring_block_as_its_pieces_unless_the_log_decides_it(tmp_path):
+    model, x = _Block().eval(), torch.randn(1, 3, 12, 12)
+    always = {"alt": {"fuse_blocks": "always"}}
+    plain = build(model, example_inputs=[x], strategy_options=always, priors=None)
+    (block,) = [k.workload for k in plain.report.kernels if k.kind == "partition" and "then=" in k.workload]
+    neighbour = block.replace("12, 12)", "16, 16)")  # every extent of the map within 2x
+    assert workload_kind(neighbour)[0] == workload_kind(block)[0] != workload_kind(block.split("|then=")[0])[0]
+    stride2 = block.replace('"strides":[1,1]}+add', '"strides":[2,2]}+add', 1)
+    assert stride2 != block and workload_kind(stride2)[0] != workload_kind(block)[0]
+
+    log = tmp_path / "log.jsonl"
+    with RecordWriter(log) as writer:
+        writer.write(TuningRecord(workload_key=neighbour, target=target_key(host()), latencies_ms=(0.8,),
+                                  candidate={"decision": "in-model", "strategy": "alt", "params": None,
+                                             "label": "unfused", "fuse": False, "ratio": 0.8}))
+    priors = fit_priors([log])
+    (decision,) = priors.decisions
+    assert not decision.fused and LearnedDecision.from_json(decision.to_json()) == decision
+    assert priors.unfused([block, block.split("|then=")[0]], target=target_key(host())) == {block}
+
+    learned = build(model, example_inputs=[x], strategy_options=always, priors=priors)
+    assert learned.report.learned[block].startswith("built as its pieces (0.80x the defaults' time")
+    assert learned.report.tuning_of(block) == "learned" and not learned.report.unfused
+    pieces = [k for k in learned.report.kernels if k.kind == "partition" and k.workload == block]
+    assert [k.ops.count("relax.nn.conv2d") for k in pieces] == [1, 1, 1]
+    np.testing.assert_allclose(learned(x.numpy())[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+    kept = tmp_path / "kept.jsonl"  # a log that decided this block keeps it fused
+    with RecordWriter(kept) as writer:
+        writer.write(TuningRecord(workload_key=block, target=target_key(host()), latencies_ms=(1.0,),
+                                  candidate={"decision": "in-model", "strategy": "alt", "params": None,
+                                             "label": "default"}))
+    logged = build(model, example_inputs=[x], strategy_options=always, priors=priors, records=kept)
+    assert block not in logged.report.learned
+    assert [k.ops.count("relax.nn.conv2d") for k in logged.report.kernels
+            if k.kind == "partition" and k.workload == block] == [3]

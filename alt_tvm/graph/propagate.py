@@ -92,15 +92,20 @@ class AltLayoutPass:
         plan = plan_partitions(func, target=options.target, variant=options.variant, allowed=options.strategies,
                                strategy_options=options.strategy_options, chosen=chosen, unfused=unfused)
         learned = self._learned_strategies(plan.partitions)
-        if learned:
+        # The log's decisions (its defaults included) take precedence over the learned ones.
+        learned_split = self._learned_unfused(plan.partitions) - set(chosen or {})
+        if learned or learned_split:
             plan = plan_partitions(func, target=options.target, variant=options.variant, allowed=options.strategies,
                                    strategy_options=options.strategy_options, chosen={**learned, **(chosen or {})},
-                                   unfused=unfused)
+                                   unfused={*(unfused or ()), *learned_split})
             for key in learned:
                 # A learned choice that does not apply here is no fault of the build: it keeps the rule's.
                 plan.refused.pop(key, None)
                 if key in plan.overridden:
                     self.report.learned[key] = f"strategy {plan.overridden.pop(key)} ({self._learned_source(key)})"
+            for key in learned_split & plan.split:
+                plan.split.discard(key)
+                self.report.learned[key] = f"built as its pieces ({self._learned_source(key)})"
         self.report.refused.update(plan.refused)
         self.report.chosen_strategies.update(plan.overridden)
         self.report.unfused.update(plan.split)
@@ -126,6 +131,12 @@ class AltLayoutPass:
         if self._priors is None:
             return {}
         return self._priors.strategies([workload_key(p) for p in partitions], target=target_key(self.options.target))
+
+    def _learned_unfused(self, partitions: list[Partition]) -> set[str]:
+        if self._priors is None:
+            return set()
+        return self._priors.unfused([workload_key(p) for p in partitions if p.pattern is not None],
+                                    target=target_key(self.options.target))
 
     def _learned_source(self, key: str) -> str:
         decision = self._priors.nearest(key, target=target_key(self.options.target))
