@@ -1,5 +1,7 @@
 """The ALT conv2d template of the R18 case study: every layout kind, scheduled, matches PyTorch."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -622,8 +624,11 @@ def test_an_epilogue_over_padded_channels_reads_a_padded_bias_unguarded(tmp_path
     x = torch.randn(1, 48, 14, 14)
     path = tmp_path / "padded.onnx"
     torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
-    built = alt_tvm.build(str(path), x86_runnable)
-    lanes = x86_runnable.vector_lanes()
+    # Where half vectors issue at the full rate (a fact measured on the host), 100 channels keep
+    # tiles of 10 lanes rather than pad by 12%: pin the fact under which they are padded.
+    target = dataclasses.replace(x86_runnable, half_vectors_full_rate=False)
+    built = alt_tvm.build(str(path), target)
+    lanes = target.vector_lanes()
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     convs = [built.mod[g] for g in built.mod.get_global_vars() if g.name_hint.startswith("alt_conv2d")]

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import runnable, x86_description
 
 import alt_tvm
 from alt_tvm.bench import (
@@ -31,7 +32,6 @@ from alt_tvm.bench import (
 )
 from alt_tvm.bench.compare import changed_kernels, compare_builds, output_mismatch, parse_config
 from alt_tvm.cli import main
-from conftest import runnable, x86_description
 
 
 @pytest.fixture(scope="module")
