@@ -268,3 +268,24 @@ def check_space(task, *, points: int = 4, seed: int = 0, loop_knobs: bool = True
         if checked == points:
             break
     assert checked == points
+
+
+def block_net():
+    """A stem conv, then an inverted-residual block (expand 1x1, depthwise 3x3, project 1x1,
+    residual add): the smallest model with a fused block and a partition beside it."""
+    import torch
+
+    class BlockNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.expand = torch.nn.Conv2d(16, 64, 1)
+            self.dw = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
+            self.project = torch.nn.Conv2d(64, 16, 1)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            return x + self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
+
+    return BlockNet().eval()

@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from conftest import block_net
 
 import alt_tvm
 from alt_tvm.deploy.profile import KernelProfile
@@ -356,26 +357,10 @@ def test_the_candidates_timed_are_cut_to_the_copies_built_finalists_first(search
         InModelConfig(copies=0)
 
 
-class Block(torch.nn.Module):
-    """A stem conv and an inverted-residual block (expand 1x1, depthwise 3x3, project 1x1)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.expand = torch.nn.Conv2d(16, 64, 1)
-        self.dw = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
-        self.project = torch.nn.Conv2d(64, 16, 1)
-
-    def forward(self, x):
-        x = torch.relu(self.stem(x))
-        return x + self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
-
-
 def test_a_fused_block_whose_pieces_are_faster_in_the_model_is_built_as_its_pieces(tmp_path):
     from alt_tvm.in_model import _candidates, _copies
 
-    model, x = Block().eval(), torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    model, x = block_net(), torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(2))
     always = {"alt": {"fuse_blocks": "always"}}
     tasks = extract_tasks(model, example_inputs=[x], strategy_options=always)
     (block,) = [t for t in tasks if t.partition.pieces()]

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import block_net
 
 from alt_tvm.graph.build import build
 from alt_tvm.options import BuildOptions
@@ -140,24 +141,8 @@ def test_the_shipped_priors_are_the_reference_logs_fitted(monkeypatch):
     assert shipped.to_json() == fit_priors(logs).to_json() and any(d.finding for d in shipped.decisions)
 
 
-class _Block(torch.nn.Module):
-    """A stem conv, then an inverted-residual block (expand 1x1, depthwise 3x3, project 1x1)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.expand = torch.nn.Conv2d(16, 64, 1)
-        self.dw = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
-        self.project = torch.nn.Conv2d(64, 16, 1)
-
-    def forward(self, x):
-        x = torch.relu(self.stem(x))
-        return x + self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
-
-
 def test_a_learned_split_builds_the_neighbouring_block_as_its_pieces_unless_the_log_decides_it(tmp_path):
-    model, x = _Block().eval(), torch.randn(1, 3, 12, 12)
+    model, x = block_net(), torch.randn(1, 3, 12, 12)
     always = {"alt": {"fuse_blocks": "always"}}
     plain = build(model, example_inputs=[x], strategy_options=always, priors=None)
     (block,) = [k.workload for k in plain.report.kernels if k.kind == "partition" and "then=" in k.workload]
