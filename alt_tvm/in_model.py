@@ -253,7 +253,7 @@ def _candidates(tasks: Sequence[Any], ranked: Mapping[str, list[TuningRecord]], 
                 seen.add(candidate_key(params))
                 tuned += 1
                 found.append(Choice(name, params, f"tuned#{tuned}"))
-        if config.unfused and task.partition is not None and task.partition.pieces():
+        if config.unfused and _splittable(task):
             # After the best finalist: whether a fusion pays depends on the machine beyond the
             # rule that fuses it (the block's register-count rule, strategies/alt/block.py).
             found.insert(min(2, len(found)), Choice(name, None, "unfused", fused=False))
@@ -271,8 +271,13 @@ def _copies(config: InModelConfig, workers: int, tasks: Sequence[Any]) -> int:
     least 2), and 3 where a fused workload's pieces are a candidate (after its best finalist)."""
     if config.copies is not None:
         return config.copies
-    split = config.unfused and any(t.partition is not None and t.partition.pieces() for t in tasks)
+    split = config.unfused and any(_splittable(t) for t in tasks)
     return max(3 if split else 2, workers)
+
+
+def _splittable(task: Any) -> bool:
+    """Whether ``task`` is a fused workload that can be built as its pieces."""
+    return task.partition is not None and bool(task.partition.pieces())
 
 
 def _configs(decisions: Sequence[WorkloadDecision],
