@@ -14,7 +14,8 @@ from torch import nn
 from tvm import relax, te
 
 import alt_tvm
-from alt_tvm.strategies.alt.batch_matmul import entries_in_parallel
+from alt_tvm.strategies.alt.batch_matmul import attention_rows, entries_in_parallel
+from alt_tvm.strategies.alt.gemm import row_tile
 from alt_tvm.strategies.views import contiguous_layout, source_positions, view_source, view_te
 
 
@@ -213,3 +214,12 @@ def test_a_projection_that_something_else_reads_keeps_its_layout(tmp_path):
 def test_heads_run_in_parallel_by_themselves_only_in_equal_or_many_shares():
     assert entries_in_parallel(12, 2) and entries_in_parallel(2, 2) and entries_in_parallel(9, 2)
     assert not entries_in_parallel(3, 2) and not entries_in_parallel(1, 2) and not entries_in_parallel(12, 16)
+
+
+def test_attention_blocks_queries_by_a_divisor_of_the_tokens_that_fits_the_registers():
+    assert attention_rows(49, vectors=2, registers=32) == 7  # Swin's windows: 7 blocks of 7
+    # 7 rows of 4 accumulators each do not fit 16 registers: 4 rows, a partial last block
+    assert attention_rows(49, vectors=4, registers=16) == row_tile(49, 4) == 4
+    assert attention_rows(197, vectors=2, registers=32) == 4  # prime: no divisor but itself
+    assert attention_rows(64, vectors=2, registers=32) == 4
+
