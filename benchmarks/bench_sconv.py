@@ -165,8 +165,8 @@ def load_configs(path: str) -> list[Conv]:
 def _interleaved_ms(fns: dict, *, repeat: int, min_time: float = 0.03) -> dict[str, tuple[float, float]]:
     """(min, median) per-call milliseconds of each function, timed in interleaved rounds.
 
-    The machine is shared, so every round times each function once, a different one first
-    each round (:func:`alt_tvm.bench.run_interleaved`), and the minimum over rounds is what the
+    The machine is shared, so every round times each function once, in a balanced order
+    (:func:`alt_tvm.bench.run_interleaved`), and the minimum over rounds is what the
     speedups use (the median is kept in the JSON).
     """
     import statistics

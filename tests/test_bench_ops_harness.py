@@ -79,7 +79,7 @@ def test_rounds_rotate_the_order_and_report_medians():
 
     result = bench.interleaved_medians({k: runner(k) for k in "abc"}, rounds=3)
     assert calls == list("abc") + list("bca") + list("cab")  # a different runner first each round
-    assert result.order == [list("abc"), list("bca"), list("cab")]
+    assert result.order == [list("abc"), list("bca"), list("cab")]  # (reversed in rounds 4-6: round_order)
     assert result.medians == {"a": 3.0, "b": 20.0, "c": 7.0}
     assert result.rounds["c"] == [7.0, 7.0, 100.0] and result.failures == {}
     with pytest.raises(ValueError, match="rounds must be >= 1"):

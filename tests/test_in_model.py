@@ -292,13 +292,21 @@ def test_the_model_check_reports_the_per_round_ratio_it_decided_on():
     assert reverted.speedup == 1.0 and reverted.paired_ratio == pytest.approx(1.0)
 
 
-def test_runs_interleave_with_a_different_runner_first_each_round():
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_runs_interleave_each_runner_first_once_and_after_every_other_equally_often(count):
+    from collections import Counter
+
     from alt_tvm.bench import run_interleaved
 
+    rounds = count if count % 2 == 0 else 2 * count  # one whole Williams design
     calls = []
-    results = run_interleaved(3, rounds=4, run=lambda i: calls.append(i) or 10 * i)
-    assert results == [[0] * 4, [10] * 4, [20] * 4]  # grouped per runner, in round order
-    assert calls == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # each round starts one runner later
+    results = run_interleaved(count, rounds=rounds, run=lambda i: calls.append(i) or 10 * i)
+    assert results == [[10 * i] * rounds for i in range(count)]  # grouped per runner, in round order
+    orders = [calls[r * count:(r + 1) * count] for r in range(rounds)]
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    assert Counter(order[0] for order in orders) == Counter({i: rounds // count for i in range(count)})
+    follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
+    assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1
 
 
 def test_a_finalist_at_the_default_point_is_not_timed_again(searched):

@@ -328,6 +328,9 @@ def test_attention_has_a_space_whose_default_is_the_untuned_kernel_and_whose_poi
     model, x = _MaskedAttention(tokens).eval(), torch.randn(1, tokens, 32)
     (task,) = [t for t in extract_tasks(model, example_inputs=[x]) if isinstance(t.space, BatchMatmulSpace)]
     assert task.space.attention
+    layout, _ = task.space.default()
+    rows = {knob.name: knob.choices for knob in task.space.loop_knobs(layout)}["mt"]
+    assert all(tokens % t == 0 for t in rows if t not in (1, 2, 3, 4, 6, 8)) and (tokens != 49 or 7 in rows)
     check_space(task)
     with pytest.raises(ValueError, match="batch matmul parameters .* do not fit N="):
         task.lower({**task.space.params(*task.space.default()), "column": 5})

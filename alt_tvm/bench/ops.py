@@ -365,8 +365,8 @@ def interleaved_medians(runners: Mapping[str, Callable[[], float]], *, rounds: i
                         pause_s: float = 0.0) -> Interleaved:
     """Time every runner once per round, for ``rounds`` rounds, and take each runner's median.
 
-    A different runner goes first each round (:func:`~.timing.round_order`), so no runner
-    always follows the same one, and load drifting during the run affects all of them alike.
+    A different runner goes first each round and each follows every other equally often
+    (:func:`~.timing.round_order`), and load drifting during the run affects all of them alike.
 
     Parameters
     ----------
@@ -431,7 +431,7 @@ def timing_line(*, threads: int, cores: int, rounds: int, repeat: int, pause_s: 
     cores_note = "the target's cores" if threads == cores else f"--threads; the target has {cores} cores"
     return (f"timing: {threads} thread(s) for every runtime ({cores_note}): TVM_NUM_THREADS={threads} (alt-tvm, "
             f"MetaSchedule, TVM untuned), torch.set_num_threads({threads}); ONNX Runtime is not used. "
-            f"{rounds} interleaved rounds, a different runner first each round; each runner's turn: "
+            f"{rounds} interleaved rounds, each runner first once and after every other equally often; each turn: "
             f"{pause_s * 1e3:.0f} ms pause, one untimed call, then up to {repeat} samples (at least 3, fewer only "
             f"if over 2 s) of enough calls for >= 5 ms each; a round's value is the median sample, the table the "
             f"median over rounds. TVM kernels are timed by time_evaluator, PyTorch by perf_counter around its "

@@ -8,8 +8,8 @@ the CPU caches, as in the model, where the layers before a kernel have evicted t
 or models).
 
 Runtimes side by side: :func:`time_interleaved` times several runners (:mod:`.base`) in
-rounds, a different one first each round, and reports the median of the rounds;
-:func:`run_interleaved` is the one round-robin loop behind every comparison (timings,
+rounds (each first once and after every other equally often: :func:`round_order`) and reports
+the median of the rounds; :func:`run_interleaved` is the one interleaving loop behind every comparison (timings,
 per-kernel profiles, A/B builds). :func:`quiet_tvm_pool` keeps TVM's idle workers from
 spinning against the runtime timed next to it; the peers' sessions (:mod:`.onnxruntime`,
 :mod:`.openvino`) do not spin either, and every runner gets the same thread count.
@@ -221,15 +221,23 @@ def quiet_tvm_pool() -> None:
 
 
 def round_order(count: int, round_index: int) -> list[int]:
-    """Indices ``0..count-1`` in the order round ``round_index`` runs them: rotated by one each
-    round, so no runner always goes first (after another runner, or after a pause)."""
-    shift = round_index % count
-    return list(range(shift, count)) + list(range(shift))
+    """Indices ``0..count-1`` in the order round ``round_index`` runs them: the rows of a
+    Williams design (Williams 1949), a Latin square in which, over ``count`` rounds (``2 *
+    count`` for an odd count), every runner goes first once and follows every other runner
+    equally often. A runner's turn can pay for what the one before left behind (another
+    runtime's pool still awake, its data in the caches); a plain rotation always puts the same
+    runner before it, so a fixed share of that cost falls on one runner only."""
+    if count < 1 or round_index < 0:
+        raise ValueError(f"round_order needs count >= 1 and round_index >= 0, got {count}, {round_index}")
+    # 0, 1, n-1, 2, n-2, ...: neighbours differ by 1, -2, 3, -4, ... (each difference once mod n)
+    base = [0] + [(k + 1) // 2 if k % 2 else count - k // 2 for k in range(1, count)]
+    order = [(i + round_index) % count for i in base]
+    return order[::-1] if count % 2 and (round_index // count) % 2 else order
 
 
 def run_interleaved(count: int, *, rounds: int, run: Callable[[int], Any]) -> list[list[Any]]:
-    """``run(i)`` for each of ``count`` runners in ``rounds`` rounds, a different one first each
-    round (:func:`round_order`); per runner, its results in round order. The one interleaving
+    """``run(i)`` for each of ``count`` runners in ``rounds`` rounds, in the orders of
+    :func:`round_order`; per runner, its results in round order. The one interleaving
     loop of every comparison here (timings, profiles, A/B builds)."""
     results: list[list[Any]] = [[] for _ in range(count)]
     for r in range(rounds):

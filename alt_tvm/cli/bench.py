@@ -11,7 +11,8 @@ Fair timing: every runner gets ``--threads`` threads; ONNX Runtime's idle thread
 spin and TVM's pool polls only briefly before its workers sleep (``TVM_THREAD_POOL_SPIN_COUNT``
 = ``alt_tvm.deploy.model.POOL_SPIN_COUNT``), so no runtime's idle pool takes the cores of the
 one being timed; runners are timed in interleaved rounds
-(a different one first each round, a pause and an untimed call before each turn) and the
+(each first once and after every other equally often, a pause and an untimed call before each
+turn) and the
 median of the rounds is reported. Every baseline's outputs are checked against alt-tvm's
 first (a mismatch is an error, not a row). Where a CPU peer (``onnxruntime``, ``openvino``) is
 timed, the faster of them is named with its time over alt-tvm's (above 1: alt-tvm faster).

@@ -377,7 +377,9 @@ class BatchMatmulSpace(Space):
         return self._layout
 
     def loop_knobs(self, layout: dict[str, Any]) -> tuple[Knob, ...]:
-        rows = tuple(sorted({t for t in (1, 2, 3, 4, 6, 8) if t <= self.m} | {self._default["mt"]}))
+        # Divisors of M as well: a block with no partial last one (Swin's 49 queries: 7).
+        rows = tuple(sorted({t for t in (1, 2, 3, 4, 6, 8) if t <= self.m} | set(divisors(self.m, cap=8))
+                            | {self._default["mt"]}))
         knobs = [Knob("mt", rows), Knob("vec", divisors(layout["nt"], cap=self.lanes))]
         if self.attention:
             knobs += [Knob("column_vec", divisors(layout["column"], cap=self.lanes)),
