@@ -120,6 +120,22 @@ def test_weights_over_half_the_l2_run_channel_tiles_outermost():
         assert not (t.reduction_outer or t.prefetch) and t.epilogue_in_block
 
 
+def test_streamed_weights_stay_inside_spatial_tiles_where_the_input_is_the_bigger_stream():
+    from alt_tvm.strategies.alt.tiling import channels_outermost, default_conv_tiling
+
+    # SegFormer-B0's decoder: 1024 -> 256 1x1 on a 64x64 map. Weights once per spatial tile move
+    # 64 MiB, the input once per channel tile 128 MiB: spatial tiles stay outermost.
+    fuse = default_conv_tiling((1, 256, 64, 64), 1024, 256, lanes=16, registers=32, l1_bytes=32 << 10,
+                               l2_bytes=1 << 20, weight_bytes=256 * 1024 * 4, input_bytes=1024 * 64 * 64 * 4)
+    assert fuse.parallel_channels is None
+    # ResNet-18's 512-channel 3x3 conv on 7x7: its 9.4 MB of weights are the bigger stream.
+    resnet = default_conv_tiling((1, 512, 7, 7), 512, 512, lanes=16, registers=32, l1_bytes=32 << 10,
+                                 l2_bytes=1 << 20, weight_bytes=512 * 512 * 9 * 4, input_bytes=512 * 9 * 9 * 4)
+    assert resnet.parallel_channels is True
+    assert channels_outermost(weight_bytes=1, spatial_tiles=1, input_bytes=0, channel_tiles=9)  # input unknown
+    assert not channels_outermost(weight_bytes=1 << 20, spatial_tiles=64, input_bytes=16 << 20, channel_tiles=8)
+
+
 @pytest.mark.parametrize("l1_kib,outer", [(48, True), (32, False)])
 def test_a_slab_of_weights_over_half_the_l2_runs_the_reduction_outermost_where_a_block_fits_the_l1(l1_kib, outer):
     from alt_tvm.strategies.alt.tiling import default_conv_tiling, reads_weight_blocks_from_l1

@@ -482,6 +482,7 @@ class AltConvStrategy(Strategy):
                                      in_channels=geometry.data_shape[1], lanes=target.vector_lanes("float32"),
                                      registers=target.vector_registers or 16, l1_bytes=target.l1d_bytes,
                                      l2_bytes=target.l2_bytes, weight_bytes=4 * math.prod(geometry.weight_shape),
+                                     input_bytes=4 * math.prod(geometry.data_shape),
                                      half_vectors_full_rate=target.half_vectors_full_rate,
                                      fma_chains=target.fma_chains)
         if geometry.copies_window_per_task:
