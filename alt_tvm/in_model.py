@@ -436,7 +436,9 @@ def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | No
 def profile_rounds(copies: Sequence[BuiltVariant], arrays: Sequence[np.ndarray], *, keys: set[str], rounds: int,
                    profiler: Profiler | None = None) -> dict[str, list[list[float]]]:
     """``times[key][v]``: per round, the time of workload ``key``'s kernels (and the conversions
-    its layout caused) in ``copies[v]``; the copies run interleaved (:func:`~alt_tvm.bench.timing.round_order`). ``profiler`` times one run per kernel (default :meth:`RunnableModel.profile`)."""
+    its layout caused) in ``copies[v]``; the copies run interleaved
+    (:func:`~alt_tvm.bench.timing.round_order`). ``profiler`` times one run per kernel (default
+    :meth:`RunnableModel.profile`)."""
     profiler = profiler or _profile_once
     for copy in copies:  # a model's first runs after a build are slower (page faults, a cold pool)
         profiler(copy.model, arrays)
