@@ -146,6 +146,24 @@ def test_panel_groups_one_per_core_only_where_the_rows_outweigh_a_groups_outputs
     assert groups_panels(m=197, n=768, k=3072, nt=64, cores=1) == 0
 
 
+def test_a_gemm_of_few_panels_chunks_k_where_they_split_into_one_group_per_core():
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from kernel_digests import PINNED
+
+    from alt_tvm.strategies.alt.gemm import AltGemmStrategy
+
+    def defaults(target):  # a PyTorch encoder's 128 x 1024 x 256 feed-forward GEMM
+        return AltGemmStrategy._defaults(128, 256, 1024, SimpleNamespace(target=target))
+
+    two = PINNED["avx512"]  # 2 cores: 4 panels of 64 columns in 2 groups
+    assert two.num_cores == 2 and defaults(two)["nt"] == 64
+    assert defaults(two)["kc"] > 0 and defaults(two)["panel_groups"] == 2 and defaults(two)["prefetch"] == 1
+    one = defaults(replace(two, num_cores=1))  # no groups and fewer than 8 panels: no chunks
+    assert one["kc"] == 0 and one["panel_groups"] == 0
+
+
 def test_grouped_panels_run_k_chunks_outside_a_cores_panels_and_compute_the_product(x86_runnable):
     model, x, task = _deep_linear_task(x86_runnable)
     layout, loop = task.space.default()

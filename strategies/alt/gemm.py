@@ -466,12 +466,14 @@ class AltGemmStrategy(Strategy):
         lanes = target.vector_lanes("float32")
         mt, nt = register_tile(m, n, lanes, target.vector_registers or 16)
         kt = tiles_for(k, STREAM_UNROLL) if m < 4 else 1
-        # Chunks pay off with several row blocks to reuse them; chunked, only the panels
-        # run in parallel: keep some for every core.
-        kc = k_chunk(k=k, nt=nt, l1_bytes=target.l1d_bytes, rows=m) if n // nt >= 8 and m > 8 else 0
+        # Chunks pay off with several row blocks to reuse them; chunked, only the panels (or
+        # their groups, one per core) run in parallel: 8 panels or a group per core. A PyTorch
+        # encoder's 128 x 1024 x 256 feed-forward GEMM (4 panels in 2 groups): 0.57x the time.
+        groups = groups_panels(m=m, n=n, k=k, nt=nt, cores=target.num_cores)
+        kc = k_chunk(k=k, nt=nt, l1_bytes=target.l1d_bytes, rows=m) if (n // nt >= 8 or groups) and m > 8 else 0
         panels = int(panels_first(rows=m, k=k, n=n, l2_bytes=target.l2_bytes))
         return {"nt": nt, "mt": mt, "vec": tiles_for(nt, lanes), "kt": kt, "panels_outer": panels, "kc": kc,
-                "panel_groups": groups_panels(m=m, n=n, k=k, nt=nt, cores=target.num_cores) if kc else 0,
+                "panel_groups": groups if kc else 0,
                 # The chunked order streams its weight from memory: fetch the next chunk ahead.
                 # With batch entries run one by one (ConvNeXt's [1, 14, 14, 384] rows), each
                 # panel stays in L2 after the first entry, and the hints only cost.
