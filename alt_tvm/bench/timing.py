@@ -9,8 +9,8 @@ or models).
 
 Runtimes side by side: :func:`time_interleaved` times several runners (:mod:`.base`) in
 rounds (each first once and after every other equally often: :func:`round_order`) and reports
-the median of the rounds; :func:`run_interleaved` is the one interleaving loop behind every comparison (timings,
-per-kernel profiles, A/B builds). :func:`quiet_tvm_pool` keeps TVM's idle workers from
+the median of the rounds; :func:`run_interleaved` is the one interleaving loop behind every
+comparison (timings, per-kernel profiles, A/B builds). :func:`quiet_tvm_pool` keeps TVM's idle workers from
 spinning against the runtime timed next to it; the peers' sessions (:mod:`.onnxruntime`,
 :mod:`.openvino`) do not spin either, and every runner gets the same thread count.
 """

@@ -10,10 +10,9 @@
 Fair timing: every runner gets ``--threads`` threads; ONNX Runtime's idle threads do not
 spin and TVM's pool polls only briefly before its workers sleep (``TVM_THREAD_POOL_SPIN_COUNT``
 = ``alt_tvm.deploy.model.POOL_SPIN_COUNT``), so no runtime's idle pool takes the cores of the
-one being timed; runners are timed in interleaved rounds
-(each first once and after every other equally often, a pause and an untimed call before each
-turn) and the
-median of the rounds is reported. Every baseline's outputs are checked against alt-tvm's
+one being timed; runners are timed in interleaved rounds (each first once and after every other
+equally often, a pause and an untimed call before each turn) and the median of the rounds is
+reported. Every baseline's outputs are checked against alt-tvm's
 first (a mismatch is an error, not a row). Where a CPU peer (``onnxruntime``, ``openvino``) is
 timed, the faster of them is named with its time over alt-tvm's (above 1: alt-tvm faster).
 ``tvm`` is TVM's own untuned build of the same

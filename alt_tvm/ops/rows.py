@@ -33,7 +33,7 @@ class RowKernel:
     row_stages: tuple[te.Tensor, ...]
     lanes: int
     #: softmax only: ``output = numerator * scale`` (padded rows times one value per row), so a
-    #: consumer that sums over the row may apply the scale once, after its sum
+    #: consumer may normalise the padded rows itself (attention's weights, in vectors)
     numerator: te.Tensor | None = None
     scale: te.Tensor | None = None
 

@@ -148,13 +148,12 @@ class AltBatchMatmulStrategy(Strategy):
         lanes = context.target.vector_lanes("float32")
         registers = context.target.vector_registers or 16
         nt, _ = _columns(n, lanes, registers)
-        params = {"mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes)}
-        if dv:
-            column = column_tile(dv, lanes, registers)
-            params["mt"] = attention_rows(m, vectors=-(-max(nt, column) // lanes), registers=registers)
-            params.update(column=column, column_vec=tiles_for(column, lanes),
-                          per_entry=entries_in_parallel(entries, context.target.num_cores))
-        return params
+        if not dv:
+            return {"mt": row_tile(m, 4), "nt": nt, "vec": tiles_for(nt, lanes)}
+        column = column_tile(dv, lanes, registers)
+        return {"mt": attention_rows(m, vectors=-(-max(nt, column) // lanes), registers=registers), "nt": nt,
+                "vec": tiles_for(nt, lanes), "column": column, "column_vec": tiles_for(column, lanes),
+                "per_entry": entries_in_parallel(entries, context.target.num_cores)}
 
     def space(self, anchor, context) -> Any:
         from .space import BatchMatmulSpace
