@@ -309,6 +309,14 @@ def test_runs_interleave_each_runner_first_once_and_after_every_other_equally_of
     assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1
 
 
+def test_round_order_names_a_bad_count_or_round():
+    from alt_tvm.bench import round_order
+
+    for count, index in ((0, 0), (3, -1)):
+        with pytest.raises(ValueError, match=f"round_order needs count >= 1 and round_index >= 0, got {count}"):
+            round_order(count, index)
+
+
 def test_a_finalist_at_the_default_point_is_not_timed_again(searched):
     from alt_tvm.in_model import _candidates
 
