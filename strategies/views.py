@@ -142,6 +142,27 @@ def index_map(binding: relax.VarBinding, source_shape: Sequence[int], producers:
     return unravel
 
 
+def renaming_layout(binding: relax.VarBinding) -> Layout | None:
+    """A ``permute_dims`` or ``reshape`` as a layout: over the op's output shape, mapping it to
+    its input's shape, so that the output is the input's buffer read through it (ALT's
+    propagation through data-movement ops, Xu et al. 2023, §4.2). None for another op."""
+    value = binding.value
+    out_shape, in_shape = static_shape(binding.var), static_shape(value.args[0]) if value.args else None
+    if out_shape is None or in_shape is None:
+        return None
+    op = op_name(value)
+    if op == "relax.permute_dims":
+        rank = len(in_shape)
+        axes = list(range(rank))[::-1] if value.attrs.axes is None else [int(a) % rank for a in value.attrs.axes]
+        return Layout(out_shape).reorder([axes.index(d) for d in range(rank)])
+    if op != "relax.reshape" or math.prod(out_shape) != math.prod(in_shape):
+        return None
+    layout = Layout(out_shape)
+    if len(out_shape) > 1:
+        layout = layout.fuse(list(range(len(out_shape))))
+    return layout.split(0, list(in_shape)) if len(in_shape) > 1 else layout
+
+
 def view_te(binding: relax.VarBinding, source: te.Tensor, producers: dict, *, name: str = "view") -> te.Tensor:
     """``binding``'s renaming of ``source`` (its input's stage) as TE, a stage named ``name``."""
     shape = static_shape(binding.var)

@@ -16,7 +16,8 @@ from tvm import relax, te
 import alt_tvm
 from alt_tvm.strategies.alt.batch_matmul import attention_rows, entries_in_parallel
 from alt_tvm.strategies.alt.gemm import row_tile
-from alt_tvm.strategies.views import contiguous_layout, source_positions, view_source, view_te
+from alt_tvm.strategies.base import static_shape
+from alt_tvm.strategies.views import contiguous_layout, renaming_layout, source_positions, view_source, view_te
 
 
 def _chain() -> tuple[dict, relax.Var, relax.Var]:
@@ -223,3 +224,32 @@ def test_attention_blocks_queries_by_a_divisor_of_the_tokens_that_fits_the_regis
     assert attention_rows(197, vectors=2, registers=32) == 4  # prime: no divisor but itself
     assert attention_rows(64, vectors=2, registers=32) == 4
 
+
+
+@pytest.mark.parametrize("op, in_shape", [
+    (lambda x: relax.op.permute_dims(x, [0, 2, 1]), (1, 12, 8)),
+    (lambda x: relax.op.permute_dims(x), (2, 3, 4)),
+    (lambda x: relax.op.reshape(x, (1, 8, 3, 4)), (1, 8, 12)),
+    (lambda x: relax.op.reshape(x, (4, 6)), (2, 3, 4)),
+])
+def test_renaming_layout_stores_the_result_as_its_input_buffer(op, in_shape):
+    """Read through :func:`renaming_layout`, the input's buffer holds the op's result: the
+    layout maps the result's shape onto the input's, element for element as NumPy moves them."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(in_shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op(x))
+        bb.emit_func_output(out)
+    binding = bb.get()["main"].body.blocks[0].bindings[0]
+    layout = renaming_layout(binding)
+    data = np.arange(np.prod(in_shape), dtype="float32").reshape(in_shape)
+    name = binding.value.op.name
+    if name == "relax.permute_dims":
+        axes = binding.value.attrs.axes
+        expected = np.transpose(data, None if axes is None else [int(a) for a in axes])
+    else:
+        expected = data.reshape(static_shape(binding.var))
+    assert layout.shape == in_shape
+    np.testing.assert_array_equal(layout.inverse_apply(data), expected)
+    np.testing.assert_array_equal(layout.apply(expected), data)

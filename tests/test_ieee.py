@@ -254,10 +254,32 @@ def test_fallback_reductions_propagate_nan_and_inf(op, axis, keepdims):
     assert_same_specials(compiled(x)[0], np.asarray(reference))
 
 
-def test_fast_math_drops_the_overrides():
-    assert legalize_overrides(fast_math=True) == {}
+def test_fast_math_drops_the_nan_overrides_and_keeps_the_vectorised_gelu():
+    assert set(legalize_overrides(fast_math=True)) == {"relax.nn.gelu", "relax.nn.gelu_tanh"}
     assert {"relax.nn.relu", "relax.clip", "relax.maximum", "relax.nn.max_pool2d", "relax.max"} <= set(
         legalize_overrides())
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_a_standalone_gelu_is_a_polynomial_not_a_libm_call_per_element(approximate):
+    """TVM legalizes GELU with ``erf`` (libm's erff per element, not vectorised); the
+    fallback uses the epilogues' TE instead, within float32 rounding of PyTorch's."""
+    x = torch.randn(1, 4, 64) * 3
+    compiled = build(_GeluOnly(approximate).eval(), example_inputs=[x])
+    scripts = [compiled.mod[g].script() for g in compiled.mod.get_global_vars()
+               if isinstance(compiled.mod[g], tvm.tirx.PrimFunc)]
+    assert scripts and not any("T.erf(" in s or "T.tanh(" in s for s in scripts), scripts
+    reference = torch.nn.functional.gelu(x, approximate=approximate).numpy()
+    np.testing.assert_allclose(compiled(x.numpy())[0], reference, rtol=1e-5, atol=1e-6)
+
+
+class _GeluOnly(torch.nn.Module):
+    def __init__(self, approximate: str):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(x, approximate=self.approximate)
 
 
 @pytest.mark.parametrize("module", [ConvThen("relu6"), NoStrategy("max_pool")], ids=["epilogue", "fallback"])

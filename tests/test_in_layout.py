@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import tvm
 from conftest import torch_to_onnx
 from torch import nn
 
@@ -684,3 +685,99 @@ def test_elementwise_lanes_refuse_a_gather():
                              [([1, 48, 7, 7], conv_output_tiled([1, 48, 7, 7], spatial_tiles=[7, 7],
                                                                  channel_tile=12))]) == 0  # 12 into 16
     assert elementwise_lanes(Layout(shape), [(shape, None)]) == 0  # no vector in the output
+
+
+class _DecodeHead(nn.Module):  # SegFormer's decoder: per-stage linear, to NCHW, resized, concatenated, fused
+    def __init__(self):
+        super().__init__()
+        self.mlps = nn.ModuleList(nn.Linear(c, 32) for c in (16, 24))
+        self.fuse = nn.Conv2d(64, 16, 1)
+
+    def forward(self, a, b):
+        maps = []
+        for x, mlp in zip((a, b), self.mlps):
+            side = int(x.shape[1] ** 0.5)
+            y = mlp(x).permute(0, 2, 1).reshape(1, 32, side, side)
+            maps.append(nn.functional.interpolate(y, size=(16, 16), mode="bilinear", align_corners=False))
+        return torch.relu(self.fuse(torch.cat(maps, dim=1)))
+
+
+class _MixFFN(nn.Module):  # SegFormer's Mix-FFN: linear, to NCHW, depthwise 3x3, back, GELU, linear
+    def __init__(self):
+        super().__init__()
+        self.dense1, self.dense2 = nn.Linear(16, 64), nn.Linear(64, 16)
+        self.dwconv = nn.Conv2d(64, 64, 3, padding=1, groups=64)
+
+    def forward(self, x):
+        y = self.dense1(x).transpose(1, 2).reshape(1, 64, 12, 12)
+        y = self.dwconv(y).flatten(2).transpose(1, 2)
+        return self.dense2(nn.functional.gelu(y))
+
+
+def test_a_concatenations_operands_are_written_in_its_tiles_and_read_through_their_transposes():
+    """Backward propagation through a concatenation: each resized operand is written in its
+    slice of the fused conv's input layout (so the concatenation copies whole tiles), and the
+    resize reads its linear layer's row-major output through the transpose and reshape
+    (a layout, no transpose kernel)."""
+    torch.manual_seed(0)
+    model = _DecodeHead().eval()
+    a, b = torch.randn(1, 256, 16), torch.randn(1, 64, 24)
+    built = build(model, example_inputs=[a, b])
+    ref = model(a, b).detach().numpy()
+    np.testing.assert_allclose(built(a.numpy(), b.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    ops = [op for k in built.report.kernels for op in k.ops]
+    assert "relax.permute_dims" not in ops and "relax.reshape" not in ops, ops
+    concat = next(k for k in built.report.kernels if k.ops == ("relax.concat",))
+    resizes = [k for k in built.report.kernels if k.ops == ("relax.image.resize2d",)]
+    assert len(resizes) == 2 and all(k.kind == "operator" for k in resizes)
+    whole = [int(d) for d in concat.layout.split("x")]
+    for kernel in resizes:
+        mine = [int(d) for d in kernel.layout.split("x")]
+        # The concatenation's tiles, with this operand's half of the channel tiles.
+        differ = [d for d, (m, w) in enumerate(zip(mine, whole)) if m != w]
+        assert len(mine) == len(whole) and len(differ) == 1 and 2 * mine[differ[0]] == whole[differ[0]], \
+            (kernel.layout, concat.layout)
+    inner = [k for k in built.report.kernels if k.kind == "conversion" and not k.boundary]
+    assert inner == [], [k.detail[:120] for k in inner]
+
+
+def test_a_conv_reads_its_input_through_a_transpose_and_reshape():
+    """Mix-FFN: the depthwise conv's pad stage reads the linear layer's (tokens, channels)
+    output through the transpose and reshape to NCHW; no transpose kernel runs before it."""
+    torch.manual_seed(0)
+    model = _MixFFN().eval()
+    x = torch.randn(1, 144, 16)
+    built = build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    conv = built.report.kernels.index(next(k for k in built.report.kernels if k.kind == "partition"
+                                           and "relax.nn.conv2d" in k.ops))
+    before = [op for k in built.report.kernels[:conv] for op in k.ops]
+    assert "relax.permute_dims" not in before and "relax.reshape" not in before, before
+
+
+class _PatchEmbed(nn.Module):  # ViT / SegFormer: a strided conv, flattened, transposed to tokens, normed
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(3, 32, 4, stride=4)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
+
+
+def test_a_reshape_before_a_transpose_writes_the_transposed_rows():
+    """Backward through a transpose: the reshape of the conv's tiles writes (tokens, channels)
+    rows, so the transpose after it is no kernel."""
+    torch.manual_seed(0)
+    model = _PatchEmbed().eval()
+    x = torch.randn(1, 3, 32, 32)
+    built = build(model, example_inputs=[x])
+    ref = model(x).detach().numpy()
+    np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    ops = [op for k in built.report.kernels for op in k.ops]
+    assert "relax.permute_dims" not in ops, ops
+    kernels = {g.name_hint: built.mod[g] for g in built.mod.get_global_vars()
+               if isinstance(built.mod[g], tvm.tirx.PrimFunc)}
+    transposes = [name for name in kernels if "transpose" in name]
+    assert transposes == [], transposes

@@ -218,3 +218,36 @@ def test_dim_names_follow_primitives():
     layout = Layout((1, 64, 112, 112)).split(2, [28, 4]).split(4, [7, 16]).split(1, [4, 16])
     layout = layout.reorder([0, 3, 5, 1, 4, 6, 2])
     assert layout.dim_names(["n", "o", "h", "w"]) == ["n", "h_o", "w_o", "o_o", "h_i", "w_i", "o_i"]
+
+
+@pytest.mark.parametrize("dim, extent", [(1, 24), (1, 72), (2, 16)])
+def test_with_extent_keeps_the_tiles_and_stores_a_slice_as_the_whole_does(dim, extent):
+    """A slice along a tiled dim, in the whole tensor's tiling, is the whole's layout cut at the
+    slice's outer tiles (the operands of a concatenation written in its tiles)."""
+    whole = Layout((1, 96, 32, 8)).unfold(3, 4, 4).split(1, [12, 8]).split(3, [4, 8]).reorder([0, 3, 1, 4, 5, 2, 6])
+    part = whole.with_extent(dim, extent)
+    array = np.random.default_rng(0).random((1, 96, 32, 8))
+    index = [slice(None)] * 4
+    index[dim] = slice(0, extent)
+    mine = part.apply(array[tuple(index)])
+    assert part.orig_shape[dim] == extent and mine.size == array[tuple(index)].size
+    full = whole.apply(array)
+    stored = [slice(None)] * full.ndim
+    outer = next(d for d, (a, b) in enumerate(zip(part.shape, whole.shape)) if a != b)
+    stored[outer] = slice(0, part.shape[outer])
+    np.testing.assert_array_equal(mine, full[tuple(stored)])
+
+
+@pytest.mark.parametrize("make, dim, extent", [
+    (lambda: Layout((1, 32, 8, 8)).split(1, [4, 8]), 1, 12),   # 12 is no multiple of the 8-wide tile
+    (lambda: Layout((1, 32, 8, 8)).pad(1, (0, 2)), 1, 16),     # a padded dim
+    (lambda: Layout((1, 32, 8, 8)).fuse([1, 2]), 1, 16),       # a fused dim
+])
+def test_with_extent_refuses_tilings_the_change_cannot_carry(make, dim, extent):
+    assert make().with_extent(dim, extent) is None
+
+
+@pytest.mark.parametrize("dim, extent", [(4, 8), (1, 0), (1, True)])
+def test_with_extent_names_a_bad_dim_or_extent(dim, extent):
+    with pytest.raises(ValueError, match="with_extent"):
+        Layout((1, 32, 8, 8)).with_extent(dim, extent)

@@ -41,6 +41,7 @@ from alt_tvm.strategies.base import (
 )
 from alt_tvm.strategies.constants import const_value
 from alt_tvm.strategies.epilogue import epilogue_te, joinable
+from alt_tvm.strategies.views import renaming_layout
 
 from .in_layout import (
     OPERATOR_STRATEGY,
@@ -78,6 +79,8 @@ class AltLayoutPass:
         self.report = BuildReport(log=self.options.log_path)
         #: partition output var -> the layout its reader asked it to be written in
         self.requested: dict = {}
+        #: permute_dims / reshape results kept as their input's buffer in a layout (no kernel)
+        self.views: set = set()
         #: every operator kernel emitted, before its schedule (what tuning tasks are made of)
         self.operators: list[OperatorKernel] = []
 
@@ -113,6 +116,7 @@ class AltLayoutPass:
             known = self.report.fallbacks.setdefault(name, [])
             known.extend(r for r in reasons if r not in known)
         partitions, selected = plan.partitions, plan.strategies
+        self.views = set()
         backward = self._backward_layouts(func, partitions, selected) if self.options.variant != "alt-wp" else {}
         self.requested = self._requested_layouts(func, partitions, selected) if self.options.variant != "alt-wp" else {}
         mutator = _Mutator(mod, partitions, selected, self, backward, _elementwise_chains(func, backward),
@@ -279,6 +283,11 @@ class AltLayoutPass:
             strategy = selected[partition.anchor.var]
             layout = strategy.preferred_input_layout(partition.anchor, self.context_for(partition, strategy, {}))
             preferred.setdefault(data, []).append(layout)
+            if "conv" in (op_name(partition.anchor.value) or "") \
+                    and any(int(p) for p in getattr(partition.anchor.value.attrs, "padding", None) or ()):
+                # A padded conv's pad stage copies its input into the conv's layout: it reads
+                # through the renamings instead of after a transpose kernel.
+                self.views.update(_renamings_read_by(partition.anchor, producers, users, members))
         for data, layouts in preferred.items():
             producer = producers.get(data)
             layout = layouts[0]
@@ -288,21 +297,96 @@ class AltLayoutPass:
             if not _standalone_elementwise(producer, users):
                 # Another op (a max pool, a concatenation): _emit_in_layout writes the layout
                 # every partition reading it prefers (its other readers read any layout).
-                # Not propagated further up.
                 if isinstance(data, relax.DataflowVar):
                     wanted[data] = layout
+                    for operand, part in _concat_operand_layouts(producer, layout).items():
+                        # Each operand computed by an op of its own, read by the concatenation
+                        # alone, is written in its slice of the layout: the concatenation then
+                        # copies whole tiles, and the op converts for free.
+                        if (operand in producers and operand not in members and operand not in wanted
+                                and isinstance(operand, relax.DataflowVar) and len(users.get(operand, [])) == 1):
+                            _propagate_elementwise(operand, part, producers, users, members, wanted, first=True)
+                            self.views.update(_renamings_read_by(producers[operand], producers, users, members))
                 continue
-            shape = static_shape(data)
-            stack = [data]
-            while stack:
-                var = stack.pop()
-                binding = producers.get(var)
-                if (binding is None or var in members or var in wanted or static_shape(var) != shape
-                        or not _standalone_elementwise(binding, users)):
-                    continue
-                wanted[var] = layout
-                stack.extend(a for a in binding.value.args if isinstance(a, relax.Var))
+            _propagate_elementwise(data, layout, producers, users, members, wanted)
+        tiled = {p.output for p in partitions if "conv" in (op_name(p.anchor.value) or "")}
+        for binding in (b for block in func.body.blocks for b in block.bindings):
+            transposed = _transposed_source(binding, producers, users, tiled)
+            if transposed is not None and transposed[0] not in wanted and binding.var not in members:
+                # The op before a transpose writes its result transposed: the transpose is then
+                # its own inverse read back, and its readers get row-major rows, no copy.
+                wanted[transposed[0]] = transposed[1]
+                self.views.add(binding.var)
         return wanted
+
+
+def _propagate_elementwise(data: relax.Var, layout: Layout, producers: dict, users: dict, members: set,
+                           wanted: dict, *, first: bool = False) -> None:
+    """Give ``layout`` to ``data`` and up its chain of same-shape, single-consumer element-wise
+    producers outside partitions (``first``: ``data`` itself whatever op computes it)."""
+    shape = static_shape(data)
+    stack = [data]
+    while stack:
+        var = stack.pop()
+        binding = producers.get(var)
+        if (binding is None or var in members or var in wanted or static_shape(var) != shape
+                or not (first and var is data or _standalone_elementwise(binding, users))):
+            continue
+        wanted[var] = layout
+        stack.extend(a for a in binding.value.args if isinstance(a, relax.Var))
+
+
+def _transposed_source(binding: relax.VarBinding, producers: dict, users: dict, tiled: set
+                       ) -> tuple[relax.Var, Layout] | None:
+    """``(x, layout)`` for a ``permute_dims`` of ``x = reshape(map)``, ``map`` a conv's output
+    (in ``tiled``) and ``x`` read by the transpose alone: ``layout`` stores ``x`` as the
+    transpose's row-major result, so the reshape, which copies the map out of its tiles anyway,
+    writes the transposed rows. None otherwise."""
+    call = binding.value
+    if op_name(call) != "relax.permute_dims" or not isinstance(binding.var, relax.DataflowVar):
+        return None
+    source = call.args[0]
+    producer = producers.get(source)
+    if (producer is None or not isinstance(source, relax.DataflowVar) or len(users.get(source, [])) != 1
+            or op_name(producer.value) != "relax.reshape" or producer.value.args[0] not in tiled):
+        return None
+    shape = static_shape(source)
+    if shape is None or static_shape(binding.var) is None:
+        return None
+    rank = len(shape)
+    axes = list(range(rank))[::-1] if call.attrs.axes is None else [int(a) % rank for a in call.attrs.axes]
+    return source, Layout(shape).reorder(axes)
+
+
+def _renamings_read_by(binding: relax.VarBinding, producers: dict, users: dict, members: set) -> set:
+    """The chain of ``permute_dims`` / ``reshape`` results that only ``binding`` (an op computed
+    in layout) reads, through each other: the op reads the chain's source through their
+    composed layout (:func:`~alt_tvm.strategies.views.renaming_layout`) instead of a copy."""
+    found = set()
+    var = binding.value.args[0] if isinstance(binding.value, relax.Call) and binding.value.args else None
+    while (isinstance(var, relax.DataflowVar) and var in producers and var not in members
+           and len(users.get(var, [])) == 1 and op_name(producers[var].value) in ("relax.permute_dims", "relax.reshape")
+           and renaming_layout(producers[var]) is not None):
+        found.add(var)
+        var = producers[var].value.args[0]
+    return found
+
+
+def _concat_operand_layouts(binding: relax.VarBinding, layout: Layout) -> dict:
+    """For a concatenation written in ``layout``: each operand variable -> the layout of its
+    slice (:meth:`Layout.with_extent`), where that layout stores each element once. Empty for
+    another op."""
+    call = binding.value
+    if op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
+        return {}
+    axis = int(call.attrs.axis) % len(layout.orig_shape)
+    found = {}
+    for field in call.args[0].fields:
+        shape = static_shape(field)
+        part = None if shape is None or not isinstance(field, relax.Var) else layout.with_extent(axis, shape[axis])
+        if part is not None and part.stores_each_once:
+            found[field] = part
+    return found
 
 
 def _elementwise_chains(func: relax.Function, backward: dict) -> dict:
@@ -435,6 +519,8 @@ class _Mutator(relax.PyExprMutator):
         name = op_name(binding.value)
         if name is not None and name not in self.owner.report.fallbacks:
             self.owner.report.fallbacks[name] = [] if name in registry.strategy_ops() else ["no alt-tvm strategy"]
+        if var in self.owner.views and self._hold_view(binding):
+            return
         if self._emit_in_layout(binding):
             return
         for used in relax.analysis.free_vars(binding.value):
@@ -493,6 +579,25 @@ class _Mutator(relax.PyExprMutator):
             self._rebind(var, new_var)
         else:
             self._hold(var, new_var, wanted)
+        return True
+
+    def _hold_view(self, binding: relax.VarBinding) -> bool:
+        """Keep a renaming's result as its input's buffer in the composed layout: no kernel."""
+        source = binding.value.args[0]
+        if source in self.layouts and source not in self.canonical:
+            value, inner = self.layouts[source]
+        else:
+            value, inner = self.visit_expr(source), Layout(static_shape(source))
+        outer = renaming_layout(binding)
+        layout = Layout(outer.orig_shape, (*outer.primitives, *inner.primitives))
+        if equivalent(layout, None, static_shape(binding.var)):
+            self._rebind(binding.var, value)  # written transposed by its producer: row-major here
+            return True
+        if source in self.layouts and source not in self.canonical and source not in self.owner.views:
+            return False  # a tiled map: its readers read the layout its op writes instead
+        if not layout.stores_each_once:
+            return False
+        self._hold(binding.var, value, layout)
         return True
 
     def _emit_elementwise(self, chain: list[relax.VarBinding], layout: Layout) -> None:

@@ -214,6 +214,45 @@ class Layout:
             att = _track_attached(prim, att)
         return att
 
+    def with_extent(self, dim: int, extent: int) -> Layout | None:
+        """The same tiling for a tensor whose ``dim`` has ``extent`` elements: each split of
+        that dim keeps its inner factors and scales its outer one (a concatenation's operand
+        in its output's channel tiles). None where the primitives cannot carry the change: a
+        pad, unfold or fuse of that dim, an attached tensor, or inner tiles not dividing ``extent``.
+
+        Raises
+        ------
+        ValueError
+            If ``dim`` is not a dimension of :attr:`orig_shape` or ``extent < 1``.
+        """
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 0 <= dim < len(self._orig):
+            raise ValueError(f"with_extent: dim={dim!r}; expected a dim of shape {self._orig}")
+        if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 1:
+            raise ValueError(f"with_extent: extent={extent!r}; expected an int >= 1")
+        old, new, position, steps = self._orig[dim], int(extent), int(dim), []
+        for prim in self._steps:
+            if isinstance(prim, Split) and prim.dim == position:
+                inner = product(prim.factors[1:])
+                if new % inner:
+                    return None
+                old, new = old // inner, new // inner
+                prim = Split(position, (new, *prim.factors[1:]))
+            elif isinstance(prim, Split):
+                position += len(prim.factors) - 1 if prim.dim < position else 0
+            elif isinstance(prim, Reorder):
+                position = prim.perm.index(position)
+            elif isinstance(prim, Fuse) and position not in prim.dims:
+                position -= len(prim.dims) - 1 if prim.dims[-1] < position else 0
+            elif isinstance(prim, (Unfold, Pad)) and prim.dim != position:
+                position += 1 if isinstance(prim, Unfold) and prim.dim < position else 0
+            else:
+                return None
+            steps.append(prim)
+        shape = list(self._orig)
+        shape[dim] = int(extent)
+        return Layout(shape, steps)
+
+
     def dim_names(self, names: Sequence[str]) -> list[str]:
         """Names for this layout's dimensions, derived from the original ones (for readable TIR)."""
         if isinstance(names, str) or not isinstance(names, Iterable):
