@@ -146,3 +146,19 @@ def test_a_depthwise_space_offers_no_reduction_outer_order():
     assert knobs["reduction_outer"] == (False,) and knobs["prefetch"] == (False,)
     assert knobs["prefetch_input"] == (False,)  # its input is read by the per-tile window copy
     assert "reduction_outer=True not in [False]" in depthwise.check(layout, dict(loop, reduction_outer=True))
+
+
+@pytest.mark.parametrize("tokens, width", [(256, 160), (64, 256)])
+def test_gemm_default_point_is_one_its_space_accepts(tokens, width):
+    """SegFormer's attention projections: few weight panels, so the rule chunks ``k`` and groups
+    the panels, but the panels do not run outermost (the weight fits the L2). The default point
+    must still be a point of the space, or tuning fails on its first trial."""
+    model = torch.nn.Linear(width, width).eval()
+    tasks = extract_tasks(model, example_inputs=(torch.rand(1, tokens, width),))
+    gemm = [t for t in tasks if t.key.startswith("matmul")]
+    assert gemm
+    for task in gemm:
+        layout, loop = task.space.default()
+        assert task.space.check(layout, loop) is None, (task.key, loop)
+        params = task.space.params(layout, loop)
+        assert params["panel_groups"] == 0 or (params["panels_outer"] and params["kc"]), params

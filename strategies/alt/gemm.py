@@ -473,7 +473,8 @@ class AltGemmStrategy(Strategy):
         kc = k_chunk(k=k, nt=nt, l1_bytes=target.l1d_bytes, rows=m) if (n // nt >= 8 or groups) and m > 8 else 0
         panels = int(panels_first(rows=m, k=k, n=n, l2_bytes=target.l2_bytes))
         return {"nt": nt, "mt": mt, "vec": tiles_for(nt, lanes), "kt": kt, "panels_outer": panels, "kc": kc,
-                "panel_groups": groups if kc else 0,
+                # Groups act in the chunked order only (panels outermost too): else no knob.
+                "panel_groups": groups if kc and panels else 0,
                 # The chunked order streams its weight from memory: fetch the next chunk ahead.
                 # With batch entries run one by one (ConvNeXt's [1, 14, 14, 384] rows), each
                 # panel stays in L2 after the first entry, and the hints only cost.
