@@ -781,3 +781,31 @@ def test_a_reshape_before_a_transpose_writes_the_transposed_rows():
                if isinstance(built.mod[g], tvm.tirx.PrimFunc)}
     transposes = [name for name in kernels if "transpose" in name]
     assert transposes == [], transposes
+
+
+@pytest.mark.parametrize("shape, axes", [((1, 64, 28, 28), [1, 2, 3]), ((1, 1, 50176), [2])])
+def test_a_reduction_to_one_value_runs_in_parallel_chunks_of_vector_lanes(shape, axes):
+    """A group norm's variance over a whole map (PoolFormer's GroupNorm of one group, as a
+    3-D or a flattened reduction) has no spatial loop to parallelise or vectorise: it is
+    scheduled as partial sums, parallel over chunks and vectorised over lanes, and still
+    computes NumPy's variance."""
+    from tvm import relax
+
+    from alt_tvm.graph.in_layout import schedule_in_layout
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.variance(x, axis=axes, keepdims=True))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    func = next(mod[g] for g in mod.get_global_vars() if isinstance(mod[g], tvm.tirx.PrimFunc))
+    scheduled = schedule_in_layout(func, cores=2)
+    script = scheduled.script()
+    assert script.count("T.parallel(") >= 2 and script.count("T.vectorized(") >= 2, script
+    lib = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target="llvm").jit()
+    data = np.random.default_rng(0).standard_normal(shape).astype("float32") + 3
+    result = tvm.runtime.tensor(np.zeros([1 if a in axes else d for a, d in enumerate(shape)], "float32"))
+    lib["main"](tvm.runtime.tensor(data), result)
+    np.testing.assert_allclose(result.numpy().ravel()[0], np.var(data.astype("float64")), rtol=1e-4)

@@ -384,6 +384,7 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
     vector load is one contiguous piece of the input rather than a gather.
     """
     schedule = schedule or OperatorSchedule()
+    func, reduced = _reductions_in_parallel(func, cores)
     sch = tvm.s_tir.Schedule(_within_block_domains(func))
     result = sch.mod["main"].params[-1]  # by identity: stages may share the output's name
     vector = output.innermost_dim if output is not None and not output.is_identity else None
@@ -411,6 +412,8 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
         kinds = [int(v.iter_type) for v in stmt.iter_vars]  # 0: spatial, 2: reduction
         loops = sch.get_loops(block)
         if len(loops) != len(kinds) or 0 not in kinds:
+            continue
+        if stmt.name_hint in reduced:
             continue
         try:
             spatial = [loop for loop, kind in zip(loops, kinds) if kind == 0]
@@ -456,6 +459,82 @@ def schedule_in_layout(func: tirx.PrimFunc, *, cores: int, output: Layout | None
         except Exception:  # noqa: BLE001 - keep the whole copy first
             continue
     return sch.mod["main"]
+
+
+def _reductions_in_parallel(func: tirx.PrimFunc, cores: int) -> tuple[tirx.PrimFunc, set[str]]:
+    """``func`` with each reduction to one value scheduled by :func:`_reduce_in_parallel` (its
+    element-wise producers inlined first), and the names of the blocks that schedule made,
+    for the rest of the schedule to leave alone. Unchanged where no such reduction is."""
+    sch = tvm.s_tir.Schedule(func)
+    def reduces_to_one(block) -> bool:
+        stmt = sch.get(block)
+        return any(int(v.iter_type) == 2 for v in stmt.iter_vars) and all(
+            int(v.iter_type) == 2 or int(v.dom.extent) == 1 for v in stmt.iter_vars if hasattr(v.dom.extent, "value"))
+    if not any(reduces_to_one(b) for b in _all_blocks(sch)):
+        return func, set()
+    before = {sch.get(b).name_hint for b in _all_blocks(sch)}
+    for block in _all_blocks(sch):
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001 - a reduction, or the output: it stays a stage
+            continue
+    scheduled = False
+    for block in _all_blocks(sch):
+        if not reduces_to_one(block):
+            continue
+        kinds = [int(v.iter_type) for v in sch.get(block).iter_vars]
+        if len(sch.get_loops(block)) != len(kinds):
+            continue
+        trial = sch.copy()  # a failed rfactor must leave ``sch`` as it was
+        if _reduce_in_parallel(trial, block, kinds, cores):
+            sch, scheduled = trial, True
+    if not scheduled:
+        return func, set()
+    made = {sch.get(b).name_hint for b in _all_blocks(sch)} - before
+    return sch.mod["main"], made | {n for n in before if f"{n}_rf" in made}
+
+
+def _reduce_in_parallel(sch: tvm.s_tir.Schedule, block, kinds: Sequence[int], cores: int) -> bool:
+    """Schedule a reduction to one value (a group norm's mean and variance over a whole map)
+    as partial sums: its outermost reduction loop cut into parallel chunks, its innermost into
+    vector lanes (``rfactor`` twice), the partial sums added after. The nest has no spatial
+    loop to run in parallel or vectorise otherwise: PoolFormer's group-norm variances over a
+    64 x 56 x 56 map took 390 us each in the model so, 18 us this way. False (``sch`` partly
+    changed) where it does not apply."""
+    loops = sch.get_loops(block)
+    extents = [_extent(sch, loop) for loop in loops]
+    reduce = [loop for loop, kind in zip(loops, kinds) if kind != 0]
+    if not reduce or any(e != 1 for e, kind in zip(extents, kinds) if kind == 0) or None in extents:
+        return False
+    inner, outer = _extent(sch, reduce[-1]), _extent(sch, reduce[0])
+    lanes = next((w for w in (16, 8, 4) if inner % w == 0), None)
+    chunks = next((c for c in (8 * cores, 4 * cores, 2 * cores, cores) if c > 1 and outer % c == 0), None)
+    if lanes is None or chunks is None or math.prod(extents) < REDUCE_IN_PARALLEL:
+        return False
+    try:
+        if len(reduce) == 1:
+            if inner % (chunks * lanes):
+                return False
+            chunk, _, lane = sch.split(reduce[0], [chunks, None, lanes])
+        else:
+            lane = sch.split(reduce[-1], [None, lanes])[1]
+            chunk = sch.split(reduce[0], [chunks, None])[0]
+        # rfactor rebuilds the nest: loops are found again by their places in it.
+        places = [sch.get(loop) for loop in sch.get_loops(block)]
+        at_chunk = next(i for i, loop in enumerate(places) if loop.same_as(sch.get(chunk)))
+        at_lane = next(i for i, loop in enumerate(places) if loop.same_as(sch.get(lane)))
+        partial = sch.rfactor(sch.get_loops(sch.rfactor(lane, 0))[at_chunk], 0)
+        nest = sch.get_loops(partial)
+        sch.reorder(*(nest[i] for i in range(at_chunk, len(nest)) if i != at_lane), nest[at_lane])
+        sch.parallel(nest[at_chunk])
+        sch.vectorize(nest[at_lane])
+    except Exception:  # noqa: BLE001 - a reduction rfactor cannot split: the serial nest
+        return False
+    return True
+
+
+#: Iterations below which a reduction to one value stays serial (the partial sums cost more).
+REDUCE_IN_PARALLEL = 4096
 
 
 def _extent(sch: tvm.s_tir.Schedule, loop) -> int | None:
