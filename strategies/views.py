@@ -114,7 +114,7 @@ def index_map(binding: relax.VarBinding, source_shape: Sequence[int], producers:
         return lambda i: [*i[:axis], i[axis] + start, *i[axis + 1:]]
     op = op_name(value)
     if op == "relax.permute_dims":
-        axes = list(range(rank))[::-1] if value.attrs.axes is None else [int(a) % rank for a in value.attrs.axes]
+        axes = permute_axes(value, rank)
         where = {axis: k for k, axis in enumerate(axes)}  # source axis -> output axis
         return lambda i: [i[where[a]] for a in range(rank)]
     if op == "relax.take":
@@ -142,6 +142,11 @@ def index_map(binding: relax.VarBinding, source_shape: Sequence[int], producers:
     return unravel
 
 
+def permute_axes(call: relax.Call, rank: int) -> list[int]:
+    """The axes of a ``permute_dims`` call, non-negative (none given: reversed, as NumPy's)."""
+    return list(range(rank))[::-1] if call.attrs.axes is None else [int(a) % rank for a in call.attrs.axes]
+
+
 def renaming_layout(binding: relax.VarBinding) -> Layout | None:
     """A ``permute_dims`` or ``reshape`` as a layout: over the op's output shape, mapping it to
     its input's shape, so that the output is the input's buffer read through it (ALT's
@@ -152,9 +157,8 @@ def renaming_layout(binding: relax.VarBinding) -> Layout | None:
         return None
     op = op_name(value)
     if op == "relax.permute_dims":
-        rank = len(in_shape)
-        axes = list(range(rank))[::-1] if value.attrs.axes is None else [int(a) % rank for a in value.attrs.axes]
-        return Layout(out_shape).reorder([axes.index(d) for d in range(rank)])
+        axes = permute_axes(value, len(in_shape))
+        return Layout(out_shape).reorder([axes.index(d) for d in range(len(in_shape))])
     if op != "relax.reshape" or math.prod(out_shape) != math.prod(in_shape):
         return None
     layout = Layout(out_shape)

@@ -466,10 +466,12 @@ def _reductions_in_parallel(func: tirx.PrimFunc, cores: int) -> tuple[tirx.PrimF
     element-wise producers inlined first), and the names of the blocks that schedule made,
     for the rest of the schedule to leave alone. Unchanged where no such reduction is."""
     sch = tvm.s_tir.Schedule(func)
+
     def reduces_to_one(block) -> bool:
         stmt = sch.get(block)
         return any(int(v.iter_type) == 2 for v in stmt.iter_vars) and all(
             int(v.iter_type) == 2 or int(v.dom.extent) == 1 for v in stmt.iter_vars if hasattr(v.dom.extent, "value"))
+
     if not any(reduces_to_one(b) for b in _all_blocks(sch)):
         return func, set()
     before = {sch.get(b).name_hint for b in _all_blocks(sch)}

@@ -283,7 +283,7 @@ class AltLayoutPass:
             strategy = selected[partition.anchor.var]
             layout = strategy.preferred_input_layout(partition.anchor, self.context_for(partition, strategy, {}))
             preferred.setdefault(data, []).append(layout)
-            if "conv" in (op_name(partition.anchor.value) or "") \
+            if _is_conv(partition) \
                     and any(int(p) for p in getattr(partition.anchor.value.attrs, "padding", None) or ()):
                 # A padded conv's pad stage copies its input into the conv's layout: it reads
                 # through the renamings instead of after a transpose kernel.
@@ -309,7 +309,7 @@ class AltLayoutPass:
                             self.views.update(_renamings_read_by(producers[operand], producers, users, members))
                 continue
             _propagate_elementwise(data, layout, producers, users, members, wanted)
-        tiled = {p.output for p in partitions if "conv" in (op_name(p.anchor.value) or "")}
+        tiled = {p.output for p in partitions if _is_conv(p)}
         for binding in (b for block in func.body.blocks for b in block.bindings):
             transposed = _transposed_source(binding, producers, users, tiled)
             if transposed is not None and transposed[0] not in wanted and binding.var not in members:
@@ -318,6 +318,10 @@ class AltLayoutPass:
                 wanted[transposed[0]] = transposed[1]
                 self.views.add(binding.var)
         return wanted
+
+
+def _is_conv(partition: Partition) -> bool:
+    return "conv" in (op_name(partition.anchor.value) or "")
 
 
 def _propagate_elementwise(data: relax.Var, layout: Layout, producers: dict, users: dict, members: set,
@@ -350,12 +354,8 @@ def _transposed_source(binding: relax.VarBinding, producers: dict, users: dict, 
     if (producer is None or not isinstance(source, relax.DataflowVar) or len(users.get(source, [])) != 1
             or op_name(producer.value) != "relax.reshape" or producer.value.args[0] not in tiled):
         return None
-    shape = static_shape(source)
-    if shape is None or static_shape(binding.var) is None:
-        return None
-    rank = len(shape)
-    axes = list(range(rank))[::-1] if call.attrs.axes is None else [int(a) % rank for a in call.attrs.axes]
-    return source, Layout(shape).reorder(axes)
+    layout = renaming_layout(binding)  # the transpose's result -> its source
+    return None if layout is None else (source, layout.inverse())
 
 
 def _renamings_read_by(binding: relax.VarBinding, producers: dict, users: dict, members: set) -> set:

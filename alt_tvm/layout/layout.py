@@ -229,13 +229,13 @@ class Layout:
             raise ValueError(f"with_extent: dim={dim!r}; expected a dim of shape {self._orig}")
         if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 1:
             raise ValueError(f"with_extent: extent={extent!r}; expected an int >= 1")
-        old, new, position, steps = self._orig[dim], int(extent), int(dim), []
+        new, position, steps = int(extent), int(dim), []
         for prim in self._steps:
             if isinstance(prim, Split) and prim.dim == position:
                 inner = product(prim.factors[1:])
                 if new % inner:
                     return None
-                old, new = old // inner, new // inner
+                new //= inner
                 prim = Split(position, (new, *prim.factors[1:]))
             elif isinstance(prim, Split):
                 position += len(prim.factors) - 1 if prim.dim < position else 0
@@ -251,7 +251,6 @@ class Layout:
         shape = list(self._orig)
         shape[dim] = int(extent)
         return Layout(shape, steps)
-
 
     def dim_names(self, names: Sequence[str]) -> list[str]:
         """Names for this layout's dimensions, derived from the original ones (for readable TIR)."""
