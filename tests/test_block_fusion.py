@@ -15,7 +15,7 @@ from torch import nn
 from alt_tvm.graph.build import build
 from alt_tvm.graph.partition import plan_partitions, tail_pieces
 from alt_tvm.graph.prepare import prepare
-from alt_tvm.strategies.alt import block
+from alt_tvm.strategies.alt import block, conv
 from alt_tvm.target import describe_cpu, resolve
 
 
@@ -240,6 +240,46 @@ def test_splitting_a_workload_that_fuses_nothing_here_is_refused_with_the_reason
     assert "fuses nothing here" in split.refused[workload_key(stem)]
     # the pieces' anchors map to the block they came from; the stem is no piece
     assert sorted(set(split.pieces_of.values())) == [workload_key(block_part)] and len(split.pieces_of) == 3
+
+
+def test_intensity_counts_the_convs_flops_per_byte_of_the_maps_fusion_keeps_out_of_memory():
+    g = block.BlockGeometry(n=1, c=16, m=96, o=24, h=28, w=28, oh=14, ow=14, kernel=(3, 3), stride=(2, 2),
+                            pads=(1, 1, 1, 1))
+    flops = 2 * (16 * 96 * 28 * 28 + 9 * 96 * 14 * 14 + 96 * 24 * 14 * 14)
+    assert g.unfused_flops == flops
+    assert g.saved_bytes == 2 * 4 * 96 * (28 * 28 + 14 * 14)  # each map written once and read once
+    assert g.intensity == pytest.approx(flops / g.saved_bytes)
+    short = dataclasses.replace(g, o=96, project=False)  # ends at the depthwise map, which it writes
+    assert short.saved_bytes == 2 * 4 * 96 * 28 * 28
+
+
+def test_a_depthwise_conv_between_two_convs_of_its_width_is_not_fused_by_default(monkeypatch):
+    """MobileNet-V1's shape (no expansion): the convs' work per byte of the maps fusion would
+    keep in cache is above :data:`block.MAX_INTENSITY`; an inverted residual's 6x expansion
+    of the same map is below it. Both are fused with the option ``"always"``."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 28, 28)
+    narrow, wide = _InvertedResidual(128, 128, expand=1).eval(), _InvertedResidual(16, 16).eval()
+    geometries = {}
+    for name, model in (("narrow", narrow), ("wide", wide)):
+        assert len([p for p in _plan(model, x, ALWAYS, target=WIDE).partitions if p.tail]) == 1
+        (part,) = [p for p in _plan(model, x, ALWAYS, target=WIDE).partitions if p.tail]
+        geometries[name] = block.BlockGeometry.of(part.anchor, part.tail)
+    assert geometries["wide"].intensity <= block.MAX_INTENSITY < geometries["narrow"].intensity
+    assert [p for p in _plan(narrow, x, target=WIDE).partitions if p.tail] == []
+    assert len([p for p in _plan(wide, x, target=WIDE).partitions if p.tail]) == 1
+    monkeypatch.setattr(conv, "MAX_INTENSITY", float("inf"))  # the bound alone decided
+    assert len([p for p in _plan(narrow, x, target=WIDE).partitions if p.tail]) == 1
+
+
+def test_a_block_whose_weights_leave_no_room_in_the_l2_cache_for_a_band_is_not_fused():
+    g = block.BlockGeometry(n=1, c=256, m=512, o=512, h=14, w=14, oh=14, ow=14, kernel=(3, 3), stride=(1, 1),
+                            pads=(1, 1, 1, 1))
+    assert g.weight_bytes == 4 * (256 * 512 + 9 * 512 + 512 * 512)
+    rows = block.band_rows(g, row_tile=2, cores=2, l2_bytes=1 << 20)
+    assert rows is not None  # the band alone fits half the cache ...
+    assert not block.stays_in_l2(g, rows, l2_bytes=1 << 20)  # ... but not beside 1.5 MB of weights
+    assert block.stays_in_l2(g, rows, l2_bytes=g.weight_bytes + g.band_bytes(rows))
 
 
 def test_band_rows_fit_half_the_l2_cache_and_divide_the_output():

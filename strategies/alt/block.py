@@ -48,8 +48,8 @@ from .patterns import block_output_conv, split_block_tail
 from .tiling import DefaultConvTiling, channel_tile, register_block
 from .vectors import vector_registers, vectorize_channels
 
-__all__ = ["MAX_SHORT_WORK_RATIO", "MAX_WORK_RATIO", "STEM_EXPAND_POSITIONS", "BlockGeometry", "BlockTiling",
-           "band_rows", "default_block_tiling", "implement_block", "work_ratio"]
+__all__ = ["MAX_INTENSITY", "MAX_SHORT_WORK_RATIO", "MAX_WORK_RATIO", "STEM_EXPAND_POSITIONS", "BlockGeometry",
+           "BlockTiling", "band_rows", "default_block_tiling", "implement_block", "stays_in_l2", "work_ratio"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,12 @@ class BlockGeometry:
         return (rows - 1) * self.stride[0] + self.kernel[0]
 
     @property
+    def weight_bytes(self) -> int:
+        """The expand, depthwise and project weights, in bytes: every band reads them all."""
+        project = self.m * self.o if self.project else 0
+        return 4 * (self.c * self.expand_taps * self.m + self.kernel[0] * self.kernel[1] * self.m + project)
+
+    @property
     def expanded_bytes(self) -> int:
         return 4 * self.n * self.m * self.h * self.w
 
@@ -136,6 +142,25 @@ class BlockGeometry:
             (kh, kw), (sy, sx) = self.expand_kernel, self.expand_stride
             buffers += self.c * ((self.expanded_rows(rows) - 1) * sy + kh) * ((padded_w - 1) * sx + kw)
         return 4 * buffers
+
+    @property
+    def unfused_flops(self) -> float:
+        """FLOPs of the two or three convs computed one at a time."""
+        project = 2 * self.m * self.o * self.oh * self.ow if self.project else 0
+        return float(self.n * (2 * self.c * self.expand_taps * self.m * self.h * self.w
+                               + 2 * self.kernel[0] * self.kernel[1] * self.m * self.oh * self.ow + project))
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes the unfused convs write and read back that the fused kernel keeps in cache:
+        the expanded map, and the depthwise map where a project conv reads it."""
+        maps = self.h * self.w + (self.oh * self.ow if self.project else 0)
+        return 2 * 4 * self.n * self.m * maps
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte of memory traffic fusion saves (:data:`MAX_INTENSITY` bounds it)."""
+        return self.unfused_flops / self.saved_bytes
 
     def flops(self, rows: int) -> float:
         """FLOPs of one band of ``rows`` output rows, its expanded rows recomputed."""
@@ -157,13 +182,32 @@ MAX_WORK_RATIO = 1.6
 MAX_SHORT_WORK_RATIO = 1.15
 
 
+#: Fuse by default only while the convs do at most this many FLOPs per byte that fusion keeps
+#: out of memory. The fused kernel runs its 1x1 stages on 3/4 of the registers, below the
+#: unfused convs' rate: fusion pays where the expanded maps are wide against the convs'
+#: work (an inverted residual's 6x expansion: 5-13 FLOP/B), not where a depthwise conv sits
+#: between two convs of similar width. On Zen 4 (2 threads) MobileNet-V1's blocks (25 and 49
+#: FLOP/B, the stem's 12.5 kept) took 0.93x the model's time unfused, MobileNet-V2's 14x14
+#: blocks (21 and 28) 0.98x.
+MAX_INTENSITY = 20.0
+
+
 def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
     """The fused kernel's work with bands of ``rows`` rows over ``cores``, over the unfused kernels'."""
-    g = geometry
-    bands = g.n * g.oh // rows
-    unfused = g.n * (2 * g.c * g.expand_taps * g.m * g.h * g.w + 2 * g.kernel[0] * g.kernel[1] * g.m * g.oh * g.ow
-                     + (2 * g.m * g.o * g.oh * g.ow if g.project else 0))
-    return -(-bands // cores) * cores * g.flops(rows) / unfused
+    bands = geometry.n * geometry.oh // rows
+    return -(-bands // cores) * cores * geometry.flops(rows) / geometry.unfused_flops
+
+
+def stays_in_l2(geometry: BlockGeometry, rows: int, *, l2_bytes: int) -> bool:
+    """Do a band's buffers and the three stages' weights fit one core's L2 cache together?
+
+    Every band reads all the weights; where they do not stay in the L2 beside the band's maps,
+    each band streams them from the next level. The unfused convs read them once per tile.
+    MobileNet-V1's 14x14 blocks (1.5 and 3 MB of weights, a 1 MB L2) ran 0.54x and 0.72x the
+    time unfused on Zen 4 (2 threads); every inverted-residual block fused in MobileNet-V2,
+    MNASNet, MobileNet-V3 and EfficientNet-B0 there has at most 0.6 MB.
+    """
+    return geometry.weight_bytes + geometry.band_bytes(rows) <= l2_bytes
 
 
 def band_rows(geometry: BlockGeometry, *, row_tile: int, cores: int, l2_bytes: int) -> int | None:

@@ -44,12 +44,14 @@ from alt_tvm.target import HardwareTarget
 
 from .block import (
     BLOCK_MIN_REGISTERS,
+    MAX_INTENSITY,
     MAX_SHORT_WORK_RATIO,
     MAX_WORK_RATIO,
     BlockGeometry,
     BlockTiling,
     default_block_tiling,
     implement_block,
+    stays_in_l2,
     work_ratio,
 )
 from .patterns import ABSORBED_INPUT, BLOCK, CHANNEL_SCALE, block_output_conv
@@ -414,12 +416,18 @@ class ConvLayouts:
 def fuses_block(strategy: AltConvStrategy, anchor: relax.VarBinding, match: Match, target: HardwareTarget,
                 options: Any = None) -> bool:
     """Fuse an inverted-residual block (:data:`.patterns.BLOCK`, :mod:`.block`) where a band
-    of rows fits half the L2 cache with a band per core and, by default, the recomputed rows
-    leave the fused kernel at most :data:`.block.MAX_WORK_RATIO` times the three kernels' work
-    (:data:`.block.MAX_SHORT_WORK_RATIO` times the two kernels' for a block that ends at its
-    depthwise conv), on targets with at least :data:`.block.BLOCK_MIN_REGISTERS` vector
-    registers. The option ``fuse_blocks``: True (that rule), False (never), ``"always"``
-    (wherever a band fits)."""
+    of rows fits half the L2 cache with a band per core. By default, on targets with at least
+    :data:`.block.BLOCK_MIN_REGISTERS` vector registers, and only where
+
+    - the recomputed rows leave the fused kernel at most :data:`.block.MAX_WORK_RATIO` times
+      the three kernels' work (:data:`.block.MAX_SHORT_WORK_RATIO` times the two kernels' for
+      a block that ends at its depthwise conv),
+    - the convs do at most :data:`.block.MAX_INTENSITY` FLOPs per byte fusion keeps out of
+      memory, and
+    - the weights stay in the L2 cache beside a band (:func:`.block.stays_in_l2`).
+
+    The option ``fuse_blocks``: True (that rule), False (never), ``"always"`` (wherever a
+    band fits)."""
     fuse = fusion_option(options, "fuse_blocks")
     if fuse is False or target.to_tvm().kind.name != "llvm":
         return False
@@ -430,8 +438,11 @@ def fuses_block(strategy: AltConvStrategy, anchor: relax.VarBinding, match: Matc
         rows = strategy._default_block_tiling(geometry, match.tail, target).band_rows
     except ValueError:  # not a block the kernel computes, or no band fits
         return False
+    if fuse == "always":
+        return True
     bound = MAX_WORK_RATIO if geometry.project else MAX_SHORT_WORK_RATIO
-    return fuse == "always" or work_ratio(geometry, rows, cores=target.num_cores) <= bound
+    return work_ratio(geometry, rows, cores=target.num_cores) <= bound and geometry.intensity <= MAX_INTENSITY \
+        and stays_in_l2(geometry, rows, l2_bytes=target.l2_bytes)
 
 
 class AltConvStrategy(Strategy):
