@@ -71,7 +71,7 @@ from alt_tvm.strategies import registry
 from alt_tvm.target import HardwareTarget
 
 __all__ = ["Choice", "InModelConfig", "InModelResult", "WorkloadDecision", "decide_in_model", "model_inputs",
-           "choices_log", "profile_rounds"]
+           "choices_log", "profile_rounds", "untuned_times"]
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +297,25 @@ def _configs(decisions: Sequence[WorkloadDecision],
 def _paired_ratio(samples: Sequence[float], default: Sequence[float]) -> float:
     return statistics.median(s / d if d > 0 and math.isfinite(s) and math.isfinite(d) else math.inf
                              for s, d in zip(samples, default))
+
+
+def untuned_times(mod: Any, tasks: Sequence[Any], options: BuildOptions, *,
+                  example_inputs: Sequence[Any] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                  seed: int = 0, profiler: Profiler | None = None) -> dict[str, float]:
+    """Each task's kernels' time in one run of the untuned model (ms, all its occurrences and
+    the conversions its layout causes; 0 for a task none of whose kernels ran): the median of
+    a profile after a warm-up run. Tuning shares its trials by it (``TuneOptions.shares``).
+
+    ``mod`` is the imported Relax module, built here with ``options`` and no tuning log.
+    """
+    profiler = profiler or _profile_once
+    with VariantBuilder(mod, options, input_shapes=input_shapes, workers=1) as builder:
+        (untuned,) = builder.build([choices_log("<untuned>", target_key(options.target.to_tvm()), {})])
+        arrays = model_inputs(untuned.model, seed=seed, example_inputs=example_inputs)
+        profiler(untuned.model, arrays)  # a model's first runs after a build are slower
+        per_workload = profiler(untuned.model, arrays).by_workload(untuned.kernels)
+    return {task.key: statistics.median(per_workload[task.key]) if per_workload.get(task.key) else 0.0
+            for task in tasks}
 
 
 def decide_in_model(model: Any, tasks: Sequence[Any], options: BuildOptions | None = None, *,

@@ -21,7 +21,7 @@ from alt_tvm.deploy.model import use_runtime_threads
 from alt_tvm.graph.frontend import load_model
 from alt_tvm.graph.partition import plan_partitions
 from alt_tvm.graph.prepare import prepare
-from alt_tvm.in_model import InModelResult, Profiler, decide_in_model
+from alt_tvm.in_model import InModelResult, Profiler, decide_in_model, untuned_times
 from alt_tvm.operator_tasks import operator_tasks
 from alt_tvm.options import BuildOptions, TuneOptions, build_options, check_layout_levels, tune_options
 from alt_tvm.strategies.base import PartitionContext
@@ -159,6 +159,11 @@ def tune(model: Any, options: TuneOptions | None = None, *, example_inputs: Sequ
     budget = _operator_budget(options.trials, len(tasks)) if options.operators else 0
     if budget > 0:
         tasks += operator_tasks(imported.mod, options.build, limit=budget)
+    if options.shares == "time" and options.verify and runs_on_host(machine):
+        times = untuned_times(imported.mod, tasks, options.build, example_inputs=example_inputs,
+                              input_shapes=input_shapes, seed=options.in_model.seed, profiler=profiler)
+        for task in tasks:
+            task.time_ms = times[task.key]
     summaries = tune_tasks(tasks, options, measure=measure)
     result = None
     if options.verify and not runs_on_host(machine):

@@ -30,6 +30,9 @@ VARIANTS = ("alt", "alt-wp", "alt-ol")
 LAYOUT_LEVELS = (1, 2)
 #: The task schedulers :func:`alt_tvm.tuning.scheduler.make_scheduler` makes by name.
 SCHEDULERS = ("static", "gradient")
+#: What a task's share of the trials is proportional to: its kernels' time in the untuned
+#: model (one profile before the search), or how often it occurs.
+SHARES = ("time", "occurrences")
 #: The cost model's inputs: the lowered TIR's features, or the candidate's knob values.
 FEATURES = ("tir", "knobs")
 
@@ -275,7 +278,10 @@ class TuneOptions:
         :class:`~alt_tvm.tuning.scheduler.TaskScheduler`. ``in_flight``: tasks tuned at once
         (an int >= 1; more than 1 needs a measure that runs elsewhere). ``lookahead``:
         search steps of a task sent to be built before the oldest step's results are in
-        (an int >= 0; needs a batched measure).
+        (an int >= 0; needs a batched measure). ``shares``: what a task's share of the
+        trials is proportional to, one of :data:`SHARES`: ``"time"``, its kernels' time
+        in the untuned model, profiled once before the search (where the model runs here,
+        with ``verify``; otherwise, and with ``"occurrences"``, how often it occurs).
     Bookkeeping
         ``resume``: reuse the log's measurements of the same target (transient failures
         are measured again). ``progress``: progress bars and INFO lines. ``plot``: write a
@@ -284,7 +290,7 @@ class TuneOptions:
         ``operators``: also tune the loop knobs of the kernels no strategy implements
         (:mod:`alt_tvm.operator_tasks`: pools, concatenations, means, element-wise chains,
         kernels TVM fused), the ones moving the most bytes first: as many as leave each
-        strategy task 2 trials, at most ``trials // 8``. The tasks share ``trials`` by weight.
+        strategy task 2 trials, at most ``trials // 8``. The tasks share ``trials`` by ``shares``.
     In-model stage
         ``verify``: after the search, decide each workload inside the whole model and
         verify the model against the untuned one (:mod:`alt_tvm.in_model`), configured by
@@ -311,6 +317,7 @@ class TuneOptions:
     scheduler: Any = "static"
     in_flight: int = 1
     lookahead: int = 0
+    shares: str = "time"
     resume: bool = True
     progress: bool = True
     plot: str | os.PathLike[str] | None = None
@@ -342,6 +349,8 @@ class TuneOptions:
             raise ValueError(f"features must be 'tir' or 'knobs', got {self.features!r}")
         if isinstance(self.scheduler, str) and self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be 'static' or 'gradient', got {self.scheduler!r}")
+        if self.shares not in SHARES:
+            raise ValueError(f"shares must be one of {list(SHARES)}, got {self.shares!r}")
         _check_bool("resume", self.resume)
         _check_bool("progress", self.progress)
         if self.plot is not None and not isinstance(self.plot, str | os.PathLike):

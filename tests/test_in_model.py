@@ -410,3 +410,36 @@ def test_a_fused_block_whose_pieces_are_faster_in_the_model_is_built_as_its_piec
     assert built.report.unfused == {block.key}
     ref = model(x).detach().numpy()
     np.testing.assert_allclose(built(x.numpy())[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_tuning_shares_its_trials_by_each_tasks_time_in_the_untuned_model(tmp_path, monkeypatch):
+    """The untuned model is profiled once (here by a fake profiler giving conv ``b`` 9x the time of
+    conv ``a``) and each task's share of the trials follows its time, not its occurrences."""
+    import alt_tvm.integration as integration
+    from alt_tvm.graph.frontend import load_model
+    from alt_tvm.in_model import untuned_times
+    from alt_tvm.options import BuildOptions
+
+    tasks = extract_tasks(MODEL, example_inputs=INPUTS)
+    assert len(tasks) == 2 and [t.weight for t in tasks] == [1, 1]
+    kernels = quiet_build(priors=None).report.timed_kernels
+
+    def profiler(model, arrays):
+        ms = {k.name: (0.0 if k.kind == "conversion" else 9.0 if k.workload == tasks[1].key else 1.0,) for k in kernels}
+        return KernelProfile(ms, (10.0,),
+                             calls={k.name: 1 for k in kernels})
+
+    times = untuned_times(load_model(MODEL, example_inputs=INPUTS).mod, tasks, BuildOptions(priors=None),
+                          example_inputs=INPUTS, profiler=profiler)
+    assert times == {tasks[0].key: 1.0, tasks[1].key: 9.0}
+
+    def run(**options):
+        outcome = tune(MODEL, example_inputs=INPUTS, trials=20, log=tmp_path / f"{len(options)}.jsonl",
+                       measure=fake_measure, cost_model=None, features="knobs", progress=False, revalidate=0,
+                       **options)
+        return [s.trials for s in outcome]
+
+    monkeypatch.setattr(integration, "untuned_times", lambda mod, tasks, *a, **k: times)
+    monkeypatch.setattr(integration, "decide_in_model", lambda *a, **k: None)
+    assert run() == [2, 18]
+    assert run(shares="occurrences") == [10, 10]

@@ -81,8 +81,8 @@ def test_corrupt_log_lines_are_skipped_with_a_warning(tmp_path):
 
 def test_budget_split_and_bad_budget():
     class T:
-        def __init__(self, weight):
-            self.weight = weight
+        def __init__(self, weight, time_ms=None):
+            self.weight, self.time_ms = weight, time_ms
 
     assert split_budget([T(2), T(1), T(1)], 20) == [10, 5, 5]
     assert sum(split_budget([T(1)] * 3, 7)) == 7
@@ -93,6 +93,19 @@ def test_budget_split_and_bad_budget():
     with pytest.raises(ValueError, match="trials=3 is too small for 3 tasks"):
         split_budget([T(1)] * 3, 3)
     assert json.dumps(split_budget([T(5), T(1)], 12))
+
+
+def test_the_budget_follows_the_tasks_time_in_the_untuned_model_where_every_task_has_one():
+    class T:
+        def __init__(self, weight, time_ms=None):
+            self.weight, self.time_ms = weight, time_ms
+
+    # A kernel taking 80% of the model's time, occurring once, beside three that occur 3 times.
+    assert split_budget([T(3, 1.0), T(3, 1.0), T(1, 8.0), T(3, 0.0)], 40) == [4, 4, 30, 2]
+    assert split_budget([T(3), T(3), T(1), T(3)], 40) == [12, 12, 4, 12]  # by occurrences
+    # One task not profiled (or all at zero): by occurrences.
+    assert split_budget([T(3, 1.0), T(1, None)], 40) == split_budget([T(3), T(1)], 40)
+    assert split_budget([T(3, 0.0), T(1, 0.0)], 40) == split_budget([T(3), T(1)], 40)
 
 
 def test_tuning_through_isolated_workers_writes_real_latencies(tmp_path):

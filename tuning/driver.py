@@ -88,7 +88,8 @@ class TaskSummary:
 
 
 def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
-    """Trials per task, proportional to how often the task occurs, at least 2 each.
+    """Trials per task, at least 2 each, the rest proportional to the task's kernels' time in
+    the untuned model where every task has it (:attr:`Task.time_ms`), else to how often it occurs.
 
     Raises
     ------
@@ -97,14 +98,18 @@ def split_budget(tasks: Sequence[Task], trials: int) -> list[int]:
     """
     if trials < 2 * len(tasks):
         raise BudgetError(f"trials={trials} is too small for {len(tasks)} tasks: give at least {2 * len(tasks)}")
-    weights = [t.weight for t in tasks]
+    timed = [t.time_ms for t in tasks]
+    by_time = all(t is not None and math.isfinite(t) and t >= 0 for t in timed) and sum(timed) > 0
+    weights = timed if by_time else [t.weight for t in tasks]
     total = sum(weights)
     shares = [max(2, int(trials * w / total)) for w in weights]
     # The floor of 2 can overspend a tight budget: take the excess from the largest shares.
     while sum(shares) > trials:
         largest = max(range(len(shares)), key=lambda i: shares[i])
         shares[largest] -= 1
-    shares[0] += trials - sum(shares)  # rounding goes to the first task (usually the largest map)
+    # What rounding left goes to the slowest task, or the first (usually the largest map).
+    first = max(range(len(weights)), key=lambda i: weights[i]) if by_time else 0
+    shares[first] += trials - sum(shares)
     return shares
 
 

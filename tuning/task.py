@@ -101,6 +101,8 @@ class Task:
     target: HardwareTarget
     space: Space
     weight: int = 1
+    #: its kernels' time in one run of the untuned model, all occurrences (ms; None: not profiled)
+    time_ms: float | None = None
     #: the build variant and the build's options for ``strategy`` (lowered exactly as the build lowers)
     variant: str = "alt"
     options: Any = None

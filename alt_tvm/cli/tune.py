@@ -55,6 +55,9 @@ def _parser() -> Parser:
     parser.add_argument("--scheduler", default="static", choices=["static", "gradient"],
                         help="how tasks share --trials: fixed shares by weight, or rounds to the task that "
                              "moves the model most")
+    parser.add_argument("--shares", default="time", choices=["time", "occurrences"],
+                        help="what a task's share of --trials follows: its kernels' time in the untuned model "
+                             "(profiled once first, where the model runs here), or how often it occurs")
     parser.add_argument("--in-flight", type=int, default=None,
                         help="tasks tuned at once, so one task's batch builds while another's runs (default: 2 "
                              "with --tracker, else 1: here a build beside a timed run disturbs the timing)")
@@ -111,10 +114,10 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 #: TuneOptions field -> the flag that sets it
 _FLAGS = {"trials": "--trials", "log": "--log", "plot": "--plot", "joint_fraction": "--joint-fraction",
-          "seed": "--seed", "resume": "--resume", "scheduler": "--scheduler", "in_flight": "--in-flight",
-          "lookahead": "--lookahead", "layout_levels": "--layout-levels", "features": "--features",
-          "revalidate": "--revalidate", "operators": "--no-operators", "verify": "--no-verify",
-          "progress": "--no-progress"}
+          "seed": "--seed", "resume": "--resume", "scheduler": "--scheduler", "shares": "--shares",
+          "in_flight": "--in-flight", "lookahead": "--lookahead", "layout_levels": "--layout-levels",
+          "features": "--features", "revalidate": "--revalidate", "operators": "--no-operators",
+          "verify": "--no-verify", "progress": "--no-progress"}
 
 
 def _tune_options(parser: Parser, args: argparse.Namespace, *, log: str, plot: str) -> Any:
@@ -127,7 +130,7 @@ def _tune_options(parser: Parser, args: argparse.Namespace, *, log: str, plot: s
             trials=args.trials, log=log, plot=plot, build=BuildOptions(target=args.target), seed=args.seed,
             joint_fraction=args.joint_fraction, resume=args.resume, progress=not args.no_progress,
             layout_levels=args.layout_levels, features=args.features, revalidate=args.revalidate,
-            scheduler=args.scheduler, in_flight=_default(args.in_flight, 2 if args.tracker else 1),
+            scheduler=args.scheduler, shares=args.shares, in_flight=_default(args.in_flight, 2 if args.tracker else 1),
             lookahead=_default(args.lookahead, 1 if args.tracker else 0), operators=not args.no_operators,
             verify=not args.no_verify)
     except (TypeError, ValueError) as err:
