@@ -161,10 +161,50 @@ def renaming_layout(binding: relax.VarBinding) -> Layout | None:
         return Layout(out_shape).reorder([axes.index(d) for d in range(len(in_shape))])
     if op != "relax.reshape" or math.prod(out_shape) != math.prod(in_shape):
         return None
+    groups = _reshape_groups(out_shape, in_shape)
+    if groups is None:  # through the flat position: every index a division and a remainder
+        layout = Layout(out_shape)
+        if len(out_shape) > 1:
+            layout = layout.fuse(list(range(len(out_shape))))
+        return layout.split(0, list(in_shape)) if len(in_shape) > 1 else layout
+    # Group by group, so that a split of (4096,) into (64, 64) reads position h * 64 + w
+    # rather than a flat position's quotient and remainder, which the kernels cannot vectorise.
     layout = Layout(out_shape)
-    if len(out_shape) > 1:
-        layout = layout.fuse(list(range(len(out_shape))))
-    return layout.split(0, list(in_shape)) if len(in_shape) > 1 else layout
+    for outs, ins in reversed(groups):
+        if len(outs) > 1:
+            layout = layout.fuse(outs)
+        if len(ins) > 1:
+            layout = layout.split(outs[0], [in_shape[d] for d in ins])
+    return layout
+
+
+def _reshape_groups(out_shape: Sequence[int], in_shape: Sequence[int]) -> list | None:
+    """Consecutive dims of ``out_shape`` and ``in_shape`` (lists of indices, pairwise) whose
+    extents multiply to the same size, each group as small as it can be; dims of extent 1 join
+    the group before them. None for a shape with an extent 0 or below."""
+    if min((*out_shape, *in_shape), default=1) < 1:
+        return None
+    groups: list = []
+    i = j = 0
+    while i < len(out_shape) and j < len(in_shape):
+        outs, ins = [i], [j]
+        size_out, size_in = out_shape[i], in_shape[j]
+        i, j = i + 1, j + 1
+        while size_out != size_in:
+            if size_out < size_in:
+                outs.append(i)
+                size_out *= out_shape[i]
+                i += 1
+            else:
+                ins.append(j)
+                size_in *= in_shape[j]
+                j += 1
+        groups.append((outs, ins))
+    if not groups:
+        return None
+    # trailing dims of extent 1 on either side
+    groups[-1] = (groups[-1][0] + list(range(i, len(out_shape))), groups[-1][1] + list(range(j, len(in_shape))))
+    return groups
 
 
 def view_te(binding: relax.VarBinding, source: te.Tensor, producers: dict, *, name: str = "view") -> te.Tensor:

@@ -231,6 +231,10 @@ def test_attention_blocks_queries_by_a_divisor_of_the_tokens_that_fits_the_regis
     (lambda x: relax.op.permute_dims(x), (2, 3, 4)),
     (lambda x: relax.op.reshape(x, (1, 8, 3, 4)), (1, 8, 12)),
     (lambda x: relax.op.reshape(x, (4, 6)), (2, 3, 4)),
+    (lambda x: relax.op.reshape(x, (1, 4, 8, 8)), (1, 4, 64)),  # SegFormer's tokens to a map
+    (lambda x: relax.op.reshape(x, (1, 64, 4)), (1, 4, 8, 8)),
+    (lambda x: relax.op.reshape(x, (6, 1, 4, 1)), (2, 3, 4)),
+    (lambda x: relax.op.reshape(x, (3, 8)), (2, 3, 4)),  # no shared boundary but the ends
 ])
 def test_renaming_layout_stores_the_result_as_its_input_buffer(op, in_shape):
     """Read through :func:`renaming_layout`, the input's buffer holds the op's result: the
@@ -253,3 +257,17 @@ def test_renaming_layout_stores_the_result_as_its_input_buffer(op, in_shape):
     assert layout.shape == in_shape
     np.testing.assert_array_equal(layout.inverse_apply(data), expected)
     np.testing.assert_array_equal(layout.apply(expected), data)
+
+
+def test_a_reshape_that_splits_one_dim_reads_its_source_without_a_division():
+    """Tokens (4096) read as a 64 x 64 map: position ``h * 64 + w``, and the other dims as they
+    are, not a flat position's quotient and remainder (which a kernel cannot vectorise)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 4096), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.reshape(x, (1, 32, 64, 64)))
+        bb.emit_func_output(out)
+    layout = renaming_layout(bb.get()["main"].body.blocks[0].bindings[0])
+    index = [str(e) for e in layout.forward([tvm.tirx.Var(n, "int32") for n in "nchw"])]
+    assert not any("//" in e or "%" in e or "floordiv" in e or "floormod" in e for e in index), index

@@ -618,8 +618,12 @@ def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
     along the innermost loop it reads one element per cache line (BERT-base's 12 key
     transposes: 0.56 ms in the model; ConvNeXt-T's layer-scale transposes up to 1.3 ms each).
     That other loop moves just outside the innermost one; in tiles of both
-    (:data:`TRANSPOSE_TILE` where it divides the extent), with the tile's output rows
-    unrolled, each tile reads and writes one line per row (4.6x faster per key alone).
+    (:data:`TRANSPOSE_TILE` where it divides the extent), each tile reads and writes one line
+    per row (4.6x faster per key alone). Within a tile the innermost loop stays the output's
+    contiguous one, vectorised: each output row is one vector store of elements loaded from
+    the tile's input rows. With the other loop innermost, LLVM stores a vector as a scatter
+    (AVX-512) or element by element: SegFormer's (4096, 32) -> (32, 4096) transpose took
+    0.41 ms that way, 0.032 ms this way, on Zen 4 for AVX-512 and for AVX2 alike.
     """
     stmt = sch.get(block)
     if len(spatial) < 2 or len(stmt.iter_vars) != len(spatial) or len(stmt.writes) != 1:
@@ -649,8 +653,9 @@ def _tile_transpose(sch: tvm.s_tir.Schedule, block, spatial: list) -> bool:
     sch.reorder(*others, spatial[across], spatial[-1])
     outer_o, outer_i = sch.split(spatial[across], [None, tiles[0]])
     inner_o, inner_i = sch.split(spatial[-1], [None, tiles[1]])
-    sch.reorder(inner_o, outer_o, inner_i, outer_i)
-    sch.unroll(inner_i)
+    sch.reorder(inner_o, outer_o, outer_i, inner_i)
+    sch.unroll(outer_i)
+    sch.vectorize(inner_i)
     return True
 
 
