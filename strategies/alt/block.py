@@ -154,8 +154,8 @@ class BlockGeometry:
     def saved_bytes(self) -> int:
         """Bytes the unfused convs write and read back that the fused kernel keeps in cache:
         the expanded map, and the depthwise map where a project conv reads it."""
-        maps = self.h * self.w + (self.oh * self.ow if self.project else 0)
-        return 2 * 4 * self.n * self.m * maps
+        depthwise = 4 * self.n * self.m * self.oh * self.ow if self.project else 0
+        return 2 * (self.expanded_bytes + depthwise)
 
     @property
     def intensity(self) -> float:
