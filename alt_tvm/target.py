@@ -407,6 +407,17 @@ def runs_on_host(target: HardwareTarget) -> bool:
     return target.cross_compiler is None and not_on_host(target.tvm_target) is None
 
 
+def _not_on_this_gpu(arch: str) -> str | None:
+    """Why CUDA code for ``arch`` (``sm_XY``) cannot run on this machine's first GPU (None: it can)."""
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        return "it is CUDA code and TVM sees no CUDA device here"
+    here = "sm_" + str(dev.compute_version).replace(".", "")
+    if arch and arch != here:
+        return f"it is CUDA code for {arch} and this machine's GPU is {here}"
+    return None
+
+
 def not_on_host(tvm_target: Mapping[str, Any]) -> str | None:
     """Why code built for the target dict ``tvm_target`` cannot run on this machine (None: it can).
 
@@ -416,6 +427,8 @@ def not_on_host(tvm_target: Mapping[str, Any]) -> str | None:
     AVX-512 machine and AVX-512 code is refused on an AVX2 one. On other architectures a named
     CPU must be this machine's (LLVM's) or generic.
     """
+    if tvm_target.get("kind") == "cuda":
+        return _not_on_this_gpu(str(tvm_target.get("arch", "")))
     if tvm_target.get("kind") != "llvm":
         return f"it is {tvm_target.get('kind')} code and this machine runs llvm"
     host_arch = platform.machine().lower()

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ import numpy as np
 import torch
 import tvm
 
+from alt_tvm.bench.cuda import cuda_events_ms, matmul_rate_tflops, nvidia_driver
 from alt_tvm.bench.results import write_results
 from alt_tvm.integration import extract_tasks
 from alt_tvm.records import best_params
@@ -114,55 +113,6 @@ class Row:
 def conv_flops(c: int, o: int, k: int, s: int, size: int) -> int:
     out = (size + 2 * (k // 2) - k) // s + 1
     return 2 * o * out * out * c * k * k
-
-
-def cuda_events_ms(fn, *, repeat: int, min_ms: float = 50.0) -> float:
-    """Median over ``repeat`` of the mean time per call of ``fn`` (CUDA events, >= ``min_ms`` per repeat)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    number = 1
-    while True:  # calls per repeat: enough for min_ms
-        start.record()
-        for _ in range(number):
-            fn()
-        end.record()
-        end.synchronize()
-        if start.elapsed_time(end) >= min_ms or number >= 1 << 16:
-            break
-        number *= 2
-    times = []
-    for _ in range(repeat):
-        start.record()
-        for _ in range(number):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / number)
-    return statistics.median(times)
-
-
-def fp32_peak_tflops(repeat: int) -> float:
-    """FP32 rate of this GPU through cuBLAS, TF32 off: an 8192^3 matrix product."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        a = torch.randn(8192, 8192, device="cuda")
-        b = torch.randn(8192, 8192, device="cuda")
-        ms = cuda_events_ms(lambda: torch.mm(a, b), repeat=repeat, min_ms=200.0)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-    return 2 * 8192**3 / (ms * 1e-3) / 1e12
-
-
-def nvidia_driver() -> str | None:
-    """The driver version nvidia-smi reports (TVM 0.27's ``Device.driver_version`` is None for CUDA)."""
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
 
 
 def check(out: np.ndarray, ref: np.ndarray, what: str) -> None:
@@ -310,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_gpu: this PyTorch has no CUDA (cuDNN is a baseline)", file=sys.stderr)
         return 2
     dev = tvm.cuda(0)
-    peak = fp32_peak_tflops(args.repeat)
+    peak = matmul_rate_tflops(repeat=args.repeat)
     device = {"name": dev.device_name, "arch": target.tvm_target["arch"], "sms": target.num_cores,
               "driver": dev.driver_version or nvidia_driver(), "tvm": tvm.__version__, "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "fp32_tflops_measured": peak}

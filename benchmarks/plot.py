@@ -157,6 +157,26 @@ def gpu_ratios(*, data: Mapping[str, Any]) -> Ratios:
     return out
 
 
+def gpu_model_ratios(*, data: Mapping[str, Any]) -> Ratios:
+    """Peer time over alt-tvm's time per model and batch, from ``bench_gpu_models``'s rows.
+
+    Parameters
+    ----------
+    data
+        The ``gpu_models`` suite: ``{"env": ..., "rows": [...]}``.
+    """
+    out: Ratios = {}
+    for row in data["rows"]:
+        ms = row.get("ms", {})
+        alt = ms.get("alt-tvm")
+        if not alt or not row.get("ok"):
+            continue
+        out[f"{short_model_name(model=row['model'])} b{row['batch']}"] = {
+            f"{peer} / alt-tvm": ms[peer] / alt for peer in ("pytorch fp32", "pytorch tf32", "ort-cuda fp32")
+            if ms.get(peer)}
+    return out
+
+
 def ops_ratios(*, data: Mapping[str, Any]) -> Ratios:
     """Peer time over tuned alt-tvm kernel time per operator configuration (``bench_ops``).
 
@@ -356,6 +376,7 @@ _PLOTS: dict[str, tuple[Callable[[Any], Any], str, str, str, bool]] = {
     "e2e_sconv": (lambda d: runner_ratios(rows=_rows(d)), "bar", "ResNet-18 through SConv",
                   _RUNNER, False),
     "gpu": (lambda d: gpu_ratios(data=d), "bar", "ResNet-18 layers on the GPU", _FASTER, False),
+    "gpu_models": (lambda d: gpu_model_ratios(data=d), "bar", "Whole models on the GPU, untuned", _FASTER, True),
     "ops": (lambda d: ops_ratios(data=d), "bar", "Operators, tuned (ALT paper §7.1)", _FASTER, True),
     "load": (lambda d: load_ratios(rows=_rows(d)), "bar", "Beside one busy process",
              "busy latency / quiet latency (lower is better)", False),

@@ -72,3 +72,17 @@ def test_a_missing_or_corrupt_sweep_is_a_clear_error(script, tmp_path, capsys, c
         script.main(["--sweep", str(sweep), "--models-dir", str(tmp_path), "--peak", "1"])
     assert exit_info.value.code == 2
     assert f"--sweep {sweep}: not a readable results or JSON-lines file" in capsys.readouterr().err
+
+
+def test_a_model_with_token_id_inputs_is_counted_on_integer_ids(tmp_path):
+    from alt_tvm.bench.onnx_flops import count_flops
+
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((100, 16)).astype(np.float32), "table")
+    weight = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [table, weight])
+    path = tmp_path / "ids.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert count_flops(str(path)) == 2 * 5 * 16 * 8

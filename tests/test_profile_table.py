@@ -206,3 +206,39 @@ def test_roof_column_needs_both_roofs():
 
     with pytest.raises(ValueError, match="needs both peak_gflops and bandwidth_gbs"):
         KernelProfile({"k": (1.0,)}, (1.0,)).table(peak_gflops=100.0)
+
+
+class _AsyncVM:
+    """A VM whose one kernel 'launches' work that only a sync finishes (as a GPU's does)."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+        self.instrument = None
+
+    def set_instrument(self, instrument) -> None:
+        self.instrument = instrument
+
+    def sync(self) -> None:
+        import time
+
+        time.sleep(self.pending)
+        self.pending = 0.0
+
+    def __getitem__(self, name):
+        def main():
+            self.instrument(None, "kernel", True, None)
+            self.pending = 0.02  # launched: returns at once, 20 ms of device work queued
+            self.instrument(None, "kernel", False, None)
+
+        return main
+
+
+def test_a_profile_with_the_device_sync_times_an_asynchronous_kernel_to_its_end():
+    from alt_tvm.deploy.profile import profile_vm
+
+    vm = _AsyncVM()
+    unsynced = profile_vm(vm, [], repeat=2, warmup=0)
+    vm.pending = 0.0
+    synced = profile_vm(vm, [], repeat=2, warmup=0, sync=vm.sync)
+    assert max(unsynced.times_ms["kernel"]) < 10.0
+    assert min(synced.times_ms["kernel"]) >= 19.0

@@ -146,3 +146,14 @@ def test_openvino_is_checked_against_alt_tvm_before_it_is_timed(tmp_path):
     row = {}
     assert sweep_public.other_peers(row, path, x, got * 1.01, threads=1) == {}  # computes something else: not timed
     assert row["peers"]["openvino"]["status"] == "mismatch"
+
+
+def test_an_export_at_another_batch_has_that_many_rows_and_says_so_in_its_name(tmp_path):
+    import onnx
+
+    path = public.export("hf_bert_tiny", tmp_path, batch=3)
+    assert path.name == "hf_bert_tiny.b3.onnx"
+    dims = [d.dim_value for d in onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [3, 128]
+    with pytest.raises(ValueError, match="batch must be an int >= 1, got 0"):
+        public.export("hf_bert_tiny", tmp_path, batch=0)

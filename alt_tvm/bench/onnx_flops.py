@@ -39,8 +39,14 @@ def node_flops(path: str) -> dict[str, int]:
         graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = onnxruntime_session(model, threads=1, optimize=False).session  # every node kept
     rng = np.random.default_rng(0)
-    feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-             for i in session.get_inputs()}
+
+    def feed(value) -> np.ndarray:  # token ids for an integer input (BERT's), else normal floats
+        shape = [d if isinstance(d, int) else 1 for d in value.shape]
+        if "int" in value.type:
+            return rng.integers(0, 100, shape).astype(np.int64 if "int64" in value.type else np.int32)
+        return rng.standard_normal(shape).astype(np.float32)
+
+    feeds = {i.name: feed(i) for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     known.update((name, list(value.shape)) for name, value in zip(names, session.run(names, feeds)))
     flops = {}

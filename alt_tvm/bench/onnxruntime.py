@@ -9,7 +9,7 @@ import numpy as np
 
 from .base import check_threads, process_affinity
 
-__all__ = ["ORTRunner", "onnxruntime_session"]
+__all__ = ["ORTRunner", "onnxruntime_cuda_session", "onnxruntime_session"]
 
 
 class ORTRunner:
@@ -87,3 +87,24 @@ def onnxruntime_session(path_or_proto: str | os.PathLike | Any, *, threads: int 
         model = model.SerializeToString()  # an onnx.ModelProto
     with process_affinity():
         return ORTRunner(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]), threads=threads)
+
+
+def onnxruntime_cuda_session(path: str | os.PathLike, *, tf32: bool = False) -> ORTRunner:
+    """An ONNX Runtime session on the first CUDA GPU (its CUDA execution provider), TF32 on or
+    off (``use_tf32``), all graph optimisations.
+
+    Raises
+    ------
+    RuntimeError
+        If this ONNX Runtime has no CUDA execution provider (the ``onnxruntime`` package is
+        CPU-only; ``onnxruntime-gpu`` has it).
+    """
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise RuntimeError(f"ONNX Runtime {ort.__version__} has no CUDAExecutionProvider "
+                           f"(providers: {', '.join(ort.get_available_providers())})")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    providers = [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": int(tf32)})]
+    return ORTRunner(ort.InferenceSession(os.fspath(path), options, providers=providers))

@@ -23,7 +23,7 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 #: The suites benchmarks write; one JSON file (and its plot) each per machine kind.
 SUITES = ("cnn_suite", "cnn_tuned", "public_sweep", "transformers", "transformers_tuned", "ops", "tuning", "fleet",
           "load", "serving", "e2e", "e2e_sconv", "e2e_tuned", "sconv", "tt", "vta", "gpu", "blocks", "deploy",
-          "lookahead", "r18_first_layer", "tuning_coverage")
+          "lookahead", "r18_first_layer", "tuning_coverage", "gpu_models")
 
 
 def machine_kind() -> str:

@@ -315,7 +315,7 @@ class RunnableModel(abc.ABC):
         call: :func:`flatten_outputs` copies them.
         """
         if not _on_this_cpu(self.device):
-            import tvm  # a remote session's device: TVM's RPC tensors
+            import tvm  # a GPU or a remote session's device: copied there
 
             return [tvm.runtime.tensor(array, self.device) for array in arrays]
         ffi = runtime.ffi()
@@ -382,7 +382,8 @@ class RunnableModel(abc.ABC):
             raise RuntimeError(self._not_here)
         vm = self._new_vm()  # the instrument stays on this VM only
         inputs = self._to_device(self._checked(self._bound(arrays, feeds)))
-        return profile_vm(vm, inputs, repeat=repeat).with_info(self.kernel_info())
+        sync = None if _on_this_cpu(self.device) else self.device.sync
+        return profile_vm(vm, inputs, repeat=repeat, sync=sync).with_info(self.kernel_info())
 
 
 def kernel_info_from_json(entries: Mapping[str, Any]) -> dict[str, KernelInfo]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -221,8 +221,11 @@ def is_builtin(name: str) -> bool:
 
 
 def profile_vm(vm: Any, args: Sequence, *, repeat: int = 5, warmup: int = 1,
-               func_name: str = "main") -> KernelProfile:
+               func_name: str = "main", sync: Callable[[], Any] | None = None) -> KernelProfile:
     """Run ``vm[func_name](*args)`` ``warmup + repeat`` times and time every call it makes.
+
+    ``sync`` waits for the device (a GPU's ``device.sync``): it is called before each clock
+    read, so an asynchronous kernel launch is timed to its end.
 
     The instrument stays installed on ``vm`` (a :class:`~alt_tvm.deploy.runtime.VirtualMachine`
     or TVM's ``relax.VirtualMachine``): give it a VM of its own (one per executable costs little).
@@ -241,6 +244,8 @@ def profile_vm(vm: Any, args: Sequence, *, repeat: int = 5, warmup: int = 1,
     calls: dict[str, int] = {}
 
     def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
+        if sync is not None:
+            sync()
         now = time.perf_counter()
         if before_run:
             started[symbol] = now
@@ -260,6 +265,8 @@ def profile_vm(vm: Any, args: Sequence, *, repeat: int = 5, warmup: int = 1,
         calls.clear()
         begin = time.perf_counter()
         function(*args)
+        if sync is not None:
+            sync()
         totals.append((time.perf_counter() - begin) * 1e3)
         runs.append(dict(current))
     names = {name for run in runs for name in run}

@@ -30,6 +30,7 @@ from alt_tvm.native_log import tvm_output_to_log
 from alt_tvm.options import BuildOptions, build_options
 
 from .compiled import CompiledModel
+from .gpu import is_gpu
 from .lower import log_report, lower
 from .propagate import AltLayoutPass
 from .report import BuildReport
@@ -74,7 +75,9 @@ def build(model: Any, options: BuildOptions | None = None, *, example_inputs: Se
 
     options = build_options(options, caller="build", **keywords)
     machine = options.target
-    threads = use_runtime_threads(machine.num_cores)
+    gpu = is_gpu(machine.to_tvm())
+    # A GPU model's host code is the VM alone: TVM's CPU pool is not sized for the device's SMs.
+    threads = None if gpu else use_runtime_threads(machine.num_cores)
     imported = load_model(model, example_inputs=example_inputs, input_shapes=input_shapes)
     alt_pass = AltLayoutPass(options)
     with tvm_output_to_log():
@@ -98,7 +101,8 @@ def build(model: Any, options: BuildOptions | None = None, *, example_inputs: Se
                 raise err from None
     log_report(report)
     return CompiledModel(executable, lowered, report, imported.input_shapes, imported.input_dtypes,
-                         imported.input_names, target=machine, threads=threads,
+                         imported.input_names, device=tvm.device(machine.tvm_target["kind"]) if gpu else None,
+                         target=machine, threads=threads,
                          source=os.fspath(model) if isinstance(model, (str, os.PathLike)) else None)
 
 
@@ -126,7 +130,7 @@ def pipeline(options: BuildOptions | None = None, **keywords: Any) -> tvm.ir.tra
         return lowered
 
     tvm_target = options.target.to_tvm()
-    rest = relax.get_default_pipeline(tvm_target) if "gpu" in tvm_target.keys else relax.get_pipeline("default")
+    rest = relax.get_default_pipeline(tvm_target) if is_gpu(tvm_target) else relax.get_pipeline("default")
     return tvm.ir.transform.Sequential([tvm.ir.transform.module_pass(transform, opt_level=0, name="AltTvm"), rest],
                                        name="alt_tvm.pipeline")
 

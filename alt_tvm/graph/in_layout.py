@@ -26,6 +26,7 @@ from alt_tvm.layout import Layout
 from alt_tvm.strategies.base import dtype_of, static_shape
 from alt_tvm.strategies.wellformed import fresh_block_vars
 
+from .gpu import is_gpu, schedule_on_gpu
 from .ieee import legalize_overrides
 
 __all__ = ["OPERATOR_STRATEGY", "LegalizedOp", "OperatorKernel", "OperatorSchedule", "TRANSPOSE_TILE",
@@ -133,7 +134,12 @@ def operator_key(ops: Sequence[str], func: tirx.PrimFunc) -> str:
 
 
 def schedule_operator(kernel: OperatorKernel, schedule: OperatorSchedule | None = None) -> tirx.PrimFunc:
-    """``kernel`` scheduled with ``schedule`` (None: its defaults), by its kind's rule."""
+    """``kernel`` scheduled with ``schedule`` (None: its defaults), by its kind's rule; under a
+    GPU target (the current ``tvm.target.Target``), by TVM's GPU rules instead
+    (:func:`alt_tvm.graph.gpu.schedule_on_gpu`: the knobs here are a CPU loop nest's)."""
+    target = tvm.target.Target.current(allow_none=True)
+    if is_gpu(target):
+        return schedule_on_gpu(kernel.func, target)
     schedule = schedule or kernel.default
     if kernel.kind == "concat":
         func = schedule_concat(kernel.func, cores=kernel.cores, output=kernel.output, axis=kernel.axis,

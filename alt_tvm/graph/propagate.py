@@ -43,6 +43,7 @@ from alt_tvm.strategies.constants import const_value
 from alt_tvm.strategies.epilogue import epilogue_te, joinable
 from alt_tvm.strategies.views import renaming_layout
 
+from .gpu import SCHEDULED_ATTR, is_gpu
 from .in_layout import (
     OPERATOR_STRATEGY,
     OperatorKernel,
@@ -83,6 +84,8 @@ class AltLayoutPass:
         self.views: set = set()
         #: every operator kernel emitted, before its schedule (what tuning tasks are made of)
         self.operators: list[OperatorKernel] = []
+        #: whether the target is a GPU (operator kernels get TVM's GPU rules, no tuning knobs)
+        self.gpu = is_gpu(self.options.target.to_tvm())
 
     def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -223,7 +226,10 @@ class AltLayoutPass:
     def schedule(self, operator: OperatorKernel) -> tvm.tirx.PrimFunc:
         """``operator`` scheduled with the log's tuned knobs for its workload, else its defaults;
         noted in the report (its workload is tunable). Knobs the schedule rejects are skipped with
-        a :class:`~alt_tvm.records.RecordWarning`."""
+        a :class:`~alt_tvm.records.RecordWarning`. On a GPU: TVM's GPU rules, not tunable here."""
+        if self.gpu:
+            with self.options.target.to_tvm():
+                return schedule_operator(operator)
         record = None
         if self.options.records is not None and self.options.variant != "alt-ol":
             record = self.options.records.params_for(operator.key, OPERATOR_STRATEGY)
@@ -463,6 +469,8 @@ class _Mutator(relax.PyExprMutator):
         calls that function instead: the module compiles each distinct kernel once."""
         # kOpaque (8): TVM's FuseOps must not merge a scheduled alt-tvm kernel with others.
         func = func.with_attr("op_pattern", 8).with_attr(ALT_KERNEL_ATTR, True)
+        if self.owner.gpu:  # TVM's GPU pipeline must not schedule it again
+            func = func.with_attr(SCHEDULED_ATTR, True)
         same = self.emitted.setdefault(tvm_ffi.structural_hash(func), [])
         gvar, symbol = next(((g, name) for f, g, name in same if tvm_ffi.structural_equal(f, func)), (None, None))
         if gvar is None:

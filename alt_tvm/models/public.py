@@ -258,14 +258,22 @@ def select_or_exit(parser, names, kind: str | None) -> list[str]:
     return chosen
 
 
-def example_input(model: PublicModel, *, seed: int = 0):
-    """A seeded input of the model's shape (token ids below BERT's smallest vocabulary)."""
+def example_input(model: PublicModel, *, seed: int = 0, batch: int | None = None):
+    """A seeded input of the model's shape, or of ``batch`` rows (token ids below BERT's
+    smallest vocabulary)."""
     import torch
 
+    shape = model.input_shape if batch is None else (_batch(batch), *model.input_shape[1:])
     generator = torch.Generator().manual_seed(seed)
     if model.input_dtype == "int64":
-        return torch.randint(0, 1000, model.input_shape, generator=generator)
-    return torch.randn(*model.input_shape, generator=generator)
+        return torch.randint(0, 1000, shape, generator=generator)
+    return torch.randn(*shape, generator=generator)
+
+
+def _batch(batch: int) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    return batch
 
 
 def instantiate(model: PublicModel, *, seed: int = 0):
@@ -293,8 +301,9 @@ def instantiate(model: PublicModel, *, seed: int = 0):
     return module.eval()
 
 
-def export(name: str, out_dir: Path, *, exporter: str = "torchscript", seed: int = 0) -> Path:
-    """Build ``name`` with seeded weights and export it with ``exporter``; the ONNX file's path."""
+def export(name: str, out_dir: Path, *, exporter: str = "torchscript", seed: int = 0, batch: int | None = None) -> Path:
+    """Build ``name`` with seeded weights and export it with ``exporter``, for its own batch
+    or ``batch`` rows (the file is then named ``<name>.b<batch>``); the ONNX file's path."""
     import torch
 
     models = public_models()
@@ -304,9 +313,9 @@ def export(name: str, out_dir: Path, *, exporter: str = "torchscript", seed: int
         raise ValueError(f"unknown exporter {exporter!r}; choose from {EXPORTERS}")
     model = models[name]
     module = instantiate(model, seed=seed)
-    example = example_input(model, seed=seed)
+    example = example_input(model, seed=seed, batch=batch)
     out_dir.mkdir(parents=True, exist_ok=True)
-    suffix = "" if exporter == "torchscript" else f".{exporter}"
+    suffix = ("" if batch is None else f".b{batch}") + ("" if exporter == "torchscript" else f".{exporter}")
     path = out_dir / f"{name}{suffix}.onnx"
     # Not under no_grad: in eval mode without autograd, nn.TransformerEncoder takes its fused
     # fast path, an op the TorchScript exporter cannot write.

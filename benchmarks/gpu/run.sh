@@ -4,9 +4,12 @@
 # a second call carries .gpu/w and runs
 #   bash benchmarks/gpu/run.sh [LAYER ...]
 # It installs TVM and alt-tvm under /tmp/site, runs tests/test_gpu.py, then benchmarks/bench_gpu.py
-# on the layers given. Results go to $OUT. Settings: TEST_S and BENCH_S (time limits in
-# seconds; TEST_S=1 skips the tests in effect), TRIALS (measured trials per tuner, 32), SPLIT_K
-# (split_k values at which the untuned point is also timed, e.g. "1 2 4 8 16"; none by default).
+# on the layers given, then benchmarks/bench_gpu_models.py when MODELS_ARGS is set (its
+# arguments; "" for its defaults is not enough: give at least one, e.g. --profile). Results go
+# to $OUT. Settings: TESTS (test files, default tests/test_gpu.py), TEST_WORKERS (pytest-xdist
+# processes, 1), TEST_S and BENCH_S (time limits in seconds; TEST_S=1 skips the tests in
+# effect), TRIALS (measured trials per tuner, 32), SPLIT_K (split_k values at which the
+# untuned point is also timed, e.g. "1 2 4 8 16"; none by default).
 set -o pipefail
 REPO=$PWD
 OUT=${OUT:-/tmp/out}
@@ -26,11 +29,17 @@ print(tvm.__version__, tvm.support.libinfo()['USE_CUDA'], tvm.cuda(0).exist, tor
 print(detect_cuda())" 2>&1 | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee -a "$OUT/env.txt"
 echo "setup $(( $(date +%s) - t0 )) s"
-timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -c /dev/null --durations=5 "$REPO/tests/test_gpu.py" 2>&1 \
-    | tee "$OUT/test_gpu.log"
+TEST_FILES=()
+for t in ${TESTS:-tests/test_gpu.py}; do TEST_FILES+=("$REPO/$t"); done
+timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -c /dev/null --durations=5 \
+    -n "${TEST_WORKERS:-1}" --rootdir "$REPO/tests" "${TEST_FILES[@]}" 2>&1 | tee "$OUT/test_gpu.log"
 echo "tests done at $(( $(date +%s) - t0 )) s"
 if [ $# -gt 0 ]; then
     timeout "${BENCH_S:-300}" python3 "$REPO/benchmarks/bench_gpu.py" --layers "$@" --trials "${TRIALS:-32}" \
         ${SPLIT_K:+--split-k $SPLIT_K} --json "$OUT/gpu.json" --log-dir "$OUT/logs" 2>&1 | tee "$OUT/bench.log"
+fi
+if [ -n "${MODELS_ARGS:-}" ]; then
+    # shellcheck disable=SC2086  # MODELS_ARGS is a list of arguments
+    timeout "${BENCH_S:-300}" python3 "$REPO/benchmarks/bench_gpu_models.py" $MODELS_ARGS 2>&1 | tee "$OUT/models.log"
 fi
 echo "all done at $(( $(date +%s) - t0 )) s"
