@@ -812,3 +812,19 @@ def test_a_reduction_to_one_value_runs_in_parallel_chunks_of_vector_lanes(shape,
     result = tvm.runtime.tensor(np.zeros([1 if a in axes else d for a, d in enumerate(shape)], "float32"))
     lib["main"](tvm.runtime.tensor(data), result)
     np.testing.assert_allclose(result.numpy().ravel()[0], np.var(data.astype("float64")), rtol=1e-4)
+
+
+def test_a_reduction_to_one_value_runs_its_lanes_along_the_stored_innermost_axis():
+    from tvm import te
+
+    from alt_tvm.graph.in_layout import _contiguous_loop
+
+    # channels c (16) stored as (c // 8, h, c % 8): the sum runs over (c, h) in that order, but
+    # only c indexes the contiguous axis
+    stored = te.placeholder((2, 4, 8), name="stored")
+    c, h = te.reduce_axis((0, 16), name="c"), te.reduce_axis((0, 4), name="h")
+    total = te.compute((1,), lambda _: te.sum(stored[c // 8, h, c % 8], axis=[c, h]), name="total")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([stored, total]))
+    block = sch.get_sblock("total")
+    loops = sch.get_loops(block)
+    assert sch.get(_contiguous_loop(sch, block, loops)).same_as(sch.get(loops[1]))  # the loop over c

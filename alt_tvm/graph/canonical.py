@@ -32,6 +32,12 @@ difference to a single form, chosen to be the one that fuses best:
   (1.4 s in TVM's legalization; the mean takes microseconds).
 * ``unit_dim_adds``: a constant added to a view of a tensor with leading unit dims (Swin's
   window mask) is added to the tensor itself, so the add stays in its producer's epilogue.
+* ``group_norms``: PyTorch's ``GroupNorm`` exported to ONNX is a ``Reshape`` to
+  ``(N, groups, -1)``, an ``InstanceNormalization`` (mean, variance, normalize, its own scale
+  and bias) and a ``Reshape`` back, then the per-channel scale and bias; ``torch.export``
+  keeps ``group_norm``. Both become ``nn.group_norm`` with the scales and biases folded into
+  its ``gamma`` and ``beta``: computed in its input's layout, without the two reshapes that
+  copy a tiled map to rows and back (PoolFormer's 25 norms).
 
 Every rule rewrites only values with a single consumer, so nothing is computed twice.
 """
@@ -50,8 +56,8 @@ from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 
 from .partition import consumers
 
-__all__ = ["FOLDABLE_CONVS", "canonicalize", "fold_affine_epilogues", "global_pools", "merge_clamps", "merge_gelu",
-           "unflatten_matmuls", "unit_axis_views", "unit_dim_adds"]
+__all__ = ["FOLDABLE_CONVS", "canonicalize", "fold_affine_epilogues", "global_pools", "group_norms", "merge_clamps",
+           "merge_gelu", "unflatten_matmuls", "unit_axis_views", "unit_dim_adds"]
 
 #: Convolutions whose weights fold a per-output-channel scale (channel axis 1, kernel axis 0).
 FOLDABLE_CONVS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW"),
@@ -90,7 +96,7 @@ class _Graph:
 def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Apply every rule of this module to ``main`` (see the module docstring)."""
     for rule in (fold_affine_epilogues, merge_clamps, unflatten_matmuls, unit_axis_views, merge_gelu, global_pools,
-                 unit_dim_adds):
+                 unit_dim_adds, group_norms):
         mod = rule(mod)
     return mod
 
@@ -572,3 +578,109 @@ def _global_pools(graph: _Graph) -> Iterator[_Match]:
         axes = list(range(2, 2 + rank))
         reduce = relax.op.mean if kind == "avg" else relax.op.max
         yield _Match(var, lambda visit, x=x, reduce=reduce, axes=axes: reduce(visit(x), axes, keepdims=True), ())
+
+
+# ----------------------------------------------------------------------------------------- group norms
+
+
+def group_norms(mod: tvm.IRModule) -> tvm.IRModule:
+    """``reshape(x, (N, G, -1))``, normalized over its last axis (mean, population variance,
+    ``sqrt(var + eps)``), an optional affine per group, ``reshape`` back to ``x``'s shape and an
+    optional affine per channel becomes ``nn.group_norm(x, gamma, beta, G)`` over channel axis 1,
+    the affines folded into ``gamma`` and ``beta``. Only constants that vary along the group
+    (or channel) axis alone are folded; the intermediate values must have no other use."""
+    return _apply(mod, _group_norms)
+
+
+def _group_norms(graph: _Graph) -> Iterator[_Match]:
+    for var, value in graph.values.items():
+        found = _group_norm(var, value, graph)
+        if found is None:
+            continue
+        last, x, groups, eps, gamma, beta, members = found
+        axes = list(range(2, len(static_shape(x))))
+
+        def make(visit, x=x, gamma=gamma, beta=beta, groups=groups, axes=axes, eps=eps):
+            return relax.op.nn.group_norm(visit(x), relax.const(gamma), relax.const(beta), groups, 1, axes, eps)
+
+        yield _Match(last, make, tuple(members))
+
+
+def _group_norm(var: relax.Var, value: relax.Expr, graph: _Graph):
+    """``(last var, x, groups, eps, gamma[C], beta[C], replaced vars)`` of the norm whose first
+    reshape is ``var``, or None."""
+    if op_name(value) != "relax.reshape":
+        return None
+    x = value.args[0]
+    shape, rows = static_shape(x), static_shape(var)
+    dtype = dtype_of(var)
+    if shape is None or rows is None or len(shape) < 3 or len(rows) != 3 or not dtype.startswith("float"):
+        return None
+    channels, groups = shape[1], rows[1]
+    if rows[0] != shape[0] or groups < 1 or channels % groups or rows[1] * rows[2] != math.prod(shape[1:]):
+        return None
+    users = {graph.values[u]: u for u in graph.users.get(var, []) if u in graph.values}
+    by_op = {op_name(call): (call, user) for call, user in users.items()}
+    if len(users) != 3 or set(by_op) != {"relax.mean", "relax.variance", "relax.subtract"}:
+        return None
+    (mean, m), (variance, v), (centred, d) = (by_op[k] for k in ("relax.mean", "relax.variance", "relax.subtract"))
+    if not (_last_axis(mean, 3) and _last_axis(variance, 3) and centred.args[0].same_as(var)
+            and centred.args[1].same_as(m) and graph.only_user(m) == d):
+        return None
+    e = graph.only_user(v)
+    if e is None or op_name(graph.values[e]) != "relax.add" or _scalar(graph.values[e].args[1]) is None:
+        return None
+    eps = _scalar(graph.values[e].args[1])
+    sq = graph.only_user(e)
+    q = graph.only_user(sq) if sq is not None and op_name(graph.values[sq]) == "relax.sqrt" else None
+    if q is None or graph.only_user(d) != q or op_name(graph.values[q]) != "relax.divide" \
+            or not (graph.values[q].args[0].same_as(d) and graph.values[q].args[1].same_as(sq)):
+        return None
+    members = [var, m, v, d, e, sq, q]
+    group_scale, group_shift, current = _affine_run(graph, q, rows, groups, members)
+    back = graph.only_user(current)
+    if back is None or op_name(graph.values[back]) != "relax.reshape" or static_shape(back) != shape:
+        return None
+    members.append(back)
+    scale, shift, last = _affine_run(graph, back, shape, channels, members)
+    members.remove(last)
+    per_group = channels // groups
+    gamma = np.repeat(group_scale, per_group) * scale
+    beta = np.repeat(group_shift, per_group) * scale + shift
+    return last, x, groups, eps, gamma.astype(dtype), beta.astype(dtype), members
+
+
+def _last_axis(call: relax.Call, rank: int) -> bool:
+    """A reduction over the last of ``rank`` axes, keeping it."""
+    axes = [int(a) % rank for a in call.attrs.axis] if call.attrs.axis is not None else []
+    return axes == [rank - 1] and bool(call.attrs.keepdims)
+
+
+def _affine_run(graph: _Graph, start: relax.Var, shape: Sequence[int], channels: int,
+                members: list) -> tuple[np.ndarray, np.ndarray, relax.Var]:
+    """``(scale, shift, last var)`` of the run of ``x * c`` / ``x + c`` / ``x - c`` / ``x / c``
+    after ``start`` with constants along axis 1 of ``channels``; appends the run's vars to
+    ``members``."""
+    scale, shift, current = np.ones(channels), np.zeros(channels), start
+    while (nxt := graph.only_user(current)) is not None:
+        call = graph.values[nxt]
+        name = op_name(call)
+        if name not in _AFFINE or static_shape(nxt) != tuple(shape):
+            break
+        lhs, rhs = call.args
+        if name in ("relax.add", "relax.multiply") and rhs.same_as(current):
+            lhs, rhs = rhs, lhs
+        per_channel = _per_channel(rhs, len(shape), channels) if lhs.same_as(current) else None
+        if per_channel is None or (name == "relax.divide" and np.any(per_channel == 0)):
+            break
+        if name == "relax.add":
+            shift = shift + per_channel
+        elif name == "relax.subtract":
+            shift = shift - per_channel
+        elif name == "relax.multiply":
+            scale, shift = scale * per_channel, shift * per_channel
+        else:
+            scale, shift = scale / per_channel, shift / per_channel
+        members.append(nxt)
+        current = nxt
+    return scale, shift, current

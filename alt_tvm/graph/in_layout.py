@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import tvm
 import tvm_ffi
@@ -514,6 +515,12 @@ def _reduce_in_parallel(sch: tvm.s_tir.Schedule, block, kinds: Sequence[int], co
     reduce = [loop for loop, kind in zip(loops, kinds) if kind != 0]
     if not reduce or any(e != 1 for e, kind in zip(extents, kinds) if kind == 0) or None in extents:
         return False
+    contiguous = _contiguous_loop(sch, block, loops)
+    if contiguous is not None and contiguous in reduce and len(reduce) > 1 and reduce[-1] != contiguous:
+        # The lanes go along the input's contiguous axis (a channel tile of a tiled map), not
+        # the original last axis (a strided gather): a sum is the same in any order.
+        reduce = [loop for loop in reduce if loop != contiguous] + [contiguous]
+        sch.reorder(*reduce)
     inner, outer = _extent(sch, reduce[-1]), _extent(sch, reduce[0])
     lanes = next((w for w in (16, 8, 4) if inner % w == 0), None)
     chunks = next((c for c in (8 * cores, 4 * cores, 2 * cores, cores) if c > 1 and outer % c == 0), None)
@@ -539,6 +546,21 @@ def _reduce_in_parallel(sch: tvm.s_tir.Schedule, block, kinds: Sequence[int], co
     except Exception:  # noqa: BLE001 - a reduction rfactor cannot split: the serial nest
         return False
     return True
+
+
+def _contiguous_loop(sch: tvm.s_tir.Schedule, block, loops) -> Any:
+    """The loop of ``block`` (one per block variable, in order) that indexes the innermost axis
+    of its largest input, or None where no single loop does."""
+    stmt = sch.get(block)
+    written = [w.source for w in stmt.writes]
+    reads = [r for r in stmt.reads if len(r.region) > 1 and not any(r.source.same_as(w) for w in written)]
+    if not reads:
+        return None
+    largest = max(reads, key=lambda r: math.prod(int(d) if hasattr(d, "value") else 1 for d in r.source.shape))
+    used: list = []
+    tvm_ffi.structural_walk(largest.region[-1].min, [(tirx.Var, used.append)], order="post")
+    hits = [loop for loop, iv in zip(loops, stmt.iter_vars) if any(iv.var.same_as(v) for v in used)]
+    return hits[-1] if hits else None
 
 
 #: Iterations below which a reduction to one value stays serial (the partial sums cost more).
