@@ -183,33 +183,8 @@ def _affine_chain(var: relax.Var, value: relax.Expr, graph: _Graph):
     shape, dtype = static_shape(var), dtype_of(var)
     if shape is None or not dtype.startswith("float") or dtype != dtype_of(value.args[1]):
         return None
-    channels = shape[1]
-    scale, shift = np.ones(channels), np.zeros(channels)
-    members, ops, current = [var], [], var
-    while (nxt := graph.only_user(current)) is not None:
-        call = graph.values[nxt]
-        name = op_name(call)
-        if name not in _AFFINE or static_shape(nxt) != shape or dtype_of(nxt) != dtype:
-            break
-        lhs, rhs = call.args
-        if name in ("relax.add", "relax.multiply") and rhs.same_as(current):
-            lhs, rhs = rhs, lhs
-        if not lhs.same_as(current):
-            break  # c - x or c / x: not affine in the same form
-        per_channel = _per_channel(rhs, len(shape), channels)
-        if per_channel is None or (name == "relax.divide" and np.any(per_channel == 0)):
-            break
-        if name == "relax.add":
-            shift = shift + per_channel
-        elif name == "relax.subtract":
-            shift = shift - per_channel
-        elif name == "relax.multiply":
-            scale, shift = scale * per_channel, shift * per_channel
-        else:
-            scale, shift = scale / per_channel, shift / per_channel
-        ops.append(name)
-        members.append(nxt)
-        current = nxt
+    members = [var]
+    scale, shift, current, ops = _affine_run(graph, var, shape, shape[1], members, dtype=dtype)
     if not ops or ops == ["relax.add"]:
         return None
     return current, scale, shift, members[:-1]
@@ -637,12 +612,12 @@ def _group_norm(var: relax.Var, value: relax.Expr, graph: _Graph):
             or not (graph.values[q].args[0].same_as(d) and graph.values[q].args[1].same_as(sq)):
         return None
     members = [var, m, v, d, e, sq, q]
-    group_scale, group_shift, current = _affine_run(graph, q, rows, groups, members)
+    group_scale, group_shift, current, _ = _affine_run(graph, q, rows, groups, members)
     back = graph.only_user(current)
     if back is None or op_name(graph.values[back]) != "relax.reshape" or static_shape(back) != shape:
         return None
     members.append(back)
-    scale, shift, last = _affine_run(graph, back, shape, channels, members)
+    scale, shift, last, _ = _affine_run(graph, back, shape, channels, members)
     members.remove(last)
     per_group = channels // groups
     gamma = np.repeat(group_scale, per_group) * scale
@@ -656,16 +631,17 @@ def _last_axis(call: relax.Call, rank: int) -> bool:
     return axes == [rank - 1] and bool(call.attrs.keepdims)
 
 
-def _affine_run(graph: _Graph, start: relax.Var, shape: Sequence[int], channels: int,
-                members: list) -> tuple[np.ndarray, np.ndarray, relax.Var]:
-    """``(scale, shift, last var)`` of the run of ``x * c`` / ``x + c`` / ``x - c`` / ``x / c``
-    after ``start`` with constants along axis 1 of ``channels``; appends the run's vars to
+def _affine_run(graph: _Graph, start: relax.Var, shape: Sequence[int], channels: int, members: list,
+                dtype: str | None = None) -> tuple[np.ndarray, np.ndarray, relax.Var, list[str]]:
+    """``(scale, shift, last var, ops)`` of the run of ``x * c`` / ``x + c`` / ``x - c`` /
+    ``x / c`` after ``start`` (each the single user of the last, of ``shape`` and, if given,
+    ``dtype``) with constants along axis 1 of ``channels``; appends the run's vars to
     ``members``."""
-    scale, shift, current = np.ones(channels), np.zeros(channels), start
+    scale, shift, current, ops = np.ones(channels), np.zeros(channels), start, []
     while (nxt := graph.only_user(current)) is not None:
         call = graph.values[nxt]
         name = op_name(call)
-        if name not in _AFFINE or static_shape(nxt) != tuple(shape):
+        if name not in _AFFINE or static_shape(nxt) != tuple(shape) or (dtype is not None and dtype_of(nxt) != dtype):
             break
         lhs, rhs = call.args
         if name in ("relax.add", "relax.multiply") and rhs.same_as(current):
@@ -681,6 +657,7 @@ def _affine_run(graph: _Graph, start: relax.Var, shape: Sequence[int], channels:
             scale, shift = scale * per_channel, shift * per_channel
         else:
             scale, shift = scale / per_channel, shift / per_channel
+        ops.append(name)
         members.append(nxt)
         current = nxt
-    return scale, shift, current
+    return scale, shift, current, ops
