@@ -828,3 +828,22 @@ def test_a_reduction_to_one_value_runs_its_lanes_along_the_stored_innermost_axis
     block = sch.get_sblock("total")
     loops = sch.get_loops(block)
     assert sch.get(_contiguous_loop(sch, block, loops)).same_as(sch.get(loops[1]))  # the loop over c
+
+
+def test_a_reduction_over_a_small_map_splits_its_channel_lanes_among_the_cores():
+    from tvm import te
+
+    from alt_tvm.graph.in_layout import _reductions_in_parallel
+
+    # 512 channels stored as (c // 32, h, w, c % 32) over a 7x7 map: no chunk count divides 7,
+    # so the chunks come from the channel loop
+    stored = te.placeholder((16, 7, 7, 32), name="stored")
+    c, h, w = te.reduce_axis((0, 512), name="c"), te.reduce_axis((0, 7), name="h"), te.reduce_axis((0, 7), name="w")
+    total = te.compute((1,), lambda _: te.sum(stored[c // 32, h, w, c % 32], axis=[c, h, w]), name="total")
+    func, made = _reductions_in_parallel(te.create_prim_func([stored, total]), cores=2)
+    script = func.script()
+    assert made and "T.parallel(16)" in script and "T.vectorized(16)" in script
+    data = np.random.default_rng(0).standard_normal((16, 7, 7, 32)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros(1, np.float32))
+    tvm.compile(tvm.IRModule({"main": func}), target="llvm")["main"](tvm.runtime.tensor(data), out)
+    np.testing.assert_allclose(out.numpy()[0], data.sum(dtype=np.float64), rtol=1e-4)

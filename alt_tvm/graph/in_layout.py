@@ -521,19 +521,27 @@ def _reduce_in_parallel(sch: tvm.s_tir.Schedule, block, kinds: Sequence[int], co
         # the original last axis (a strided gather): a sum is the same in any order.
         reduce = [loop for loop in reduce if loop != contiguous] + [contiguous]
         sch.reorder(*reduce)
-    inner, outer = _extent(sch, reduce[-1]), _extent(sch, reduce[0])
+    inner = _extent(sch, reduce[-1])
     lanes = next((w for w in (16, 8, 4) if inner % w == 0), None)
-    chunks = next((c for c in (8 * cores, 4 * cores, 2 * cores, cores) if c > 1 and outer % c == 0), None)
-    if lanes is None or chunks is None or math.prod(extents) < REDUCE_IN_PARALLEL:
+    counts = [c for c in (8 * cores, 4 * cores, 2 * cores, cores) if c > 1]
+    if lanes is None or not counts or math.prod(extents) < REDUCE_IN_PARALLEL:
         return False
+    # The chunks: the outermost other reduction loop a chunk count divides (a 7x7 map's rows
+    # divide by none), else the lane loop itself, cut into chunks of vectors.
+    choice = next(((loop, c) for loop in reduce[:-1] for c in counts if _extent(sch, loop) % c == 0), None)
     try:
-        if len(reduce) == 1:
-            if inner % (chunks * lanes):
+        if choice is None:
+            chunks = next((c for c in counts if inner % (c * lanes) == 0), None)
+            if chunks is None:
                 return False
-            chunk, _, lane = sch.split(reduce[0], [chunks, None, lanes])
+            chunk, middle, lane = sch.split(reduce[-1], [chunks, None, lanes])
+            rest = [*reduce[:-1], middle]
         else:
-            lane = sch.split(reduce[-1], [None, lanes])[1]
-            chunk = sch.split(reduce[0], [chunks, None])[0]
+            loop, chunks = choice
+            body, lane = sch.split(reduce[-1], [None, lanes])
+            chunk, within = sch.split(loop, [chunks, None])
+            rest = [within if r == loop else body if r == reduce[-1] else r for r in reduce]
+        sch.reorder(chunk, *rest, lane)
         # rfactor rebuilds the nest: loops are found again by their places in it.
         places = [sch.get(loop) for loop in sch.get_loops(block)]
         at_chunk = next(i for i, loop in enumerate(places) if loop.same_as(sch.get(chunk)))
