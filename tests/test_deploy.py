@@ -158,6 +158,11 @@ def test_bad_artifacts_are_clear_errors(small, artifact, tmp_path):
         alt_tvm.load(artifact)
     _edit_metadata(artifact, target_isa=isa, **{"target.mcpu": tvm.target.codegen.llvm_get_system_cpu()})
     alt_tvm.load(artifact)  # the edit back makes it loadable again
+    _edit_metadata(artifact, **{"target.kind": "cuda"})  # what `alt-tvm build --target h100 -o DIR` writes
+    with pytest.raises(ArtifactError, match="holds cuda code .* alt_tvm.load runs CPU code only"):
+        alt_tvm.load(artifact, check_cpu=False)
+    _edit_metadata(artifact, **{"target.kind": "llvm"})
+    alt_tvm.load(artifact)
 
     _edit_metadata(artifact, tvm_version="0.19.0")
     with pytest.raises(ArtifactError, match=f"built with TVM 0.19.0, this process runs TVM {tvm.__version__}"):
