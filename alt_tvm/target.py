@@ -625,22 +625,31 @@ def known_boards() -> tuple[str, ...]:
 
 def board(name: str) -> HardwareTarget:
     """The description of board ``name``; ``"host"`` gives :func:`host`, ``"cpu:MCPU"`` this
-    machine as LLVM CPU ``MCPU`` (:func:`describe_cpu`, e.g. ``"cpu:haswell"`` for AVX2).
+    machine as LLVM CPU ``MCPU`` (:func:`describe_cpu`, e.g. ``"cpu:haswell"`` for AVX2),
+    ``"cuda"`` or ``"cuda:N"`` this machine's CUDA GPU 0 or N (:func:`detect_cuda`).
 
     Raises
     ------
     ValueError
         For an unknown name (the message lists the known ones) or an unknown CPU.
+    RuntimeError
+        For ``"cuda"`` where TVM sees no such GPU.
     """
     if name == "host":
         return host()
     if isinstance(name, str) and name.startswith("cpu:"):
         return describe_cpu(name[len("cpu:"):])
+    if isinstance(name, str) and (name == "cuda" or name.startswith("cuda:")):
+        index = name[len("cuda:"):] if name != "cuda" else "0"
+        if not index.isdigit():
+            raise ValueError(f"GPU index {index!r} in {name!r}: expected 'cuda' or 'cuda:<N>' such as 'cuda:0'")
+        return detect_cuda(int(index))
     try:
         return BOARDS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown board {name!r}; known boards: {', '.join(known_boards())} "
-                         f"(or 'host', or 'cpu:<LLVM CPU>' such as 'cpu:haswell')") from None
+                         f"(or 'host', 'cpu:<LLVM CPU>' such as 'cpu:haswell', or 'cuda[:N]' for this "
+                         f"machine's GPU)") from None
 
 
 def resolve(target: HardwareTarget | str | None) -> HardwareTarget:

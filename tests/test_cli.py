@@ -55,7 +55,7 @@ def _one_line_error(capsys, argv):
     (["--trials", "8", "--tracker", "h:1", "--key", "k", "--boards", "0"], "--boards must be >= 1, got 0"),
     (["--trials", "8", "--scheduler", "fifo"], "argument --scheduler: invalid choice: 'fifo'"),
     (["--trials", "8", "--tracker", "nohost", "--key", "rasp"], "--tracker must be host:port"),
-    (["--trials", "8", "--target", "no_such_board"], "--target: unknown board 'no_such_board'; choose from"),
+    (["--trials", "8", "--target", "no_such_board"], "--target: unknown board 'no_such_board'; known boards: "),
     (["--trials", "8"], "neither a file nor a reference model"),  # the model below is replaced
 ])
 def test_bad_arguments_are_one_line_errors_with_status_2(capsys, tmp_path, argv, match):

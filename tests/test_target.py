@@ -292,3 +292,17 @@ def test_host_cores_survive_tvm_pinning_the_main_thread():
     lib["main"](a, b)
     assert hw.process_cores() == before
     np.testing.assert_allclose(b.numpy(), 2.0)
+
+
+def test_cuda_names_this_machines_gpu_or_says_why_not():
+    from alt_tvm.cli.common import target_problem
+
+    assert target_problem("cpu:haswell") is None  # the CLI takes what board() takes
+    with pytest.raises(ValueError, match="GPU index 'x' in 'cuda:x'"):
+        hw.board("cuda:x")
+    if tvm.cuda(0).exist:
+        assert hw.board("cuda").tvm_target["kind"] == "cuda" and hw.board("cuda:0").num_cores > 0
+    else:
+        with pytest.raises(RuntimeError, match="no CUDA device 0"):
+            hw.board("cuda")
+        assert "no CUDA device 0" in target_problem("cuda")

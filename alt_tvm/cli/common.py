@@ -75,13 +75,16 @@ def unwritable_directory(path: str) -> str | None:
 
 
 def target_problem(name: str | None) -> str | None:
-    """What is wrong with a ``--target`` board name (None: nothing)."""
+    """What is wrong with a ``--target`` name (None: nothing): a board, ``host``,
+    ``cpu:<LLVM CPU>`` or ``cuda[:N]``, as :func:`alt_tvm.target.board` reads them."""
     if name is None or name == "host":
         return None
-    from alt_tvm.target import known_boards  # imports TVM
+    from alt_tvm.target import board  # imports TVM
 
-    if name not in known_boards():
-        return f"--target: unknown board {name!r}; choose from {', '.join(known_boards())} or 'host'"
+    try:
+        board(name)
+    except (ValueError, RuntimeError) as err:
+        return f"--target: {err}"
     return None
 
 
