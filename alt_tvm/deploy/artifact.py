@@ -279,7 +279,7 @@ def load_local(path: str | os.PathLike, *, device: Any = None, check_cpu: bool =
         # This loader runs TVM's CPU runtime alone; a GPU model runs where it is built.
         raise ArtifactError(f"artifact {os.fspath(root)!r}: it holds {kind} code for {metadata['target']['name']!r}, "
                             f"and alt_tvm.load runs CPU code only: build the model on the GPU machine with "
-                            f"alt_tvm.build(model, target=alt_tvm.target.detect_cuda()) and call it there")
+                            f"alt_tvm.build(model, target='cuda') and call it there")
     problem = _not_for_this_machine(metadata)
     if problem is not None and (check_cpu or metadata.get("machine") != _host_arch()):
         raise ArtifactError(f"artifact {os.fspath(root)!r}: {problem}")
