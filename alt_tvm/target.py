@@ -376,7 +376,7 @@ def detect_cuda(device_id: int = 0) -> HardwareTarget:
     if not dev.exist:
         raise RuntimeError(f"no CUDA device {device_id}: tvm.cuda({device_id}).exist is False "
                            f"(USE_CUDA={tvm.support.libinfo().get('USE_CUDA')} in this TVM)")
-    arch = "sm_" + str(dev.compute_version).replace(".", "")
+    arch = _sm_arch(dev)
     l2 = int(dev.l2_cache_size_bytes)
     return HardwareTarget(
         name=f"cuda{device_id}",
@@ -407,12 +407,17 @@ def runs_on_host(target: HardwareTarget) -> bool:
     return target.cross_compiler is None and not_on_host(target.tvm_target) is None
 
 
+def _sm_arch(dev: Any) -> str:
+    """A CUDA device's architecture as nvcc names it (``sm_90`` for compute capability 9.0)."""
+    return "sm_" + str(dev.compute_version).replace(".", "")
+
+
 def _not_on_this_gpu(arch: str) -> str | None:
     """Why CUDA code for ``arch`` (``sm_XY``) cannot run on this machine's first GPU (None: it can)."""
     dev = tvm.cuda(0)
     if not dev.exist:
         return "it is CUDA code and TVM sees no CUDA device here"
-    here = "sm_" + str(dev.compute_version).replace(".", "")
+    here = _sm_arch(dev)
     if arch and arch != here:
         return f"it is CUDA code for {arch} and this machine's GPU is {here}"
     return None

@@ -516,11 +516,10 @@ def _reduce_in_parallel(sch: tvm.s_tir.Schedule, block, kinds: Sequence[int], co
     if not reduce or any(e != 1 for e, kind in zip(extents, kinds) if kind == 0) or None in extents:
         return False
     contiguous = _contiguous_loop(sch, block, loops)
-    if contiguous is not None and contiguous in reduce and len(reduce) > 1 and reduce[-1] != contiguous:
+    if contiguous is not None and contiguous in reduce:
         # The lanes go along the input's contiguous axis (a channel tile of a tiled map), not
         # the original last axis (a strided gather): a sum is the same in any order.
         reduce = [loop for loop in reduce if loop != contiguous] + [contiguous]
-        sch.reorder(*reduce)
     inner = _extent(sch, reduce[-1])
     lanes = next((w for w in (16, 8, 4) if inner % w == 0), None)
     counts = [c for c in (8 * cores, 4 * cores, 2 * cores, cores) if c > 1]

@@ -4,8 +4,8 @@
 # a second call carries .gpu/w and runs
 #   bash benchmarks/gpu/run.sh [LAYER ...]
 # It installs TVM and alt-tvm under /tmp/site, runs tests/test_gpu.py, then benchmarks/bench_gpu.py
-# on the layers given, then benchmarks/bench_gpu_models.py when MODELS_ARGS is set (its
-# arguments; "" for its defaults is not enough: give at least one, e.g. --profile). Results go
+# on the layers given, then benchmarks/bench_gpu_models.py with the arguments in MODELS_ARGS
+# when that is not empty (e.g. MODELS_ARGS=--profile; empty skips the models). Results go
 # to $OUT. Settings: TESTS (test files, default tests/test_gpu.py), TEST_WORKERS (pytest-xdist
 # processes, 1), TEST_S and BENCH_S (time limits in seconds; TEST_S=1 skips the tests in
 # effect), TRIALS (measured trials per tuner, 32), SPLIT_K (split_k values at which the
