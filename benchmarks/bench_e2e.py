@@ -133,16 +133,30 @@ def faster_peer_fields(times_ms: dict, alt_ms: float) -> dict:
     return against.to_json() if against is not None else {}
 
 
+def add_at_peak(rows: list, *, gflop: dict, peak_gflops: float) -> None:
+    """Each alt-tvm row of ``rows`` that has a faster peer, read against the run's FMA peak on its
+    model's ``gflop`` (model -> GFLOP; :meth:`~alt_tvm.bench.peers.AtPeak.to_json` fields)."""
+    from alt_tvm.bench import AtPeak, FasterPeer
+
+    for row in rows:
+        if row.get("faster_peer_ms") and gflop.get(row.get("model")):
+            against = FasterPeer(row["faster_peer"], row["faster_peer_ms"], row["median_ms"], row["ratios_vs_peers"])
+            row.update(AtPeak(gflop[row["model"]], peak_gflops).to_json(against))
+
+
 def summaries(rows: list) -> dict:
     """Per alt-tvm build label, alt-tvm against the faster peer over the models of ``rows``
-    (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
+    (:func:`~alt_tvm.bench.peers.against_faster_peer`), with the ceilings where rows have them."""
     from alt_tvm.bench import against_faster_peer
 
     ratios: dict = {}
+    ceilings: dict = {}
     for row in rows:
         if row.get("ratio_vs_faster_peer"):
             ratios.setdefault(row["runner"], {})[row["model"]] = row["ratio_vs_faster_peer"]
-    return {label: against_faster_peer(ratios=values) for label, values in ratios.items()}
+            if row.get("ceiling_vs_faster_peer"):
+                ceilings.setdefault(row["runner"], {})[row["model"]] = row["ceiling_vs_faster_peer"]
+    return {label: against_faster_peer(ratios=values, ceilings=ceilings.get(label)) for label, values in ratios.items()}
 
 
 def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: tuple[dict, dict]) -> int:
@@ -256,6 +270,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from alt_tvm.bench import (
+        AtPeak,
         PeakReadings,
         TVMRunner,
         describe_against_faster_peer,
@@ -264,6 +279,7 @@ def main(argv=None) -> int:
         torch_runner,
         tvm_default_build,
     )
+    from alt_tvm.bench.onnx_flops import count_flops
     from alt_tvm.graph.build import build
     from alt_tvm.graph.frontend import load_model
     from alt_tvm.graph.metaschedule import tune_model
@@ -280,11 +296,13 @@ def main(argv=None) -> int:
     print("FP32 FMA peak measured in this run: " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} GFLOP/s"
                                                                for k, v in peak.items()))
     results = [{"runner": "fp32 peak", "peak_gflops": peak}]
+    gflop: dict = {}  # model -> its convolution and matrix-product GFLOP
     tune_s: dict = {}
     workdir = tempfile.mkdtemp(prefix="alt_e2e_")
     for name in args.models:
         info = MODELS.get(name)
         module, inputs, arrays, path, ort, reference = _model_and_reference(name, workdir, args.threads)
+        gflop[name] = count_flops(str(path)) / 1e9
         tolerance = ONNX_FILE_TOLERANCE if info is None else {"rtol": info.rtol, "atol": info.atol}
         rows = {}
 
@@ -363,11 +381,14 @@ def main(argv=None) -> int:
         description = info.description if info else "ONNX file"
         print(f"\n{name} ({description}), batch 1, {args.threads} thread(s), {args.rounds} interleaved rounds "
               f"of {args.repeat} calls (ONNX Runtime not spinning); 'min ms' is the fastest round's median")
-        print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s}")
+        at_peak = AtPeak(gflop[name], peak[f"threads_{args.threads}"])
+        print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s} "
+              f"{'% of peak':>9s}")
         medians = {runner: med for runner, (_, med, _) in table.items()}
         for runner, (low, med, build_s) in table.items():
             built = f"{build_s:8.1f}" if build_s is not None else " " * 8
-            print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x")
+            print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x "
+                  f"{100 * at_peak.share(med):8.0f}%")
             against = faster_peer_fields(medians, med) if runner.startswith("alt-tvm") else {}
             results.append({"model": name, "runner": runner, "median_ms": med, "min_ms": low, "build_s": build_s,
                             "ratio_to_alt": med / alt_ms, **against, "threads": args.threads,
@@ -376,6 +397,8 @@ def main(argv=None) -> int:
         print(f"  faster peer: {against['faster_peer']}; " + ", ".join(
             f"{r['runner']} {r['ratio_vs_faster_peer']:.2f}x" for r in results
             if r.get("model") == name and "ratio_vs_faster_peer" in r) + " (peer ms / alt-tvm ms)")
+        print(f"  {gflop[name]:.2f} GFLOP of convolutions and matrix products; at the run's FP32 FMA peak a runtime "
+              f"would be {at_peak.ceiling(medians[against['faster_peer']]):.2f}x the faster peer")
         if log:
             untuned = table[f"alt-tvm ({args.variants[0]})"][1]
             same = "" if tuned_build is None or tuned_build.report.changed_by_log else \
@@ -387,11 +410,13 @@ def main(argv=None) -> int:
                 print(f"  tuning wall time {tuner}: {seconds:.0f} s for {args.trials} trials")
                 results.append({"model": name, "runner": f"tuning {tuner}", "tune_s": seconds,
                                 "trials": args.trials})
+        add_at_peak(results, gflop=gflop, peak_gflops=peak[f"threads_{args.threads}"])
         _write_json(args.json, results, summaries(results))  # each finished model, in case a later one fails
     for key, readings in peaks.items():
         readings.measure()
         peak[key] = readings.best
     results[0]["peak_readings"] = {key: readings.readings for key, readings in peaks.items()}
+    add_at_peak(results, gflop=gflop, peak_gflops=peak[f"threads_{args.threads}"])
     summary = summaries(results)
     print()
     for label, values in summary.items():

@@ -7,8 +7,11 @@ builds and the CPU peers in interleaved rounds: ONNX Runtime (its pool not spinn
 OpenVINO (:mod:`alt_tvm.bench.openvino`: CPU plugin, latency hint, f32 precision; checked
 against alt-tvm's output first; skipped, with the reason in the row, where it is not
 installed), all on the same thread count. Each export is read against the faster peer (peer
-ms / alt-tvm ms, above 1: alt-tvm faster; :mod:`alt_tvm.bench.peers`), and the run's foot
-gives their geometric mean and the models where alt-tvm is behind.
+ms / alt-tvm ms, above 1: alt-tvm faster; :mod:`alt_tvm.bench.peers`) and against the FP32 FMA
+peak measured in the run, on the model's convolution and matrix-product arithmetic: each one's
+share of the peak, and the ceiling (the faster peer's time over that arithmetic's time at the
+peak: the most any runtime could be ahead of it). The run's foot gives the geometric mean of the
+ratios and of the ceilings, and the models where alt-tvm is behind.
 Rows are appended to a JSON-lines journal as models finish (``--resume`` skips finished ones);
 at the end the run is written to ``benchmarks/results/<machine kind>/<suite>.json``
 (:mod:`alt_tvm.bench.results`; ``--suite`` defaults to ``cnn_suite`` for that group,
@@ -47,7 +50,7 @@ import time
 from pathlib import Path
 
 from alt_tvm.bench.openvino import ISA_CAPS, ISA_ENV
-from alt_tvm.bench.peers import CPU_PEERS, against_faster_peer, describe_against_faster_peer, faster_peer
+from alt_tvm.bench.peers import CPU_PEERS, AtPeak, against_faster_peer, describe_against_faster_peer, faster_peer
 from alt_tvm.bench.results import SUITES, results_path, write_results
 from alt_tvm.models.public import (
     EXPORTERS,
@@ -130,6 +133,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
 
     import alt_tvm
     from alt_tvm.bench import onnxruntime_session, time_interleaved
+    from alt_tvm.bench.onnx_flops import count_flops
     from alt_tvm.deploy.model import aligned
     from alt_tvm.target import resolve
 
@@ -172,6 +176,10 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         if "onnxruntime" not in runners:  # one runner per peer, on the first export
             runners["onnxruntime"] = (ort_runner, (x,))
             runners.update(other_peers(row, path, x, got, threads=args.threads))
+            try:
+                row["gflop"] = count_flops(str(path)) / 1e9
+            except Exception as err:  # noqa: BLE001 - the row goes on without its share of the peak
+                row["gflop_error"] = _reason(err)
     if args.rounds and runners:
         times = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat, warmup=2)
         row["ms"] = {label: round(ms, 3) for label, (ms, _) in times.items()}
@@ -212,15 +220,18 @@ def other_peers(row: dict, path, x, got, *, threads: int) -> dict:
     return timed
 
 
-def add_faster_peer(row: dict) -> dict:
+def add_faster_peer(row: dict, *, peak_gflops: float | None = None) -> dict:
     """Each timed export's entry of ``row`` with alt-tvm against the faster peer of ``row["ms"]``
-    (:meth:`~alt_tvm.bench.peers.FasterPeer.to_json` fields); ``row`` itself."""
+    (:meth:`~alt_tvm.bench.peers.FasterPeer.to_json` fields) and, given the run's peak and the
+    row's ``gflop``, both read against that peak (:meth:`~alt_tvm.bench.peers.AtPeak.to_json`);
+    ``row`` itself."""
     ms = row.get("ms") or {}
+    at_peak = AtPeak(row["gflop"], peak_gflops) if peak_gflops and row.get("gflop") else None
     for exporter, entry in row.get("exporters", {}).items():
         alt = ms.get(f"alt-tvm {exporter}")
         against = faster_peer(times_ms=ms, alt_ms=alt) if alt else None
         if against is not None:
-            entry.update(against.to_json())
+            entry.update(against.to_json(), **(at_peak.to_json(against) if at_peak else {}))
     return row
 
 
@@ -228,11 +239,15 @@ def summary(rows: list[dict]) -> dict:
     """Per exporter, alt-tvm against the faster peer over the models whose export is ``ok``
     (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
     ratios: dict[str, dict[str, float]] = {}
+    ceilings: dict[str, dict[str, float]] = {}
     for row in rows:
         for exporter, entry in row.get("exporters", {}).items():
             if entry.get("status") == "ok" and entry.get("ratio_vs_faster_peer"):
                 ratios.setdefault(exporter, {})[row["model"]] = entry["ratio_vs_faster_peer"]
-    return {exporter: against_faster_peer(ratios=values) for exporter, values in ratios.items()}
+                if entry.get("ceiling_vs_faster_peer"):
+                    ceilings.setdefault(exporter, {})[row["model"]] = entry["ceiling_vs_faster_peer"]
+    return {exporter: against_faster_peer(ratios=values, ceilings=ceilings.get(exporter))
+            for exporter, values in ratios.items()}
 
 
 def run_in_child(name: str, args: argparse.Namespace) -> dict:
@@ -271,9 +286,9 @@ def _peer_cell(row: dict, peer: str) -> str:
 def markdown(rows: list[dict]) -> str:
     """The sweep's table: per export, alt-tvm's time, the peers', and the faster peer's over alt-tvm's."""
     head = ("| model | kind | built for | exporter | status | build s | partitions | fallbacks | conversions "
-            "| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm |\n"
-            + "|---" * 15 + "|\n")
-    blank = " |" * 10
+            "| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm "
+            "| % of FP32 peak: alt-tvm, peer |\n" + "|---" * 16 + "|\n")
+    blank = " |" * 11
     lines = []
     for row in rows:
         if "error" in row:
@@ -289,12 +304,14 @@ def markdown(rows: list[dict]) -> str:
             alt = ms.get(f"alt-tvm {exporter}")
             peer = entry.get("faster_peer", "")
             ratio = f"{entry['ratio_vs_faster_peer']:.2f}x" if "ratio_vs_faster_peer" in entry else ""
+            shares = (f"{100 * entry['alt_share_of_peak']:.0f}, {100 * entry['peer_share_of_peak']:.0f}"
+                      if "alt_share_of_peak" in entry else "")
             lines.append(
                 f"| {row['model']} | {row['kind']} | {row.get('target', '')} | {exporter} | {entry['status']} "
                 f"| {entry['build_s']} | {parts} "
                 f"| {len(entry['fallbacks'])} | {entry['conversions']} | {entry['max_rel_error']:.1e} "
                 f"| {alt if alt is not None else ''} | {_peer_cell(row, 'onnxruntime')} "
-                f"| {_peer_cell(row, 'openvino')} | {peer} | {ratio} |")
+                f"| {_peer_cell(row, 'openvino')} | {peer} | {ratio} | {shares} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -341,6 +358,8 @@ def main(argv=None) -> int:
         print(markdown([row]).splitlines()[-1] if "error" in row else "\n".join(markdown([row]).splitlines()[2:]),
               flush=True)
     peaks.measure()  # again at the end: one reading can land in a slow phase of the host
+    for row in rows:
+        add_faster_peer(row, peak_gflops=peaks.best)
     table = (f"FP32 FMA peak measured in this run: {peaks.describe()} on {args.threads} threads.\n\n"
              + markdown(rows) + "\n" + foot(rows))
     if args.markdown is not None:

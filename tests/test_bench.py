@@ -16,6 +16,7 @@ from conftest import runnable, x86_description
 import alt_tvm
 from alt_tvm.bench import (
     CPU_PEERS,
+    AtPeak,
     ORTRunner,
     Runner,
     against_faster_peer,
@@ -180,6 +181,27 @@ def test_over_a_run_the_geometric_mean_and_the_models_behind_the_faster_peer():
     assert "no model timed with a peer" in describe_against_faster_peer(against_faster_peer(ratios={}))
     with pytest.raises(ValueError, match="the ratio of b must be a positive finite number, got -1"):
         against_faster_peer(ratios={"a": 1.0, "b": -1})
+
+
+def test_a_model_read_against_the_peak_gives_shares_and_the_ceiling_over_the_faster_peer():
+    # 2 GFLOP at 200 GFLOP/s take 10 ms: alt-tvm at 12.5 ms reaches 80% of the peak, the peer at
+    # 11 ms 91%, and nothing could be more than 1.1x ahead of that peer.
+    at_peak = AtPeak(2.0, 200.0)
+    assert at_peak.floor_ms == pytest.approx(10.0)
+    against = faster_peer(times_ms={"openvino": 11.0, "onnxruntime": 14.0}, alt_ms=12.5)
+    assert at_peak.to_json(against) == {"gflop": 2.0, "alt_share_of_peak": pytest.approx(0.8),
+                                        "peer_share_of_peak": pytest.approx(10 / 11),
+                                        "ceiling_vs_faster_peer": pytest.approx(1.1)}
+    summary = against_faster_peer(ratios={"a": 0.88, "b": 2.0}, ceilings={"a": 1.1, "b": 4.4})
+    assert summary["geomean_ceiling_vs_faster_peer"] == pytest.approx((1.1 * 4.4) ** 0.5)
+    assert "a runtime at the run's FP32 FMA peak: 2.20x" in describe_against_faster_peer(summary)
+    # A ceiling for only some of the models is no geometric mean of the run's.
+    assert "geomean_ceiling_vs_faster_peer" not in against_faster_peer(ratios={"a": 1.0, "b": 1.0}, ceilings={"a": 2})
+    for bad in ({"gflop": 0.0, "peak_gflops": 1.0}, {"gflop": 1.0, "peak_gflops": float("inf")}):
+        with pytest.raises(ValueError, match="must be a positive finite number"):
+            AtPeak(**bad)
+    with pytest.raises(ValueError, match="ms must be a positive finite number, got -1"):
+        at_peak.share(-1)
 
 
 def test_output_mismatch_says_what_differs():

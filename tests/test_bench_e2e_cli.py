@@ -78,3 +78,18 @@ def test_the_run_is_summed_up_per_build_against_the_faster_peer(script):
         "faster_peer": "openvino", "faster_peer_ms": 1.5, "ratio_vs_faster_peer": 0.75,
         "ratios_vs_peers": {"onnxruntime": 1.5, "openvino": 0.75}}
     assert script.faster_peer_fields({"pytorch": 1.0}, 2.0) == {}
+
+
+def test_alt_tvm_rows_are_read_against_the_runs_peak(script):
+    # 0.5 GFLOP at 250 GFLOP/s take 2 ms: the peer at 2.4 ms reaches 83% of the peak.
+    alt = {"model": "a", "runner": "alt-tvm (alt)", "median_ms": 2.5,
+           **script.faster_peer_fields({"onnxruntime": 3.0, "openvino": 2.4}, 2.5)}
+    rows = [{"runner": "fp32 peak"}, alt, {"model": "a", "runner": "openvino", "median_ms": 2.4},
+            {"model": "b", "runner": "alt-tvm (alt)", "median_ms": 1.0,
+             **script.faster_peer_fields({"onnxruntime": 2.0}, 1.0)}]
+    script.add_at_peak(rows, gflop={"a": 0.5}, peak_gflops=250.0)
+    assert alt["alt_share_of_peak"] == pytest.approx(0.8) and alt["peer_share_of_peak"] == pytest.approx(2 / 2.4)
+    assert alt["ceiling_vs_faster_peer"] == pytest.approx(1.2)
+    assert "gflop" not in rows[2] and "gflop" not in rows[3]  # a peer's row; a model not counted
+    assert "geomean_ceiling_vs_faster_peer" not in script.summaries(rows)["alt-tvm (alt)"]
+    assert script.summaries(rows[:3])["alt-tvm (alt)"]["geomean_ceiling_vs_faster_peer"] == pytest.approx(1.2)

@@ -116,13 +116,32 @@ def test_each_export_is_read_against_the_faster_peer_and_the_run_summed_up():
     rows[2]["peers"] = {"openvino": {"status": "skipped", "reason": "OpenVINO is not installed (no module)"}}
     table = sweep_public.markdown(rows)
     head, _, first, second, third, fourth, _ = table.split("\n")
-    assert "| ORT ms | OpenVINO ms | faster peer | peer / alt-tvm |" in head
-    assert first.endswith("| 2.0 | 3.0 | 2.5 | openvino | 1.25x |")
-    assert third.endswith("| 1.0 | 2.0 | skipped | onnxruntime | 2.00x |")
+    assert "| ORT ms | OpenVINO ms | faster peer | peer / alt-tvm | % of FP32 peak: alt-tvm, peer |" in head
+    assert first.endswith("| 2.0 | 3.0 | 2.5 | openvino | 1.25x |  |")
+    assert third.endswith("| 1.0 | 2.0 | skipped | onnxruntime | 2.00x |  |")
     assert all(line.count("|") == head.count("|") for line in (first, second, third, fourth))
     foot = sweep_public.foot(rows)
     assert "alt-tvm (torchscript) against the faster peer" in foot and "geometric mean 1.08x, behind on 1 (b)" in foot
     assert "openvino skipped: OpenVINO is not installed (no module)" in foot
+    assert "FP32 FMA peak" not in foot  # no model's arithmetic counted
+
+
+def test_with_the_runs_peak_each_export_is_read_against_it_and_the_run_gets_its_ceiling():
+    # 0.2 GFLOP at 100 GFLOP/s take 2 ms; a counts, b (no arithmetic counted) does not.
+    rows = [{**_row("a", {"alt-tvm torchscript": 2.5, "onnxruntime": 3.0, "openvino": 4.0}), "gflop": 0.2},
+            _row("b", {"alt-tvm torchscript": 1.0, "onnxruntime": 2.0})]
+    for row in rows:
+        sweep_public.add_faster_peer(row, peak_gflops=100.0)
+    entry = rows[0]["exporters"]["torchscript"]
+    assert entry["alt_share_of_peak"] == pytest.approx(0.8) and entry["peer_share_of_peak"] == pytest.approx(2 / 3)
+    assert entry["ceiling_vs_faster_peer"] == pytest.approx(1.5)
+    assert "ceiling_vs_faster_peer" not in rows[1]["exporters"]["torchscript"]
+    assert sweep_public.markdown(rows).split("\n")[2].endswith("| onnxruntime | 1.20x | 80, 67 |")
+    (summary,) = sweep_public.summary(rows).values()
+    assert "geomean_ceiling_vs_faster_peer" not in summary  # one model of two counted
+    (summary,) = sweep_public.summary(rows[:1]).values()
+    assert summary["geomean_ceiling_vs_faster_peer"] == pytest.approx(1.5)
+    assert "a runtime at the run's FP32 FMA peak: 1.50x" in sweep_public.foot(rows[:1])
 
 
 def test_openvino_is_checked_against_alt_tvm_before_it_is_timed(tmp_path):

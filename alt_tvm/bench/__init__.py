@@ -11,7 +11,8 @@ one peer per module:
 - :mod:`.tvm` -- TVM's own untuned build of the same Relax module
 
 :mod:`.peers` makes the CPU peers (ONNX Runtime, and OpenVINO where installed) on one thread
-count and reads alt-tvm against the faster of them per model and over a run.
+count and reads alt-tvm against the faster of them per model and over a run, and both against
+the run's FP32 FMA peak (:class:`AtPeak`).
 
 :mod:`.timing` holds the fair timing (the tuner's :class:`TimingPolicy`, interleaved rounds
 and their medians, a quiet TVM pool), :mod:`.peak` the FP32 FMA peak and memory bandwidth,
@@ -25,7 +26,15 @@ from .base import Runner, check_threads
 from .onnxruntime import ORTRunner, onnxruntime_session
 from .openvino import OpenVINORunner, openvino_available, openvino_kernel_isas, openvino_session
 from .peak import PeakReadings, measure_memory_bandwidth, measure_peak_gflops
-from .peers import CPU_PEERS, FasterPeer, against_faster_peer, cpu_peers, describe_against_faster_peer, faster_peer
+from .peers import (
+    CPU_PEERS,
+    AtPeak,
+    FasterPeer,
+    against_faster_peer,
+    cpu_peers,
+    describe_against_faster_peer,
+    faster_peer,
+)
 from .results import machine_kind, results_path, write_results
 from .timing import (
     Timing,
@@ -40,8 +49,8 @@ from .timing import (
 from .torch import TorchRunner, torch_runner
 from .tvm import TVMRunner, tvm_default_build
 
-__all__ = ["CPU_PEERS", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner", "Timing",
-           "TimingPolicy", "TorchRunner", "against_faster_peer", "check_threads", "cpu_peers",
+__all__ = ["CPU_PEERS", "AtPeak", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner",
+           "Timing", "TimingPolicy", "TorchRunner", "against_faster_peer", "check_threads", "cpu_peers",
            "describe_against_faster_peer", "faster_peer", "machine_kind", "measure_memory_bandwidth",
            "measure_peak_gflops", "onnxruntime_session", "openvino_available", "openvino_kernel_isas",
            "openvino_session", "quiet_tvm_pool", "results_path", "round_order", "run_interleaved", "time_callable",

@@ -9,6 +9,11 @@ gives the geometric mean of those ratios and the models where alt-tvm is behind.
 
 Every ratio is a peer's time over alt-tvm's, measured in the same interleaved rounds: above 1,
 alt-tvm is faster.
+
+:class:`AtPeak` reads the same times against the run's FP32 FMA peak: each runner's share of it
+on the model's convolution and matrix-product arithmetic, and the *ceiling*, the most any
+runtime could be ahead of the faster peer at that peak. Where the faster peer already runs
+near the peak, no kernel work moves the ratio far, and the ceiling says by how much at most.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from .base import Runner
 from .onnxruntime import onnxruntime_session
 from .openvino import openvino_available, openvino_session
 
-__all__ = ["CPU_PEERS", "FasterPeer", "against_faster_peer", "cpu_peers", "describe_against_faster_peer",
+__all__ = ["CPU_PEERS", "AtPeak", "FasterPeer", "against_faster_peer", "cpu_peers", "describe_against_faster_peer",
            "faster_peer"]
 
 #: The CPU peers, in the order a tie between their times is broken.
@@ -137,30 +142,83 @@ def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float,
     return FasterPeer(best, timed[best], alt_ms, {p: ms / alt_ms for p, ms in timed.items()})
 
 
-def against_faster_peer(*, ratios: Mapping[str, float]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class AtPeak:
+    """A model's arithmetic against the run's FP32 FMA peak.
+
+    Attributes
+    ----------
+    gflop : float
+        The model's convolution and matrix-product GFLOP per inference
+        (:func:`alt_tvm.bench.onnx_flops.count_flops`; elementwise work is left out, so the
+        time at the peak is a lower bound).
+    peak_gflops : float
+        The FMA peak measured in the run, on the threads the runtimes were given.
+    """
+
+    gflop: float
+    peak_gflops: float
+
+    def __post_init__(self) -> None:
+        _positive("gflop", self.gflop)
+        _positive("peak_gflops", self.peak_gflops)
+
+    @property
+    def floor_ms(self) -> float:
+        """The time of that arithmetic at the peak."""
+        return 1e3 * self.gflop / self.peak_gflops
+
+    def share(self, ms: float) -> float:
+        """The share of the peak a runtime taking ``ms`` reaches (1: at the peak)."""
+        return self.floor_ms / _positive("ms", ms)
+
+    def ceiling(self, peer_ms: float) -> float:
+        """The most a runtime at the peak could be ahead of a peer taking ``peer_ms``: the peer's
+        time over :attr:`floor_ms`."""
+        return _positive("peer_ms", peer_ms) / self.floor_ms
+
+    def to_json(self, against: FasterPeer) -> dict[str, Any]:
+        """The fields a results row adds beside :meth:`FasterPeer.to_json`."""
+        return {"gflop": self.gflop, "alt_share_of_peak": self.share(against.alt_ms),
+                "peer_share_of_peak": self.share(against.peer_ms),
+                "ceiling_vs_faster_peer": self.ceiling(against.peer_ms)}
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def against_faster_peer(*, ratios: Mapping[str, float], ceilings: Mapping[str, float] | None = None) -> dict[str, Any]:
     """alt-tvm against the faster peer over a run's models.
 
     Parameters
     ----------
     ratios : mapping
         Model -> the faster peer's time / alt-tvm's time on it (:attr:`FasterPeer.ratio`).
+    ceilings : mapping, optional
+        Model -> :meth:`AtPeak.ceiling` of its faster peer, for the models whose arithmetic
+        was counted.
 
     Returns
     -------
     dict
         ``models`` (count), ``geomean_ratio_vs_faster_peer`` (None without models),
-        ``models_behind_faster_peer`` (count of ratios below 1) and ``behind`` (those models).
+        ``models_behind_faster_peer`` (count of ratios below 1) and ``behind`` (those models);
+        with ``ceilings`` for every model of ``ratios``, also ``geomean_ceiling_vs_faster_peer``.
 
     Raises
     ------
     ValueError
-        If a ratio is not a positive finite number.
+        If a ratio or a ceiling is not a positive finite number.
     """
     values = {model: _positive(f"the ratio of {model}", r) for model, r in ratios.items()}
-    geomean = math.exp(sum(map(math.log, values.values())) / len(values)) if values else None
     behind = [model for model, r in values.items() if r < 1]
-    return {"models": len(values), "geomean_ratio_vs_faster_peer": geomean, "models_behind_faster_peer": len(behind),
-            "behind": behind}
+    summary = {"models": len(values), "geomean_ratio_vs_faster_peer": _geomean(list(values.values())),
+               "models_behind_faster_peer": len(behind), "behind": behind}
+    ceilings = {m: _positive(f"the ceiling of {m}", c) for m, c in (ceilings or {}).items() if m in values}
+    if values and len(ceilings) == len(values):
+        summary["geomean_ceiling_vs_faster_peer"] = _geomean(list(ceilings.values()))
+    return summary
 
 
 def describe_against_faster_peer(summary: Mapping[str, Any], *, what: str = "alt-tvm") -> str:
@@ -177,6 +235,8 @@ def describe_against_faster_peer(summary: Mapping[str, Any], *, what: str = "alt
         return f"{what} against the faster peer: no model timed with a peer"
     behind = summary["behind"]
     names = f" ({', '.join(behind)})" if behind else ""
+    ceiling = summary.get("geomean_ceiling_vs_faster_peer")
+    at_peak = f"; a runtime at the run's FP32 FMA peak: {ceiling:.2f}x" if ceiling is not None else ""
     return (f"{what} against the faster peer (peer ms / alt-tvm ms, above 1: alt-tvm faster) over "
             f"{summary['models']} model(s): geometric mean {summary['geomean_ratio_vs_faster_peer']:.2f}x, "
-            f"behind on {summary['models_behind_faster_peer']}{names}")
+            f"behind on {summary['models_behind_faster_peer']}{names}{at_peak}")
