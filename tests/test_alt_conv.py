@@ -127,11 +127,13 @@ def test_streamed_weights_stay_inside_spatial_tiles_where_the_input_is_the_bigge
     # 64 MiB, the input once per channel tile 128 MiB: spatial tiles stay outermost.
     fuse = default_conv_tiling((1, 256, 64, 64), 1024, 256, lanes=16, registers=32, l1_bytes=32 << 10,
                                l2_bytes=1 << 20, weight_bytes=256 * 1024 * 4, input_bytes=1024 * 64 * 64 * 4)
-    assert fuse.parallel_channels is None
+    # Its parallel tasks are spatial tiles, each reading an input tile of its own: the next one
+    # is fetched while this one computes, though the weights stream too.
+    assert fuse.parallel_channels is None and fuse.prefetch_input
     # ResNet-18's 512-channel 3x3 conv on 7x7: its 9.4 MB of weights are the bigger stream.
     resnet = default_conv_tiling((1, 512, 7, 7), 512, 512, lanes=16, registers=32, l1_bytes=32 << 10,
                                  l2_bytes=1 << 20, weight_bytes=512 * 512 * 9 * 4, input_bytes=512 * 9 * 9 * 4)
-    assert resnet.parallel_channels is True
+    assert resnet.parallel_channels is True and not resnet.prefetch_input  # the next task reads the same tile
     assert channels_outermost(weight_bytes=1, spatial_tiles=1, input_bytes=0, channel_tiles=9)  # input unknown
     assert not channels_outermost(weight_bytes=1 << 20, spatial_tiles=64, input_bytes=16 << 20, channel_tiles=8)
 
