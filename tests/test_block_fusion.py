@@ -272,6 +272,20 @@ def test_a_depthwise_conv_between_two_convs_of_its_width_is_not_fused_by_default
     assert len([p for p in _plan(narrow, x, target=WIDE).partitions if p.tail]) == 1
 
 
+def test_the_intensity_bound_keeps_6x_expansions_fused_and_mobilevits_4x_blocks_of_64_channels_not():
+    def geometry(c, m, o, size, stride=1):
+        return block.BlockGeometry(n=1, c=c, m=m, o=o, h=size, w=size, oh=size // stride, ow=size // stride,
+                                   kernel=(3, 3), stride=(stride, stride), pads=(1, 1, 1, 1))
+
+    # MobileNet-V2's 6x expansions (5-13 FLOP/B), measured faster fused ...
+    assert all(geometry(c, 6 * c, o, size).intensity <= block.MAX_INTENSITY
+               for c, o, size in ((24, 24, 56), (32, 32, 28), (16, 24, 112)))
+    # ... and MobileViT-S's 64 -> 256 -> 64 blocks on 64x64 maps (17, and 18 for the stride-2
+    # one to 96 channels), measured faster as three kernels.
+    assert geometry(64, 256, 64, 64).intensity == pytest.approx(17.125)
+    assert block.MAX_INTENSITY < geometry(64, 256, 64, 64).intensity < geometry(64, 256, 96, 64, 2).intensity
+
+
 def test_a_block_whose_weights_leave_no_room_in_the_l2_cache_for_a_band_is_not_fused():
     g = block.BlockGeometry(n=1, c=256, m=512, o=512, h=14, w=14, oh=14, ow=14, kernel=(3, 3), stride=(1, 1),
                             pads=(1, 1, 1, 1))

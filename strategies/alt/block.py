@@ -186,10 +186,12 @@ MAX_SHORT_WORK_RATIO = 1.15
 #: out of memory. The fused kernel runs its 1x1 stages on 3/4 of the registers, below the
 #: unfused convs' rate: fusion pays where the expanded maps are wide against the convs'
 #: work (an inverted residual's 6x expansion: 5-13 FLOP/B), not where a depthwise conv sits
-#: between two convs of similar width. On Zen 4 (2 threads) MobileNet-V1's blocks (25 and 49
-#: FLOP/B, the stem's 12.5 kept) took 0.93x the model's time unfused, MobileNet-V2's 14x14
-#: blocks (21 and 28) 0.98x.
-MAX_INTENSITY = 20.0
+#: between two convs of similar width, nor where the 1x1 convs are wide enough to run near
+#: the peak unfused. On Zen 4 (2 threads) MobileNet-V1's blocks (25 and 49 FLOP/B, the stem's
+#: 12.5 kept) took 0.93x the model's time unfused, MobileNet-V2's 14x14 blocks (21 and 28)
+#: 0.98x, MobileViT-S's 64 -> 256 -> 64 blocks on 64x64 maps (17 and 18) 0.90x; none measured
+#: faster fused above 13.
+MAX_INTENSITY = 16.0
 
 
 def work_ratio(geometry: BlockGeometry, rows: int, *, cores: int) -> float:
