@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     import numpy as np
     import onnxruntime as ort
 
+    from alt_tvm.bench.onnx_flops import kernel_flops
+
     # The trace goes to a folder of its own, not the working directory (an interrupted run left it there).
     trace_dir = tempfile.mkdtemp(prefix="alt_ort_profile_")
     from alt_tvm.bench import PeakReadings, onnxruntime_session
@@ -74,38 +76,6 @@ def main(argv=None) -> int:
             else f"{'':7}  {'':4}"
         print(f"{ms:8.3f} ms  {rate}  {op:<20} {name}")
     return 0
-
-
-#: ONNX ops ONNX Runtime fuses into the Conv, Gemm or MatMul before them: a node's name (its
-#: output tensor with ``_nchwc``) may be theirs.
-FUSED_AFTER = ("Relu", "Add", "Sum", "Clip", "Sigmoid", "Mul", "HardSigmoid", "HardSwish", "LeakyRelu", "Div",
-               "Erf", "Tanh")
-
-
-def kernel_flops(path: str, names: list[str]) -> dict[str, int]:
-    """The FLOPs of each ONNX Runtime node in ``names`` that computes a Conv, Gemm or MatMul
-    of the model at ``path``: found by its name (an ONNX node's, or the tensor it writes with
-    ``_nchwc`` after it), then back through fused element-wise ops to the nearest product."""
-    import onnx
-
-    from alt_tvm.bench.onnx_flops import node_flops
-
-    products = node_flops(path)
-    graph = onnx.load(path, load_external_data=False).graph
-    producers = {out: node for node in graph.node for out in node.output}
-    by_node = {node.name: node.output[0] for node in graph.node if node.name and node.output}
-    found = {}
-    for name in names:
-        tensor = name.removesuffix("_nchwc")
-        frontier = [tensor if tensor in producers else by_node.get(name)]
-        for _ in range(4):  # breadth first: the product nearest the node's output
-            hit = next((t for t in frontier if t in products), None)
-            if hit is not None:
-                found[name] = products[hit]
-                break
-            frontier = [i for t in frontier if t in producers and producers[t].op_type in FUSED_AFTER
-                        for i in producers[t].input]
-    return found
 
 
 if __name__ == "__main__":

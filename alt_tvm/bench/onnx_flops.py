@@ -1,12 +1,18 @@
 """The arithmetic of an ONNX model: FLOPs of its convolutions and matrix products, node by node.
 
 2 FLOPs per multiply-add, direct convolution; elementwise ops are left out. The ceiling a
-runtime's time is read against (``scripts/count_flops.py``, ``scripts/profile_ort.py``).
+runtime's time is read against (``scripts/count_flops.py``, ``scripts/profile_ort.py``,
+``scripts/profile_openvino.py``, :class:`alt_tvm.bench.peers.AtPeak`).
 """
 
 from __future__ import annotations
 
-__all__ = ["count_flops", "node_flops"]
+__all__ = ["FUSED_AFTER", "count_flops", "kernel_flops", "node_flops"]
+
+#: ONNX ops a runtime fuses into the Conv, Gemm or MatMul before them (ONNX Runtime, OpenVINO):
+#: the fused kernel may carry the name of one of them, or of the tensor it writes.
+FUSED_AFTER = ("Relu", "Add", "Sum", "Clip", "Sigmoid", "Mul", "HardSigmoid", "HardSwish", "LeakyRelu", "Div",
+               "Erf", "Tanh")
 
 
 def count_flops(path: str) -> int:
@@ -59,3 +65,29 @@ def node_flops(path: str) -> dict[str, int]:
             flops[node.output[0]] = matmul_flops(output_shape=known[node.output[0]],
                                                  reduction=a[-2] if trans_a else a[-1])
     return flops
+
+
+def kernel_flops(path: str, names: list[str]) -> dict[str, int]:
+    """The FLOPs of each of a runtime's kernels in ``names`` that computes a Conv, Gemm or MatMul
+    of the ONNX model at ``path``: found by its name (an ONNX node's, or the tensor it writes,
+    with ONNX Runtime's ``_nchwc`` or OpenVINO's ``/WithoutBiases`` after it), then back through
+    fused element-wise ops (:data:`FUSED_AFTER`) to the nearest product. Names that compute none
+    are left out."""
+    import onnx
+
+    products = node_flops(path)
+    graph = onnx.load(path, load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    by_node = {node.name: node.output[0] for node in graph.node if node.name and node.output}
+    found = {}
+    for name in names:
+        tensor = name.removesuffix("_nchwc").removesuffix("/WithoutBiases")
+        frontier = [tensor if tensor in producers else by_node.get(tensor)]
+        for _ in range(4):  # breadth first: the product nearest the kernel's output
+            hit = next((t for t in frontier if t in products), None)
+            if hit is not None:
+                found[name] = products[hit]
+                break
+            frontier = [i for t in frontier if t in producers and producers[t].op_type in FUSED_AFTER
+                        for i in producers[t].input]
+    return found

@@ -57,10 +57,11 @@ def openvino_available() -> str:
     return ""
 
 
-def openvino_session(path: str | os.PathLike, *, threads: int = 1) -> OpenVINORunner:
+def openvino_session(path: str | os.PathLike, *, threads: int = 1, profile: bool = False) -> OpenVINORunner:
     """OpenVINO's CPU plugin on an ONNX file, as a latency-oriented user would set it:
     ``threads`` inference threads, the latency hint, FP32 (no bf16 or f16 downcast), threads
-    not pinned to cores (pinned, they would fight the runtime timed next to them).
+    not pinned to cores (pinned, they would fight the runtime timed next to them). ``profile``
+    turns its per-node counters on (the request's ``profiling_info``; not for timing a run).
 
     Raises
     ------
@@ -73,7 +74,7 @@ def openvino_session(path: str | os.PathLike, *, threads: int = 1) -> OpenVINORu
     import openvino
 
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-              "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": "NO"}
+              "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": "NO", "PERF_COUNT": bool(profile)}
     with process_affinity():
         return OpenVINORunner(openvino.Core().compile_model(os.fspath(path), "CPU", config), threads=threads)
 
