@@ -1,8 +1,8 @@
 """The arithmetic of an ONNX model: FLOPs of its convolutions and matrix products, node by node.
 
 2 FLOPs per multiply-add, direct convolution; elementwise ops are left out. The ceiling a
-runtime's time is read against (``scripts/count_flops.py``, ``scripts/profile_ort.py``,
-``scripts/profile_openvino.py``, :class:`alt_tvm.bench.peers.AtPeak`).
+runtime's time is read against (``scripts/count_flops.py``, ``scripts/profile_peer.py``,
+:class:`alt_tvm.bench.peers.AtPeak`).
 """
 
 from __future__ import annotations
