@@ -137,6 +137,34 @@ def test_the_register_block_does_the_most_fmas_per_load_that_fit_the_registers(m
         assert rows * (nt // lanes) + nt // lanes + 1 <= registers
 
 
+def test_an_order_that_guards_a_partial_row_block_takes_whole_blocks_where_they_score_near_the_best():
+    from alt_tvm.strategies.alt.gemm import WHOLE_BLOCK_SHARE, register_tile
+
+    # SegFormer-B0's 4096 x 32 x 256 GEMM: 6 x 4 leaves a partial block; 4 x 4 scores 2.0 of 2.4.
+    assert register_tile(4096, 256, 16, 32) == (6, 64)
+    assert register_tile(4096, 256, 16, 32, whole_blocks=True) == (4, 64)
+    assert register_tile(1024, 160, 16, 32, whole_blocks=True) == (4, 80)  # 5 x 5 -> 4 x 5
+    # ViT's 197 rows (a prime): only one-row blocks divide them, far below: the partial block stays.
+    assert 0.97 < WHOLE_BLOCK_SHARE * 2.4 and register_tile(197, 768, 16, 32, whole_blocks=True) == (6, 64)
+    assert register_tile(128, 768, 16, 32, whole_blocks=True) == register_tile(128, 768, 16, 32) == (4, 96)
+
+
+def test_the_defaults_take_whole_row_blocks_where_the_schedule_would_guard_every_step():
+    from types import SimpleNamespace
+
+    from kernel_digests import PINNED
+
+    from alt_tvm.strategies.alt.gemm import AltGemmStrategy
+
+    context = SimpleNamespace(target=PINNED["avx512"])  # 2 cores, 32 registers, 1 MiB L2
+    # A small weight (no chunked, prefetching order): 4 x 4 blocks, no guard.
+    small = AltGemmStrategy._defaults(4096, 256, 32, context)
+    assert (small["mt"], small["nt"], small["prefetch"]) == (4, 64, 0)
+    # ViT-B's 197 x 768 x 3072: the prefetching order runs the partial block apart and keeps 6 x 4.
+    vit = AltGemmStrategy._defaults(197, 768, 3072, context)
+    assert (vit["mt"], vit["nt"], vit["prefetch"]) == (6, 64, 1)
+
+
 def test_panel_groups_one_per_core_only_where_the_rows_outweigh_a_groups_outputs():
     from alt_tvm.strategies.alt.gemm import groups_panels
 
