@@ -243,10 +243,10 @@ def register_tile(m: int, n: int, lanes: int, registers: int, *, whole_blocks: b
     ``197 x 3072 x 768`` and ``197 x 768 x 768`` GEMMs and by 40% on a ``198 x 256 x 256`` one
     that fits in L2.
 
-    ``whole_blocks`` is for a schedule that guards every step of a partial last row block (the
-    row bound is then checked at each ``k`` step of every block, and the accumulators live in
-    memory, not registers): it takes the best block whose rows divide ``M`` where that scores at
-    least :data:`WHOLE_BLOCK_SHARE` of the best one. SegFormer-B0's ``4096 x 32 x 256`` GEMM
+    ``whole_blocks`` is for a schedule that keeps a partial last row block in the same loop as
+    the others (the row bound is then checked at each ``k`` step of every block): it takes the
+    best block whose rows divide ``M`` where that scores at least :data:`WHOLE_BLOCK_SHARE` of
+    the best one. SegFormer-B0's ``4096 x 32 x 256`` GEMM
     takes 0.70x the time in 4 x 4 blocks than in 6 x 4 with a partial last one.
 
     ``m < 4`` takes :func:`stream_tile`; ``n`` without a vector multiple keeps :func:`column_tile`
