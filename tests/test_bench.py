@@ -140,6 +140,55 @@ def test_cpu_peers_are_onnx_runtime_and_openvino_on_one_thread_count(conv_onnx):
         cpu_peers(conv_onnx, threads=1, peers=["tensorrt"])
 
 
+@pytest.fixture(scope="module")
+def wide_pool_onnx(tmp_path_factory):
+    """Hugging Face EfficientNet-B0's pool: a window larger than the map, which ONNX Runtime
+    computes (ceil mode: one output) and OpenVINO's ONNX frontend refuses."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    pool = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[16, 16], strides=[16, 16], ceil_mode=1)
+    graph = helper.make_graph([pool], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1, 1])])
+    path = tmp_path_factory.mktemp("wide_pool") / "wide_pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_model_openvino_cannot_load_leaves_it_out_with_the_reason(wide_pool_onnx):
+    path = wide_pool_onnx
+    made, skipped = cpu_peers(path, threads=1)
+    assert list(made) == ["onnxruntime"]
+    x = np.arange(196, dtype=np.float32).reshape(1, 4, 7, 7)
+    np.testing.assert_allclose(made["onnxruntime"](x)[0].ravel(), x.mean(axis=(2, 3)).ravel(), rtol=1e-6)
+    if why := openvino_available():
+        assert skipped == {"openvino": why}
+        pytest.skip(why)
+    assert skipped["openvino"].startswith(f"OpenVINO could not load {path}: AveragePool"), skipped
+    assert "larger than the data shape" in skipped["openvino"]
+
+
+def test_bench_vs_a_peer_that_cannot_load_the_model_is_one_line_and_status_1(wide_pool_onnx, capsys):
+    if why := openvino_available():
+        pytest.skip(why)
+    assert main(["bench", str(wide_pool_onnx), "--vs", "openvino", "--rounds", "1", "--repeat", "1",
+                 "--threads", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("alt-tvm bench: --vs openvino: OpenVINO could not load"), err
+    assert "AveragePool" in err[0]
+
+
+def test_an_openvino_failure_is_told_in_one_line():
+    from alt_tvm.bench.openvino import load_failure
+
+    assert load_failure(RuntimeError("boom")) == "boom"
+    assert load_failure(RuntimeError("")) == "RuntimeError"
+    wrapped = ("Exception from src/core.cpp:132:\nCheck 'false' failed at x.cpp:1:\nFrontEnd API failed with "
+               "OpConversionFailure:\n-- Foo-1 with a message:\nWhile validating node 'Foo':\n"
+               "the window is too wide\n\nSummary:\n-- Conversion is failed for: Foo-1\n")
+    assert load_failure(RuntimeError(wrapped)) == "Foo-1: the window is too wide"
+
+
 def test_openvino_not_installed_is_skipped_with_the_reason(conv_onnx, monkeypatch):
     import alt_tvm.bench.peers as peers
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from .base import check_threads, process_affinity
 
-__all__ = ["ISA_CAPS", "ISA_ENV", "OpenVINORunner", "openvino_available", "openvino_kernel_isas", "openvino_session"]
+__all__ = ["ISA_CAPS", "ISA_ENV", "OpenVINORunner", "load_failure", "openvino_available", "openvino_kernel_isas",
+           "openvino_session"]
 
 #: The environment variable that caps the instruction set of OpenVINO's CPU kernels (its oneDNN
 #: reads it once, when the process makes its first kernel: set it before that, e.g. in a child
@@ -67,6 +68,9 @@ def openvino_session(path: str | os.PathLike, *, threads: int = 1, profile: bool
     ------
     ImportError
         Where OpenVINO is not installed (``pip install 'alt-tvm[bench]'``).
+    RuntimeError
+        Where OpenVINO cannot convert or compile the model: one line naming the file, the
+        operator and what OpenVINO said of it (:func:`load_failure`).
     ValueError
         If ``threads`` is not an int >= 1.
     """
@@ -76,7 +80,30 @@ def openvino_session(path: str | os.PathLike, *, threads: int = 1, profile: bool
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": "NO", "PERF_COUNT": bool(profile)}
     with process_affinity():
-        return OpenVINORunner(openvino.Core().compile_model(os.fspath(path), "CPU", config), threads=threads)
+        try:
+            compiled = openvino.Core().compile_model(os.fspath(path), "CPU", config)
+        except RuntimeError as err:
+            raise RuntimeError(f"OpenVINO could not load {os.fspath(path)}: {load_failure(err)}") from err
+    return OpenVINORunner(compiled, threads=threads)
+
+
+#: Lines of OpenVINO's error messages that frame what failed: source locations, checks, summaries.
+_FRAMING = ("Exception from", "Check ", "While validating", "--", "Summary", "FrontEnd API failed",
+            "Model wasn't fully converted")
+
+
+def load_failure(err: Exception) -> str:
+    """What an OpenVINO error says failed, in one line: the operators it names
+    (``-- AveragePool-17 with a message:``) and the last line that is not framing (source
+    locations, checks, the summary), e.g. ``AveragePool-17: Kernel after dilation has size (dim:
+    1280) larger than the data shape after padding (dim: 7) at axis 0.`` for Hugging Face
+    EfficientNet-B0's pool, whose window is larger than its map."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    ops = [line[3:].split(" with a message")[0] for line in lines
+           if line.startswith("-- ") and "with a message" in line]
+    said = [line for line in lines if not line.startswith(_FRAMING)]
+    text = (said or lines or [type(err).__name__])[-1][:300]
+    return f"{', '.join(ops)}: {text}" if ops else text
 
 
 def openvino_kernel_isas(path: str | os.PathLike, *, threads: int = 1) -> dict[str, int]:

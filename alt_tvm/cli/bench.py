@@ -28,8 +28,9 @@ in interleaved rounds; the medians, the paired median ratio B/A and the rounds B
 printed. ``--per-kernel`` profiles the kernels instead and sums the ones whose code differs
 (by TIR digest) apart from the rest, whose ratio is the run's noise control.
 
-Exit status: 0, 1 when a baseline's (or B's) outputs differ from alt-tvm's (A's), 2 for a bad
-argument.
+Exit status: 0, 1 when a baseline's (or B's) outputs differ from alt-tvm's (A's) or a baseline
+cannot run the model (one line says why: OpenVINO names the operator its frontend refused), 2
+for a bad argument.
 """
 
 from __future__ import annotations
@@ -176,7 +177,11 @@ def main(argv=None) -> int:
     runners = {"alt-tvm": (ours, arrays)}
     with tempfile.TemporaryDirectory(prefix="alt_tvm_bench_") as workdir:
         for name in wanted:
-            runner = _baseline(name, source, args.threads, workdir)
+            try:
+                runner = _baseline(name, source, args.threads, workdir)
+            except RuntimeError as err:  # a baseline that cannot run the model
+                print(f"{parser.prog}: --vs {name}: {err}", file=sys.stderr)
+                return 1
             problem = output_mismatch(want, runner(*arrays))
             if problem is not None:
                 print(f"{parser.prog}: {name}'s outputs differ from alt-tvm's: {problem}", file=sys.stderr)
