@@ -11,6 +11,7 @@ from tvm import te, tirx
 
 import alt_tvm
 from alt_tvm import lowering
+from alt_tvm.tir import uses_var
 
 CPU = tvm.target.Target({"kind": "llvm"})
 
@@ -104,3 +105,60 @@ def test_a_built_conv_model_matches_pytorch_with_its_tiles_on_the_stack(monkeypa
     # with TVM's own pipeline every task takes it from the pool
     monkeypatch.setattr(lowering, "compile", lambda mod, *, target, **kw: tvm.compile(mod, target=target, **kw))
     assert sum(_pool_users(alt_tvm.build(model, example_inputs=(x,))).values()) >= 2
+
+
+def _partial_blocks(bound: int = 30, outer_kind: str = "serial", guard_in_loop: bool = True) -> tirx.PrimFunc:
+    """Row sums of a (30, 32) matrix in blocks of 7 rows: 5 blocks, the last one partial (2 rows),
+    so every row is guarded by ``mo * 7 + mi < bound`` inside the reduction loop over ``k``
+    (``guard_in_loop=False``: a guard outside it)."""
+    from tvm.script import tirx as T
+
+    if guard_in_loop:
+        @T.prim_func(private=True)
+        def func(a: T.Buffer((30, 32), "float32"), c: T.Buffer((30,), "float32")):
+            for mo in T.serial(5) if outer_kind == "serial" else T.parallel(5):
+                for k in range(32):
+                    for mi in range(7):
+                        if mo * 7 + mi < bound:
+                            c[mo * 7 + mi] = c[mo * 7 + mi] + a[mo * 7 + mi, k]
+    else:
+        @T.prim_func(private=True)
+        def func(a: T.Buffer((30, 32), "float32"), c: T.Buffer((30,), "float32")):
+            for mo in T.serial(5):
+                if mo * 7 < bound - 7:
+                    for k in range(32):
+                        c[mo * 7] = c[mo * 7] + a[mo * 7, k]
+    return func
+
+
+def _guards(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, (tirx.IfThenElse, lambda node: found.append(node)))
+    return found
+
+
+def test_a_partial_last_register_block_is_peeled_off_its_guards():
+    peeled = lowering.peel_partial_blocks(_partial_blocks())
+    full, last = peeled.body.seq
+    # the four full blocks run with no guard; the last block keeps its rows' guards
+    assert isinstance(full, tirx.For) and int(full.extent) == 4 and not _guards(full)
+    assert len(_guards(last)) == 1 and not uses_var(last, full.loop_var)
+    # and the pipeline computes what the guarded loop does
+    a = np.random.default_rng(0).standard_normal((30, 32)).astype("float32")
+    sums = []
+    for func, compile_ in ((_partial_blocks(), tvm.compile), (_partial_blocks(), lowering.compile),
+                           (peeled, tvm.compile)):
+        out = tvm.runtime.tensor(np.zeros(30, "float32"))
+        module = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        compile_(module, target=CPU).jit()["main"](tvm.runtime.tensor(a), out)
+        sums.append(out.numpy())
+    np.testing.assert_allclose(sums[0], a.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(sums[1], sums[0])  # the same sums, in the same order
+    np.testing.assert_array_equal(sums[2], sums[0])
+
+
+def test_only_a_guard_failing_in_the_last_iteration_alone_inside_a_loop_is_peeled():
+    for func in (_partial_blocks(bound=20),  # fails from the third block on
+                 _partial_blocks(outer_kind="parallel"),  # a parallel loop is not copied
+                 _partial_blocks(guard_in_loop=False)):  # checked once per block: not worth a copy
+        assert lowering.peel_partial_blocks(func).same_as(func)

@@ -29,7 +29,9 @@ import tvm_ffi
 from tvm import tirx
 from tvm.sym import Analyzer, detect_linear_equation
 
-__all__ = ["find_realize", "loads_of", "prefetch_next_block", "prefetch_next_tile", "substitute", "uses_var"]
+from alt_tvm.tir import substitute, uses_var
+
+__all__ = ["find_realize", "loads_of", "prefetch_next_block", "prefetch_next_tile"]
 
 #: ``llvm.prefetch`` locality: 2 fills the L2 (``prefetcht1`` on x86), leaving the L1 to
 #: the block being computed.
@@ -284,18 +286,3 @@ def loads_of(body: Any, name: str) -> list:
     tvm_ffi.structural_walk(body, (tvm.ir.expr.TensorLoad,
                                    lambda load: loads.append(load) if load.source.name == name else None))
     return loads
-
-
-def substitute(expr: Any, mapping: dict) -> Any:
-    """``expr`` with the variables of ``mapping`` replaced by their values."""
-    if not mapping:
-        return expr
-    return tvm_ffi.structural_map(
-        expr, (tvm.ir.expr.Var, lambda var: next((v for k, v in mapping.items() if k.same_as(var)), var)))
-
-
-def uses_var(expr: Any, var: tirx.Var) -> bool:
-    """Whether ``expr`` reads the variable ``var``."""
-    used = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.expr.Var, lambda v: used.append(True) if v.same_as(var) else None))
-    return bool(used)

@@ -21,7 +21,9 @@ import tvm_ffi
 from tvm import tirx
 from tvm.sym.pattern import detect_linear_equation
 
-from .prefetch import find_realize, substitute, uses_var
+from alt_tvm.tir import substitute, uses_var
+
+from .prefetch import find_realize
 from .vectors import vectorize_channels
 
 __all__ = ["MAX_PIECES", "partition_at_tile_edges", "tile_edges", "vectorize_lanes"]

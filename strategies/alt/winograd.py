@@ -43,8 +43,9 @@ import tvm_ffi
 from tvm import te, tirx
 
 from alt_tvm.ops.ieee import is_not_finite
+from alt_tvm.tir import substitute
 
-from .prefetch import find_realize, loads_of, substitute
+from .prefetch import find_realize, loads_of
 
 __all__ = ["MAX_RAGGED_WORK", "MIN_TILES", "schedule_winograd", "stored_in_output_layout", "transform_weight",
            "vector_block", "winograd_conv", "winograd_matrices", "winograd_tile"]
