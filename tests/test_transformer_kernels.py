@@ -368,3 +368,18 @@ def test_a_row_kernel_has_a_space_of_rows_per_task_and_vector_width_whose_points
                                        rtol=1e-5, atol=1e-5, err_msg=f"rows={rows} lanes={lanes}")
     with pytest.raises(ValueError, match="row kernel parameters .* must be positive"):
         task.lower({"rows": 0, "lanes": 4})
+
+
+def test_short_rows_keep_their_partial_sums_in_half_vectors():
+    from alt_tvm.strategies.alt.rows import HALF_LANE_VECTORS, row_lanes
+    from alt_tvm.strategies.alt.space import RowSpace
+
+    assert HALF_LANE_VECTORS == 6
+    # AVX-512 (16 lanes): SegFormer's 32-float rows and Swin's 96 in half vectors, DeiT's 384 whole
+    assert [row_lanes(n, 16) for n in (32, 64, 96, 97, 160, 384, 768)] == [8, 8, 8, 16, 16, 16, 16]
+    # AVX2 (8 lanes): up to 48 floats; no vector under 4 lanes
+    assert [row_lanes(n, 8) for n in (32, 48, 49, 384)] == [4, 4, 8, 8]
+    assert row_lanes(8, 4) == 4
+    space = RowSpace(rows=4096, lanes=16, default_lanes=row_lanes(32, 16))
+    assert space.default() == ({}, {"rows": 1, "lanes": 8})
+    assert space.loop_knobs({})[1].choices == (8, 16)

@@ -402,11 +402,14 @@ class BatchMatmulSpace(Space):
 class RowSpace(Space):
     """A row kernel (softmax, layer norm: :mod:`.rows`): rows per parallel task (``rows``; 1:
     the rule's, one row per iteration of the parallel loop) and the vector width of its padded
-    rows and lane partials (``lanes``: the target's, or half of it)."""
+    rows and lane partials (``lanes``: the target's, or half of it; ``default_lanes``, the
+    rule's: :func:`.rows.row_lanes`)."""
 
-    def __init__(self, *, rows: int, lanes: int) -> None:
+    def __init__(self, *, rows: int, lanes: int, default_lanes: int | None = None) -> None:
         self.rows, self.lanes = rows, lanes
-        self._lanes = (Knob("lanes", tuple(sorted({lanes, *((lanes // 2,) if lanes >= 8 else ())}))),)
+        self.default_lanes = lanes if default_lanes is None else default_lanes
+        self._lanes = (Knob("lanes", tuple(sorted({lanes, self.default_lanes,
+                                                   *((lanes // 2,) if lanes >= 8 else ())}))),)
 
     @property
     def layout_knobs(self) -> tuple[Knob, ...]:
@@ -416,7 +419,7 @@ class RowSpace(Space):
         return (Knob("rows", tuple(r for r in (1, 2, 4, 8, 16) if r <= max(1, self.rows))), *self._lanes)
 
     def default(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return {}, {"rows": 1, "lanes": self.lanes}
+        return {}, {"rows": 1, "lanes": self.default_lanes}
 
     def decode(self, layout: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
         return {"rows": int(loop["rows"]), "lanes": int(loop["lanes"])}
