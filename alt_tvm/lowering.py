@@ -21,7 +21,7 @@ partial last block, and the split guards each of its accumulators with the block
 (``if w_o * 7 + w_i < 32``) inside the reduction loop. LLVM does not unswitch those guards: it
 keeps the guarded accumulators in registers but stores them to the stack at every step of the
 reduction (12 stores per 28 FMAs in SegFormer-B0's 1x1 conv with 7-position blocks, which then
-takes 1.9x the time of 4-position ones). :func:`peel_partial_blocks` runs the serial loop of
+takes 1.6-2.2x the time of 4-position ones). :func:`peel_partial_blocks` runs the serial loop of
 such blocks over its full blocks with no guard and the last one after it: MobileNet-V2's first
 fused inverted residual then takes 0.71x the time, the whole model 0.945x (EfficientNet-B0,
 MNASNet, MobileNet-V3-L 0.98x).
@@ -108,49 +108,42 @@ def peel_partial_blocks(func: tirx.PrimFunc) -> tirx.PrimFunc:
     partial last register block (see the module docstring).
     """
     analyzer = Analyzer()
-    ranges: dict = {}  # loop variable -> its range, for every loop seen (variables are unique)
 
-    def guards(loop: tirx.For) -> tuple[list, bool]:
-        """The ``if`` conditions under ``loop`` that read its variable, and whether one of them
-        is inside a further loop."""
-        found, nested = [], []
+    def guards(loop: tirx.For) -> tuple[list, bool, list]:
+        """The ``if`` conditions under ``loop`` that read its variable, whether one of them is
+        inside a further loop, and the loops under it (variable, range)."""
+        found, nested, inner = [], [], []
 
         def visit(node: Any, depth: int) -> None:
             if isinstance(node, tirx.For):
-                for child in [node.body]:
-                    visit(child, depth + 1)
-                return
-            if isinstance(node, tirx.IfThenElse):
+                inner.append((node.loop_var, tvm.ir.Range.from_min_extent(node.min, node.extent)))
+                visit(node.body, depth + 1)
+            elif isinstance(node, tirx.IfThenElse):
                 if uses_var(node.condition, loop.loop_var):
                     found.append(node.condition)
                     nested.append(depth > 0)
                 visit(node.then_case, depth)
                 if node.else_case is not None:
                     visit(node.else_case, depth)
-                return
-            if isinstance(node, tirx.SeqStmt):
+            elif isinstance(node, tirx.SeqStmt):
                 for child in node.seq:
                     visit(child, depth)
-                return
-            body = getattr(node, "body", None)
-            if isinstance(body, tirx.Stmt):
-                visit(body, depth)
+            elif isinstance(getattr(node, "body", None), tirx.Stmt):
+                visit(node.body, depth)
 
         visit(loop.body, 0)
-        return found, any(nested)
+        return found, any(nested), inner
 
     def peel(loop: tirx.For) -> Any:
-        ranges[loop.loop_var] = tvm.ir.Range.from_min_extent(loop.min, loop.extent)
         if (loop.kind != tirx.ForKind.SERIAL or not isinstance(loop.extent, tirx.IntImm)
                 or not isinstance(loop.min, tirx.IntImm) or int(loop.extent) < 2):
             return loop
-        conditions, nested = guards(loop)
+        conditions, nested, inner = guards(loop)
         if not conditions or not nested:
             return loop
         first, extent = int(loop.min), int(loop.extent)
-        for var, rng in ranges.items():
-            if not var.same_as(loop.loop_var):
-                analyzer.bind(var, rng, allow_override=True)
+        for var, rng in inner:
+            analyzer.bind(var, rng, allow_override=True)
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(first, extent - 1), allow_override=True)
         if not all(analyzer.can_prove(condition) for condition in conditions):
             return loop
