@@ -159,6 +159,58 @@ def test_a_partial_last_register_block_is_peeled_off_its_guards():
 
 def test_only_a_guard_failing_in_the_last_iteration_alone_inside_a_loop_is_peeled():
     for func in (_partial_blocks(bound=20),  # fails from the third block on
-                 _partial_blocks(outer_kind="parallel"),  # a parallel loop is not copied
                  _partial_blocks(guard_in_loop=False)):  # checked once per block: not worth a copy
         assert lowering.peel_partial_blocks(func).same_as(func)
+
+
+def _parallel_blocks() -> tirx.PrimFunc:
+    """A GEMM's shape after unrolling: row blocks of 3 fused with 2 column panels in one parallel
+    loop over 8 row blocks x 2 panels of a (23, 32) @ (32, 32); the partial last block's rows
+    are guarded by the fused index alone (``f < 14``) inside the reduction loop, and the
+    write-back by the row."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def func(a: T.Buffer((23, 32), "float32"), b: T.Buffer((32, 32), "float32"), c: T.Buffer((23, 32), "float32")):
+        for f in T.parallel(16):
+            acc = T.alloc_buffer((3, 16), scope="local")
+            for i, j in T.grid(3, 16):
+                acc[i, j] = T.float32(0)
+            for k in range(32):
+                for j in range(16):
+                    acc[0, j] = acc[0, j] + a[f // 2 * 3, k] * b[k, f % 2 * 16 + j]
+                    acc[1, j] = acc[1, j] + a[f // 2 * 3 + 1, k] * b[k, f % 2 * 16 + j]
+                    if f < 14:
+                        acc[2, j] = acc[2, j] + a[f // 2 * 3 + 2, k] * b[k, f % 2 * 16 + j]
+            for i, j in T.grid(3, 16):
+                if f // 2 * 3 + i < 23:
+                    c[f // 2 * 3 + i, f % 2 * 16 + j] = acc[i, j]
+
+    return func
+
+
+def test_a_parallel_loop_runs_its_full_blocks_in_a_copy_with_no_guard():
+    versioned = lowering.peel_partial_blocks(_parallel_blocks())
+    loop = versioned.body
+    while not isinstance(loop, tirx.For):
+        loop = loop.body
+    # still one parallel loop (one launch), whose tasks take the unguarded copy when f < 14
+    assert loop.kind == tirx.ForKind.PARALLEL and int(loop.extent) == 16
+    branch = loop.body
+    assert isinstance(branch, tirx.IfThenElse) and str(branch.condition) == "f < 14"
+    # the copy keeps only the write-back's guard (it reads the row loop, not f alone)
+    assert [str(g.condition) for g in _guards(branch.then_case)] == ["f // 2 * 3 + i < 23"]
+    assert len(_guards(branch.else_case)) == 2
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((23, 32)).astype("float32"), rng.standard_normal((32, 32)).astype("float32")
+    outs = []
+    for func, compile_ in ((_parallel_blocks(), tvm.compile), (_parallel_blocks(), lowering.compile),
+                           (versioned, tvm.compile)):
+        out = tvm.runtime.tensor(np.zeros((23, 32), "float32"))
+        # each copy allocates its own accumulators (as the pipeline's ConvertSSA makes them)
+        module = tirx.transform.ConvertSSA()(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+        compile_(module, target=CPU).jit()["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+        outs.append(out.numpy())
+    np.testing.assert_allclose(outs[0], a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[2], outs[0])
