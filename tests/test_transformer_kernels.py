@@ -371,15 +371,20 @@ def test_a_row_kernel_has_a_space_of_rows_per_task_and_vector_width_whose_points
 
 
 def test_short_rows_keep_their_partial_sums_in_half_vectors():
-    from alt_tvm.strategies.alt.rows import HALF_LANE_VECTORS, row_lanes
+    from alt_tvm.strategies.alt.rows import HALF_LANE_VECTORS, HALF_RATE_HALF_LANE_VECTORS, row_lanes
     from alt_tvm.strategies.alt.space import RowSpace
 
-    assert HALF_LANE_VECTORS == 6
-    # AVX-512 (16 lanes): SegFormer's 32-float rows and Swin's 96 in half vectors, DeiT's 384 whole
-    assert [row_lanes(n, 16) for n in (32, 64, 96, 97, 160, 384, 768)] == [8, 8, 8, 16, 16, 16, 16]
-    # AVX2 (8 lanes): up to 48 floats; no vector under 4 lanes
-    assert [row_lanes(n, 8) for n in (32, 48, 49, 384)] == [4, 4, 8, 8]
-    assert row_lanes(8, 4) == 4
-    space = RowSpace(rows=4096, lanes=16, default_lanes=row_lanes(32, 16))
+    assert (HALF_LANE_VECTORS, HALF_RATE_HALF_LANE_VECTORS) == (7, 4)
+    # 16 lanes, half vectors at the full rate (Zen 4): SegFormer's 32-float rows and Swin's 96 in
+    # half vectors, DeiT's 384 whole
+    full = [row_lanes(n, 16, half_vectors_full_rate=True) for n in (32, 64, 96, 112, 113, 160, 384, 768)]
+    assert full == [8, 8, 8, 8, 16, 16, 16, 16]
+    # where half vectors take half the lanes per cycle, only rows of up to 4 vectors
+    assert [row_lanes(n, 16, half_vectors_full_rate=False) for n in (64, 65, 96)] == [8, 16, 16]
+    # AVX2 (8 lanes): up to 32 floats at half rate, 56 at the full rate; no vector under 4 lanes
+    assert [row_lanes(n, 8, half_vectors_full_rate=False) for n in (32, 33, 48, 384)] == [4, 8, 8, 8]
+    assert [row_lanes(n, 8, half_vectors_full_rate=True) for n in (48, 56, 57)] == [4, 4, 8]
+    assert row_lanes(8, 4, half_vectors_full_rate=True) == 4
+    space = RowSpace(rows=4096, lanes=16, default_lanes=row_lanes(32, 16, half_vectors_full_rate=True))
     assert space.default() == ({}, {"rows": 1, "lanes": 8})
     assert space.loop_knobs({})[1].choices == (8, 16)

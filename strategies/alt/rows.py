@@ -80,20 +80,27 @@ def _float32_last_axis(info: OpInfo, axes: list[int]) -> str | None:
     return None
 
 
-#: Rows of at most this many vectors keep their partial sums in half vectors (:func:`row_lanes`).
-HALF_LANE_VECTORS = 6
+#: Rows of at most this many vectors keep their partial sums in half vectors (:func:`row_lanes`)
+#: where half vectors issue at the full rate of lanes, and where they issue at half of it.
+HALF_LANE_VECTORS = 7
+HALF_RATE_HALF_LANE_VECTORS = 4
 
 
-def row_lanes(length: int, lanes: int) -> int:
+def row_lanes(length: int, lanes: int, *, half_vectors_full_rate: bool) -> int:
     """Vector width of a row kernel's padded rows and lane partials for rows of ``length``:
-    half a vector for rows of at most :data:`HALF_LANE_VECTORS` vectors, else a whole one.
+    half a vector for rows of at most :data:`HALF_LANE_VECTORS` vectors where half vectors
+    issue at the full rate of lanes (the target's ``half_vectors_full_rate``), of at most
+    :data:`HALF_RATE_HALF_LANE_VECTORS` where they issue at half of it; else a whole one.
 
     Each row ends in reductions across the partials' lanes, a fixed cost that a short row does
-    not amortise, and a half vector's takes one step less. Layer norms alone on Zen 4 (16
-    lanes), half against whole vectors: rows of 32 floats (SegFormer-B0) 0.63-0.65x the time,
-    64 0.80-0.85x, 96 (Swin-T) 0.93x; 160 1.06x, 256 1.20x, 384 (DeiT-S, Swin-T) 1.36-1.44x, 768
-    (BERT-base) 1.33x."""
-    return lanes // 2 if lanes >= 8 and length <= HALF_LANE_VECTORS * lanes else lanes
+    not amortise, and a half vector's takes one step less; where half vectors also take half
+    the lanes per cycle, the row's own work costs more in them and the bound is lower. Layer
+    norms alone on Zen 4, half against whole vectors: 16 lanes (full rate) rows of 32 floats
+    0.63-0.65x the time, 64 0.80-0.85x, 96 0.93x, 112 0.95-0.96x; 128 1.03x, 160 1.06x, 384
+    1.36-1.44x; the AVX2 build (8 lanes, half rate) 16 floats 0.89x, 24 0.94x, 32 0.97x;
+    48 1.14x, 64 1.28x, 96 1.43x."""
+    bound = HALF_LANE_VECTORS if half_vectors_full_rate else HALF_RATE_HALF_LANE_VECTORS
+    return lanes // 2 if lanes >= 8 and length <= bound * lanes else lanes
 
 
 class _RowStrategy(Strategy):
@@ -109,7 +116,9 @@ class _RowStrategy(Strategy):
 
     def implement(self, anchor, context) -> Any:
         shape = static_shape(anchor.value.args[0])
-        params = context.params or {"rows": 1, "lanes": row_lanes(shape[-1], context.target.vector_lanes("float32"))}
+        target = context.target
+        params = context.params or {"rows": 1, "lanes": row_lanes(shape[-1], target.vector_lanes("float32"),
+                                                                  half_vectors_full_rate=target.half_vectors_full_rate)}
         rows, lanes = int(params["rows"]), int(params["lanes"])
         if rows < 1 or lanes < 1:
             raise ValueError(f"row kernel parameters {params} must be positive (rows per task, vector lanes)")
@@ -123,8 +132,10 @@ class _RowStrategy(Strategy):
         from .space import RowSpace
 
         shape = static_shape(anchor.value.args[0])
-        lanes = context.target.vector_lanes("float32")
-        return RowSpace(rows=math.prod(shape[:-1]), lanes=lanes, default_lanes=row_lanes(shape[-1], lanes))
+        target = context.target
+        lanes = target.vector_lanes("float32")
+        return RowSpace(rows=math.prod(shape[:-1]), lanes=lanes,
+                        default_lanes=row_lanes(shape[-1], lanes, half_vectors_full_rate=target.half_vectors_full_rate))
 
 
 class AltSoftmaxStrategy(_RowStrategy):
