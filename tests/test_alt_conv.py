@@ -318,13 +318,36 @@ def test_a_depthwise_conv_keeps_its_maps_tiles_with_fewer_accumulators_and_its_e
     from alt_tvm.strategies.alt.tiling import default_conv_tiling
 
     common = dict(lanes=16, registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20, fma_chains=8)
-    depthwise = default_conv_tiling((1, 480, 14, 14), 1, 1, in_channels=480, weight_bytes=480 * 25 * 4, **common)
+    depthwise = default_conv_tiling((1, 480, 14, 14), 1, 1, in_channels=480, weight_bytes=480 * 9 * 4, **common)
     dense = default_conv_tiling((1, 480, 14, 14), 480, 480, in_channels=480, weight_bytes=480 * 480 * 4, **common)
     assert depthwise.spatial == dense.spatial  # the map's tiles: no conversion between them
     vectors = -(-depthwise.ot // 16)
     assert depthwise.spatial[0] * depthwise.reg * vectors <= common["fma_chains"] < \
         dense.spatial[0] * dense.reg * -(-dense.ot // 16)
     assert depthwise.epilogue_in_block and dense.epilogue_in_block  # each applies it per register block
+
+
+@pytest.mark.parametrize("lanes,registers", [(16, 32), (8, 16)])
+def test_a_wide_depthwise_window_takes_more_positions_per_register_block(lanes, registers):
+    """ConvNeXt's 7x7 depthwise convs (49 FMAs per output): 4 positions per block share each weight
+    vector, where 6 FMA chains alone would leave one position of two rows and two vectors; a 3x3
+    one keeps the chains' block. The block stays within the register file (AVX2: 16 registers)."""
+    from alt_tvm.strategies.alt.tiling import (RESERVED_REGISTERS, WIDE_WINDOW_POSITIONS, WIDE_WINDOW_TAPS,
+                                               default_conv_tiling)
+
+    common = dict(lanes=lanes, registers=registers, l1_bytes=32 << 10, l2_bytes=1 << 20, fma_chains=6)
+    assert WIDE_WINDOW_TAPS == 25
+    blocks = {}
+    for taps in (9, 25, 49):
+        tiling = default_conv_tiling((1, 96, 56, 56), 1, 1, in_channels=96, weight_bytes=96 * taps * 4, **common)
+        accumulators = tiling.spatial[0] * tiling.reg * -(-tiling.ot // lanes)
+        assert accumulators <= registers - RESERVED_REGISTERS
+        blocks[taps] = (tiling.reg, accumulators)
+    assert blocks[25] == blocks[49]
+    if registers == 32:  # two rows of two vectors: 4 positions fit
+        assert blocks[9] == (1, 4) and blocks[49] == (WIDE_WINDOW_POSITIONS, 16)
+    else:  # 12 accumulators: the widest block that fits
+        assert blocks[49][0] > blocks[9][0]
 
 
 def test_large_weights_are_read_once_per_channel_tile_in_the_model(tmp_path):

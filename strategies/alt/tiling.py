@@ -22,6 +22,11 @@ __all__ = ["DefaultConvTiling", "channel_tile", "channels_outermost", "default_c
 #: hold accumulators.
 RESERVED_REGISTERS = 4
 
+#: Taps (``kh x kw``) from which a depthwise conv's register block takes
+#: :data:`WIDE_WINDOW_POSITIONS` output positions (:func:`default_conv_tiling`).
+WIDE_WINDOW_TAPS = 25
+WIDE_WINDOW_POSITIONS = 4
+
 
 def is_depthwise(in_channels_per_group: int, out_channels_per_group: int) -> bool:
     """One input and one output channel per group: each output channel reads only its own."""
@@ -150,7 +155,12 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     holds ``fma_chains`` accumulators (the machine's FMA latency x pipes): each output channel
     reads only its own input channel, so more accumulators reuse nothing and only add register
     pressure (the 28 of a dense conv's block make MNASNet's and EfficientNet-B0's depthwise
-    convs slower than 8). An output tile of one channel
+    convs slower than 8). One with at least :data:`WIDE_WINDOW_TAPS` taps (5x5, 7x7) does 25-49
+    FMAs per output, and the positions of a block share each weight vector it loads: its block
+    takes at least :data:`WIDE_WINDOW_POSITIONS` positions where the registers allow. Alone on
+    Zen 4 (``fma_chains`` 6, so 1 position of two rows and two vectors), 4 positions took
+    ConvNeXt-T's 7x7 convs 0.63-0.80x the time and EfficientNet-B0's 5x5 ones 0.92-0.97x;
+    3x3 ones (MobileNet-V2, FastViT-T8) 1.00-1.07x, hence the bound. An output tile of one channel
     vector must fit a quarter of the L1 data cache (``l1_bytes``; 0: no limit), leaving
     the rest to the input window and the weights it is reused with.
 
@@ -199,6 +209,10 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # depthwise conv keeps its map's tiles and takes fewer accumulators.
     depthwise = is_depthwise(in_channels_per_group, out_channels_per_group)
     accumulators = min(budget, fma_chains) if depthwise else budget
+    positions = accumulators // (lead * vectors)
+    taps = weight_bytes // (4 * out_shape[1] * in_channels_per_group) if weight_bytes else 0
+    if depthwise and taps >= WIDE_WINDOW_TAPS:
+        positions = max(positions, min(WIDE_WINDOW_POSITIONS, budget // (lead * vectors)))
     outer = streams and not depthwise and reads_weight_blocks_from_l1(
         in_channels_per_group=in_channels_per_group, window=weight_bytes // (4 * out_shape[1] * in_channels_per_group),
         ot=ot, it=it, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
@@ -214,7 +228,7 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     # the weights stream (SegFormer-B0's 1024 -> 256 fuse conv on a 64x64 map: 0.91x the time alone).
     per_tile_window = window_per_channel_tile(out_shape[1], in_channels_per_group, out_channels_per_group, ot)
     prefetch_input = not per_tile_window and not channels_outer and not outer
-    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, accumulators // (lead * vectors)),
+    return DefaultConvTiling(tuple(tiles), ot, it, register_block(wt, positions),
                              epilogue_in_block=not outer, parallel_channels=True if channels_outer else None,
                              reduction_outer=outer, prefetch=outer, prefetch_input=prefetch_input)
 
