@@ -332,8 +332,12 @@ def test_a_wide_depthwise_window_takes_more_positions_per_register_block(lanes, 
     """ConvNeXt's 7x7 depthwise convs (49 FMAs per output): 4 positions per block share each weight
     vector, where 6 FMA chains alone would leave one position of two rows and two vectors; a 3x3
     one keeps the chains' block. The block stays within the register file (AVX2: 16 registers)."""
-    from alt_tvm.strategies.alt.tiling import (RESERVED_REGISTERS, WIDE_WINDOW_POSITIONS, WIDE_WINDOW_TAPS,
-                                               default_conv_tiling)
+    from alt_tvm.strategies.alt.tiling import (
+        RESERVED_REGISTERS,
+        WIDE_WINDOW_POSITIONS,
+        WIDE_WINDOW_TAPS,
+        default_conv_tiling,
+    )
 
     common = dict(lanes=lanes, registers=registers, l1_bytes=32 << 10, l2_bytes=1 << 20, fma_chains=6)
     assert WIDE_WINDOW_TAPS == 25

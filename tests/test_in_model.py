@@ -309,6 +309,24 @@ def test_runs_interleave_each_runner_first_once_and_after_every_other_equally_of
     assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1
 
 
+def test_timed_rounds_complete_the_design_so_every_runner_follows_every_other_equally_often():
+    from collections import Counter
+
+    from alt_tvm.bench import balanced_rounds, time_interleaved
+
+    assert [balanced_rounds(n, 9) for n in (1, 2, 3, 4, 5)] == [9, 10, 12, 12, 10]
+    assert balanced_rounds(4, 8) == 8 and balanced_rounds(3, 1) == 6
+    with pytest.raises(ValueError, match="balanced_rounds needs count >= 1 and rounds >= 1, got 4, 0"):
+        balanced_rounds(4, 0)
+    calls = []
+    runners = {label: (lambda label=label: calls.append(label), ()) for label in "abcd"}
+    times = time_interleaved(runners, rounds=9, repeat=1, warmup=0, pause_s=0.0)
+    assert all(len(rounds) == 12 for _, rounds in times.values())
+    turns = calls[::2]  # each turn: one untimed call, then the timed one
+    follows = Counter(pair for r in range(12) for pair in zip(turns[4 * r:4 * r + 4], turns[4 * r + 1:4 * r + 4]))
+    assert len(follows) == 12 and set(follows.values()) == {3}  # 9 rounds: "b" would follow "a" 3 times, others 2
+
+
 def test_round_order_names_a_bad_count_or_round():
     from alt_tvm.bench import round_order
 

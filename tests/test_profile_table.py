@@ -67,9 +67,10 @@ def test_time_interleaved_warms_each_turn_after_a_pause():
 
     times = time_interleaved({"a": (runner("a"), ()), "b": (runner("b"), ())}, rounds=3, repeat=2, warmup=1,
                              pause_s=0.01)
-    assert set(times) == {"a", "b"} and all(len(rounds) == 3 for _, rounds in times.values())
-    assert len(calls["a"]) == len(calls["b"]) == 1 + 3 * (1 + 2)  # warm-up, then per round: 1 untimed + 2
-    turn_starts = sorted(c[1 + 3 * k] for c in calls.values() for k in range(3))
+    # 3 rounds asked, 4 run: two runners' design is two rounds long (balanced_rounds)
+    assert set(times) == {"a", "b"} and all(len(rounds) == 4 for _, rounds in times.values())
+    assert len(calls["a"]) == len(calls["b"]) == 1 + 4 * (1 + 2)  # warm-up, then per round: 1 untimed + 2
+    turn_starts = sorted(c[1 + 3 * k] for c in calls.values() for k in range(4))
     first_calls = sorted(c[0] for c in calls.values())
     assert min(turn_starts) - max(first_calls) >= 0.009  # the pause before the first turn
 

@@ -214,8 +214,7 @@ def default_conv_tiling(out_shape, in_channels_per_group: int, out_channels_per_
     if depthwise and taps >= WIDE_WINDOW_TAPS:
         positions = max(positions, min(WIDE_WINDOW_POSITIONS, budget // (lead * vectors)))
     outer = streams and not depthwise and reads_weight_blocks_from_l1(
-        in_channels_per_group=in_channels_per_group, window=weight_bytes // (4 * out_shape[1] * in_channels_per_group),
-        ot=ot, it=it, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
+        in_channels_per_group=in_channels_per_group, window=taps, ot=ot, it=it, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
     spatial_tiles = out_shape[0] * math.prod(-(-extent // tile) for extent, tile in zip(spatial, tiles))
     channels_outer = streams and channels_outermost(weight_bytes=weight_bytes, spatial_tiles=spatial_tiles,
                                                     input_bytes=input_bytes, channel_tiles=-(-out_shape[1] // ot))
