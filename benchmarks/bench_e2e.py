@@ -72,7 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--compare-options", type=json.loads, default=None, metavar="JSON",
                         help="only compare the default build with one given these strategy_options, e.g. "
                              "'{\"alt\": {\"fuse_norms\": false}}'")
-    parser.add_argument("--rounds", type=int, default=11, help="interleaved timing rounds (median reported)")
+    parser.add_argument("--rounds", type=int, default=11,
+                        help="interleaved timing rounds (rounded up to whole designs; median reported)")
 
     return parser.parse_args(argv)
 

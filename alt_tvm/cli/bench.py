@@ -63,7 +63,9 @@ def _parser():
                         help=f"baselines to time beside alt-tvm, any of {', '.join(BASELINES)} (default onnxruntime)")
     parser.add_argument("--records", default=None, help="tuning log applied when building MODEL")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of every runtime (>= 1)")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (>= 1; median reported)")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="interleaved timing rounds (>= 1; rounded up to whole designs, in which every runner "
+                             "follows every other equally often; median reported)")
     parser.add_argument("--repeat", type=int, default=10, help="timed calls per runner and round (>= 1)")
     parser.add_argument("--png", default=None, help="also draw the latencies as a bar chart into this PNG")
     parser.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"),
