@@ -153,11 +153,13 @@ def peel_partial_blocks(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def version(loop: tirx.For) -> Any:
         found, inner = guards(loop)
-        local = [condition for condition, _ in found if not any(uses_var(condition, var) for var, _ in inner)]
-        if not any(nested for condition, nested in found if any(condition.same_as(c) for c in local)):
+        # The guards that read the task index alone: those decide per task.
+        local = [(condition, nested) for condition, nested in found
+                 if not any(uses_var(condition, var) for var, _ in inner)]
+        if not any(nested for _, nested in local):
             return loop
         distinct: list = []
-        for condition in local:
+        for condition, _ in local:
             if not any(tvm_ffi.structural_equal(condition, seen) for seen in distinct):
                 distinct.append(condition)
         held = functools.reduce(tirx.And, distinct)

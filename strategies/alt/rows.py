@@ -116,9 +116,7 @@ class _RowStrategy(Strategy):
 
     def implement(self, anchor, context) -> Any:
         shape = static_shape(anchor.value.args[0])
-        target = context.target
-        params = context.params or {"rows": 1, "lanes": row_lanes(shape[-1], target.vector_lanes("float32"),
-                                                                  half_vectors_full_rate=target.half_vectors_full_rate)}
+        params = context.params or {"rows": 1, "lanes": self._rule_lanes(shape[-1], context.target)}
         rows, lanes = int(params["rows"]), int(params["lanes"])
         if rows < 1 or lanes < 1:
             raise ValueError(f"row kernel parameters {params} must be positive (rows per task, vector lanes)")
@@ -132,10 +130,13 @@ class _RowStrategy(Strategy):
         from .space import RowSpace
 
         shape = static_shape(anchor.value.args[0])
-        target = context.target
-        lanes = target.vector_lanes("float32")
-        return RowSpace(rows=math.prod(shape[:-1]), lanes=lanes,
-                        default_lanes=row_lanes(shape[-1], lanes, half_vectors_full_rate=target.half_vectors_full_rate))
+        return RowSpace(rows=math.prod(shape[:-1]), lanes=context.target.vector_lanes("float32"),
+                        default_lanes=self._rule_lanes(shape[-1], context.target))
+
+    @staticmethod
+    def _rule_lanes(length: int, target: Any) -> int:
+        """:func:`row_lanes` for rows of ``length`` on ``target``: the untuned build's width."""
+        return row_lanes(length, target.vector_lanes("float32"), half_vectors_full_rate=target.half_vectors_full_rate)
 
 
 class AltSoftmaxStrategy(_RowStrategy):
