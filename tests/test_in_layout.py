@@ -691,6 +691,7 @@ def test_elementwise_lanes_refuse_a_gather():
 
 
 class _DecodeHead(nn.Module):  # SegFormer's decoder: per-stage linear, to NCHW, resized, concatenated, fused
+    # Resized to the smaller map's size: no part is upsampled, so graph/reorder.py keeps the concatenation.
     def __init__(self):
         super().__init__()
         self.mlps = nn.ModuleList(nn.Linear(c, 32) for c in (16, 24))
@@ -701,7 +702,7 @@ class _DecodeHead(nn.Module):  # SegFormer's decoder: per-stage linear, to NCHW,
         for x, mlp in zip((a, b), self.mlps):
             side = int(x.shape[1] ** 0.5)
             y = mlp(x).permute(0, 2, 1).reshape(1, 32, side, side)
-            maps.append(nn.functional.interpolate(y, size=(16, 16), mode="bilinear", align_corners=False))
+            maps.append(nn.functional.interpolate(y, size=(8, 8), mode="bilinear", align_corners=False))
         return torch.relu(self.fuse(torch.cat(maps, dim=1)))
 
 

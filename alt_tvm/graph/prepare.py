@@ -18,6 +18,7 @@ from alt_tvm.strategies.constants import const_value
 from alt_tvm.strategies.views import split_starts
 
 from .canonical import canonicalize
+from .reorder import reorder
 
 #: PrimFuncs that TVM's importers emit directly (``bb.emit_te(topi.maximum, ...)`` for ONNX
 #: Clip) and the Relax op with the same broadcasting semantics.
@@ -166,4 +167,4 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),  # e.g. batch norm's unused statistics tuple
     ])
-    return canonicalize(seq(mod))
+    return reorder(canonicalize(seq(mod)))

@@ -61,6 +61,9 @@ from .report import ALT_KERNEL_ATTR, BuildReport, Kernel
 
 __all__ = ["AltLayoutPass"]
 
+#: Ops on a tiled map whose result, of another shape, is written in channel vectors.
+_CHANNEL_VECTOR_OPS = ("pool", "concat", "resize")
+
 
 class AltLayoutPass:
     """The Relax pass: lower registered operators through strategies, with layout propagation.
@@ -549,9 +552,10 @@ class _Mutator(relax.PyExprMutator):
         if wanted is None and not leaves:
             # Forward (ALT §4.2): an output of an operand's shape keeps that operand's layout.
             wanted = next((self.layouts[v][1] for v in tiled if static_shape(v) == static_shape(var)), None)
-        if wanted is None and not leaves and tiled and any(word in op_name(call) for word in ("pool", "concat")):
-            # A pooled or concatenated map stays in channel vectors (NCHWc), so its window
-            # loads are whole vectors; its consumers read that layout directly.
+        if wanted is None and not leaves and tiled and any(word in op_name(call) for word in _CHANNEL_VECTOR_OPS):
+            # A pooled, concatenated or resized map stays in channel vectors (NCHWc), so its
+            # window loads are whole vectors; its consumers read that layout directly (a
+            # row-major map read by a tiled kernel's epilogue is a gather per vector).
             lanes = self.owner.options.target.vector_lanes(dtype_of(var))
             wanted = channel_vector(static_shape(var), lanes, self.layouts[tiled[0]][1]) if "pool" in op_name(call) \
                 else channel_blocked(static_shape(var), lanes)
