@@ -121,3 +121,110 @@ def test_a_downsampled_part_stays_concatenated_with_the_unresized_ones():
     built = build_quietly(model, example_inputs=xs)
     (out,) = built(*(x.numpy() for x in xs))
     np.testing.assert_allclose(out, model(*xs).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ multi-branch blocks in training form
+
+
+def bn(channels: int) -> torch.nn.BatchNorm2d:
+    norm = torch.nn.BatchNorm2d(channels)
+    with torch.no_grad():  # non-trivial statistics, so a wrong merge shows
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2)
+        norm.weight.uniform_(0.5, 2)
+        norm.bias.uniform_(-1, 1)
+    return norm
+
+
+class RepBlock(torch.nn.Module):
+    """RepVGG / MobileOne: ``kernel`` conv + BN, 1x1 conv + BN and (stride 1) BN of the input, summed."""
+
+    def __init__(self, channels: int = 8, *, kernel: int = 3, stride: int = 1, groups: int = 1,
+                 identity: bool = True):
+        super().__init__()
+        self.big = torch.nn.Sequential(torch.nn.Conv2d(channels, channels, kernel, stride, kernel // 2,
+                                                       groups=groups, bias=False), bn(channels))
+        self.small = torch.nn.Sequential(torch.nn.Conv2d(channels, channels, 1, stride, groups=groups, bias=False),
+                                         bn(channels))
+        self.identity = bn(channels) if identity and stride == 1 else None
+
+    def forward(self, x):
+        y = self.big(x) + self.small(x)
+        return torch.relu(y + self.identity(x) if self.identity is not None else y)
+
+
+class RepMixer(torch.nn.Module):
+    """FastViT's mixer in training form: ``x + scale * (mixer(x) - norm(x))``, where the mixer
+    sums a 3x3 and a 1x1 depthwise conv and a BN of ``x``; ``norm(x)`` is used twice."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.dw3 = torch.nn.Sequential(torch.nn.Conv2d(channels, channels, 3, 1, 1, groups=channels, bias=False),
+                                       bn(channels))
+        self.dw1 = torch.nn.Sequential(torch.nn.Conv2d(channels, channels, 1, groups=channels, bias=False),
+                                       bn(channels))
+        self.norm = bn(channels)
+        self.scale = torch.nn.Parameter(torch.rand(channels, 1, 1))
+
+    def forward(self, x):
+        normed = self.norm(x)
+        mixed = self.dw3(x) + self.dw1(x) + normed
+        return torch.nn.functional.gelu(x + self.scale * (mixed - normed))
+
+
+def conv_count(model, xs) -> int:
+    return len(bindings(prepared(model, xs), "relax.nn.conv2d"))
+
+
+@pytest.mark.parametrize("block", [RepBlock(), RepBlock(stride=2), RepBlock(groups=2), RepBlock(groups=8, kernel=5),
+                                   RepMixer()], ids=["repvgg", "strided", "grouped", "depthwise-5x5", "repmixer"])
+def test_a_sum_of_branches_over_one_map_is_one_convolution(block):
+    torch.manual_seed(0)
+    model = block.eval()
+    x = torch.randn(1, 16 if isinstance(block, RepMixer) else 8, 12, 12)
+    assert conv_count(model, (x,)) == 1
+    built = build_quietly(model, example_inputs=(x,))
+    (out,) = built(x.numpy())
+    np.testing.assert_allclose(out, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_both_exports_of_a_repmixer_merge_and_match_onnxruntime(dynamo, tmp_path):
+    torch.manual_seed(0)
+    model, x = RepMixer().eval(), torch.randn(1, 16, 12, 12)
+    path = tmp_path / "mixer.onnx"
+    torch_to_onnx(model, (x,), path, dynamo=dynamo)
+    assert len(bindings(prepare(load_model(str(path)).mod)["main"], "relax.nn.conv2d")) == 1
+    (out,) = build_quietly(str(path))(x.numpy())
+    np.testing.assert_allclose(out, ort_run(path, (x,))[0], rtol=1e-4, atol=1e-4)
+
+
+class Crossed(torch.nn.Module):
+    """A 5x1 and a 1x5 conv of one map (the merged 5x5 would cost five times more)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tall = torch.nn.Conv2d(8, 8, (5, 1), padding=(2, 0))
+        self.wide = torch.nn.Conv2d(8, 8, (1, 5), padding=(0, 2))
+
+    def forward(self, x):
+        return self.tall(x) + self.wide(x)
+
+
+class TwoMaps(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x, y):
+        return self.a(x) + self.b(y)
+
+
+def test_branches_that_would_not_merge_into_the_widest_window_stay_apart():
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 12, 12)
+    assert conv_count(Crossed().eval(), (x,)) == 2
+    assert conv_count(TwoMaps().eval(), (x, x.clone())) == 2
+    dilated = RepBlock(identity=False).eval()
+    dilated.big[0].dilation, dilated.big[0].padding = (2, 2), (2, 2)
+    assert conv_count(dilated, (x,)) == 2

@@ -4,6 +4,14 @@ Unlike :mod:`alt_tvm.graph.canonical`, which picks one spelling of the same comp
 each rule here changes what is computed into an equal (in exact arithmetic) result that
 costs less; results differ from the original order by rounding only.
 
+* ``merge_parallel_convs``: a sum of linear functions of one map ``x`` (convolutions of it,
+  per-channel multiples of it and of such sums, per-channel constants) is one convolution of
+  ``x`` whose weight is the terms' weights added, each smaller kernel at its place in the
+  largest (and ``x`` itself a centre tap where each output channel reads its own input
+  channel). This is the structural re-parameterisation of multi-branch blocks (RepVGG,
+  Ding et al. 2021, Sec. 3.3; MobileOne and FastViT's RepMixer, Vasu et al. 2023, Sec. 3.1)
+  for models exported in their training form: FastViT-T8 from timm sums a 3x3 and a 1x1
+  depthwise conv and two batch norms of the input in each RepMixer.
 * ``convs_before_resizes``: a 1x1 convolution over a channel concatenation is the sum of a
   1x1 convolution per part (the weight sliced along its input channels). A part that is a
   resize (``image.resize2d``) that upsamples is a per-channel linear map of space, which
@@ -17,16 +25,17 @@ costs less; results differ from the original order by rounding only.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from alt_tvm.strategies.base import const_value, op_name, static_shape
+from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 
-from .canonical import _apply, _Graph, _Match
+from .canonical import _apply, _Graph, _Match, _per_channel
 
-__all__ = ["convs_before_resizes", "reorder"]
+__all__ = ["convs_before_resizes", "merge_parallel_convs", "reorder"]
 
 #: Resize modes that are one linear map per channel: ``tf_crop_and_resize`` fills outside
 #: its region with a constant, which does not commute with a weighted sum of channels.
@@ -38,7 +47,7 @@ _ALIGNED_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetr
 
 def reorder(mod: tvm.IRModule) -> tvm.IRModule:
     """Apply every rule of this module to ``main`` (see the module docstring)."""
-    return convs_before_resizes(mod)
+    return convs_before_resizes(merge_parallel_convs(mod))
 
 
 def convs_before_resizes(mod: tvm.IRModule) -> tvm.IRModule:
@@ -87,16 +96,11 @@ def _convs_over_concats(graph: _Graph) -> Iterator[_Match]:
 
 def _pointwise_weight(value: relax.Expr) -> np.ndarray | None:
     """The constant weight of a plain NCHW 1x1 ``conv2d`` (else None)."""
-    if op_name(value) != "relax.nn.conv2d":
+    weight = _plain_weight(value) if op_name(value) == "relax.nn.conv2d" else None
+    attrs = value.attrs if weight is not None else None
+    if weight is None or weight.shape[2:] != (1, 1) or int(attrs.groups) != 1:
         return None
-    weight = const_value(value.args[1])
-    attrs = value.attrs
-    out_layout = str(attrs.out_layout) if attrs.out_layout else str(attrs.data_layout)
-    if weight is None or weight.ndim != 4 or weight.shape[2:] != (1, 1) or int(attrs.groups) != 1:
-        return None
-    if (str(attrs.data_layout), str(attrs.kernel_layout), out_layout) != ("NCHW", "OIHW", "NCHW"):
-        return None
-    if any(int(s) != 1 for s in (*attrs.strides, *attrs.dilation)) or any(int(p) for p in attrs.padding):
+    if any(int(s) != 1 for s in attrs.strides) or any(int(p) for p in attrs.padding):
         return None
     return weight
 
@@ -142,3 +146,153 @@ def _per_channel_resize(resize: relax.Call) -> bool:
 def _conv(conv: relax.Call, data: relax.Expr, weight: np.ndarray) -> relax.Call:
     return relax.Call(conv.op, [data, relax.const(np.ascontiguousarray(weight))], conv.attrs)
 
+
+
+# ----------------------------------------------------------------------------- parallel convolutions
+
+
+_SUM_OPS = ("relax.add", "relax.subtract", "relax.multiply")
+
+
+@dataclass(frozen=True)
+class _Term:
+    """``scale * conv(x)`` (``conv`` set), ``scale * x`` (``x`` set) or a constant ``scale``."""
+
+    scale: np.ndarray  # per output channel, float64
+    conv: relax.Call | None = None
+    x: relax.Expr | None = None
+
+
+def merge_parallel_convs(mod: tvm.IRModule) -> tvm.IRModule:
+    """Merge each sum of linear branches of one map into one convolution.
+
+    A sum (``add``/``subtract``, per-channel ``multiply`` by constants) is read down through
+    values used by it alone; its leaves are NCHW ``conv2d`` with constant weights (one group
+    count, strides and output shape, unit dilation), the map ``x`` they read, and constants
+    along the channels. It merges when it has a convolution and another term, every smaller
+    kernel lies inside the largest one's window, and ``x`` itself (if a term) has the output's
+    shape and reads each output channel from its own input channel.
+    """
+    return _apply(mod, _parallel_convs)
+
+
+def _parallel_convs(graph: _Graph) -> Iterator[_Match]:
+    found = {}
+    for var, value in graph.values.items():
+        if op_name(value) not in ("relax.add", "relax.subtract"):
+            continue
+        shape = static_shape(var)
+        if shape is None or len(shape) != 4 or dtype_of(var) not in ("float32", "float64"):
+            continue
+        tree = _sum_tree(graph, var, shape)
+        merged = _merged(_linear_terms(graph, var, np.ones(shape[1]), shape, tree), shape)
+        if merged is not None:
+            found[var] = (merged, [v for v in tree if v is not var])
+    inner = {m for _, members in found.values() for m in members}
+    for var, ((x, conv, weight, bias), members) in found.items():
+        if var in inner:
+            continue  # part of a larger sum
+
+        def make(visit, x=x, conv=conv, weight=weight, bias=bias):
+            merged = relax.Call(conv.op, [visit(x), relax.const(weight)], conv.attrs)
+            return relax.op.add(merged, relax.const(bias))
+
+        yield _Match(var, make, tuple(members))
+
+
+def _sum_tree(graph: _Graph, root: relax.Var, shape) -> set:
+    """The values a sum at ``root`` may read through: ``root``, and each ``add``,
+    ``subtract``, ``multiply`` or ``conv2d`` of ``shape`` that only values of the tree use (a
+    value used twice in the sum, as PyTorch's dynamo export shares a batch norm, is one)."""
+    tree, changed = {root}, True
+    while changed:
+        changed = False
+        for var in list(tree):
+            value = graph.values[var]
+            if op_name(value) not in _SUM_OPS:
+                continue
+            for operand in value.args:
+                if (operand in tree or operand not in graph.values or static_shape(operand) != tuple(shape)
+                        or op_name(graph.values[operand]) not in (*_SUM_OPS, "relax.nn.conv2d")):
+                    continue
+                if all(user in tree for user in graph.users.get(operand, [])):
+                    tree.add(operand)
+                    changed = True
+    return tree
+
+
+def _linear_terms(graph: _Graph, expr: relax.Expr, scale: np.ndarray, shape, tree: set) -> list[_Term]:
+    """The terms of ``expr`` times ``scale``, read down through the values of ``tree``."""
+    constant = _per_channel(expr, 4, shape[1])
+    if constant is not None:
+        return [_Term(scale * constant)]
+    if expr not in tree:
+        return [_Term(scale, x=expr)]
+    value = graph.values[expr]
+    name = op_name(value)
+    if name == "relax.nn.conv2d":
+        return [_Term(scale, conv=value)] if _plain_weight(value) is not None else [_Term(scale, x=expr)]
+    lhs, rhs = value.args
+    if name == "relax.multiply":
+        factor = _per_channel(rhs, 4, shape[1])
+        if factor is None:
+            lhs, factor = rhs, _per_channel(lhs, 4, shape[1])
+        if factor is None:
+            return [_Term(scale, x=expr)]
+        parts = [(lhs, scale * factor)]
+    else:
+        parts = [(lhs, scale), (rhs, scale if name == "relax.add" else -scale)]
+    return [term for operand, factor in parts for term in _linear_terms(graph, operand, factor, shape, tree)]
+
+
+def _plain_weight(conv: relax.Call) -> np.ndarray | None:
+    """The constant weight of a plain NCHW ``conv2d`` with unit dilation (else None)."""
+    weight = const_value(conv.args[1])
+    attrs = conv.attrs
+    out_layout = str(attrs.out_layout) if attrs.out_layout else str(attrs.data_layout)
+    if weight is None or weight.ndim != 4 or any(int(d) != 1 for d in attrs.dilation):
+        return None
+    if (str(attrs.data_layout), str(attrs.kernel_layout), out_layout) != ("NCHW", "OIHW", "NCHW"):
+        return None
+    return weight
+
+
+def _merged(terms: list[_Term], shape) -> tuple | None:
+    """``(x, widest conv call, merged weight, bias [1, O, 1, 1])`` or None (see
+    :func:`merge_parallel_convs`)."""
+    convs = [t for t in terms if t.conv is not None]
+    maps = [t for t in terms if t.x is not None]
+    if not convs or len(convs) + len(maps) < 2:
+        return None
+    x = convs[0].conv.args[0]
+    if any(not t.conv.args[0].same_as(x) for t in convs) or any(not t.x.same_as(x) for t in maps):
+        return None
+    geometry = {(tuple(int(v) for v in t.conv.attrs.strides), int(t.conv.attrs.groups)) for t in convs}
+    if len(geometry) != 1:
+        return None
+    (strides, groups), = geometry
+    base = max(convs, key=lambda t: const_value(t.conv.args[1]).shape[2] * const_value(t.conv.args[1]).shape[3])
+    weight0 = const_value(base.conv.args[1])
+    top, left = int(base.conv.attrs.padding[0]), int(base.conv.attrs.padding[1])
+    kh, kw = weight0.shape[2:]
+    merged = np.zeros(weight0.shape, np.float64)
+    for term in convs:
+        weight = const_value(term.conv.args[1])
+        dy, dx = top - int(term.conv.attrs.padding[0]), left - int(term.conv.attrs.padding[1])
+        if (weight.shape[:2] != weight0.shape[:2] or dy < 0 or dx < 0 or dy + weight.shape[2] > kh
+                or dx + weight.shape[3] > kw):
+            return None
+        merged[:, :, dy:dy + weight.shape[2], dx:dx + weight.shape[3]] += (
+            term.scale[:, None, None, None] * weight.astype(np.float64))
+    if maps:
+        # x itself: a centre tap, where output channel c reads input channel c of its group
+        channels = static_shape(x)
+        per_group = weight0.shape[1]
+        if (channels != tuple(shape) or strides != (1, 1) or top >= kh or left >= kw
+                or weight0.shape[0] // groups != per_group):
+            return None
+        outputs = np.arange(shape[1])
+        merged[outputs, outputs % per_group, top, left] += sum(t.scale for t in maps)
+    bias = sum((t.scale for t in terms if t.conv is None and t.x is None), np.zeros(shape[1]))
+    dtype = weight0.dtype
+    return x, base.conv, merged.astype(dtype), bias.astype(dtype).reshape(1, -1, 1, 1)
