@@ -104,7 +104,8 @@ class SharedProducer(torch.nn.Module):
 
     def forward(self, x):
         y = torch.relu(self.a(x))
-        return self.b(y) + self.c(y) + y
+        # (b's relu keeps the sum from merging into one conv: graph/reorder.py)
+        return torch.relu(self.b(y)) + self.c(y) + y
 
 
 def test_layout_reaches_every_consumer():
