@@ -147,7 +147,6 @@ def _conv(conv: relax.Call, data: relax.Expr, weight: np.ndarray) -> relax.Call:
     return relax.Call(conv.op, [data, relax.const(np.ascontiguousarray(weight))], conv.attrs)
 
 
-
 # ----------------------------------------------------------------------------- parallel convolutions
 
 
@@ -167,11 +166,11 @@ def merge_parallel_convs(mod: tvm.IRModule) -> tvm.IRModule:
     """Merge each sum of linear branches of one map into one convolution.
 
     A sum (``add``/``subtract``, per-channel ``multiply`` by constants) is read down through
-    values used by it alone; its leaves are NCHW ``conv2d`` with constant weights (one group
-    count, strides and output shape, unit dilation), the map ``x`` they read, and constants
-    along the channels. It merges when it has a convolution and another term, every smaller
-    kernel lies inside the largest one's window, and ``x`` itself (if a term) has the output's
-    shape and reads each output channel from its own input channel.
+    values only the sum uses (one it uses twice counts twice); its leaves are NCHW ``conv2d``
+    with constant weights (one group count, strides and output shape, unit dilation), the map
+    ``x`` they read, and constants along the channels. It merges when it has a convolution and
+    another term, every smaller kernel lies inside the largest one's window, and ``x`` itself
+    (if a term) has the output's shape and reads each output channel from its own input channel.
     """
     return _apply(mod, _parallel_convs)
 
