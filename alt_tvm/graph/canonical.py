@@ -56,8 +56,9 @@ from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 
 from .partition import consumers
 
-__all__ = ["FOLDABLE_CONVS", "canonicalize", "fold_affine_epilogues", "global_pools", "group_norms", "merge_clamps",
-           "merge_gelu", "unflatten_matmuls", "unit_axis_views", "unit_dim_adds"]
+__all__ = ["FOLDABLE_CONVS", "RuleGraph", "RuleMatch", "apply_rule", "canonicalize", "fold_affine_epilogues",
+           "global_pools", "group_norms", "merge_clamps", "merge_gelu", "per_channel_vector", "unflatten_matmuls",
+           "unit_axis_views", "unit_dim_adds"]
 
 #: Convolutions whose weights fold a per-output-channel scale (channel axis 1, kernel axis 0).
 FOLDABLE_CONVS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW"),
@@ -66,7 +67,7 @@ _AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 
 
 @dataclass(frozen=True)
-class _Match:
+class RuleMatch:
     """Rebind ``var`` to what ``make(visit)`` returns; drop the bindings of ``dropped``."""
 
     var: relax.Var
@@ -74,7 +75,7 @@ class _Match:
     dropped: tuple[relax.Var, ...]
 
 
-class _Graph:
+class RuleGraph:
     """The bindings of ``main`` and who uses each value."""
 
     def __init__(self, func: relax.Function) -> None:
@@ -101,12 +102,13 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-def _apply(mod: tvm.IRModule, find: Callable[[_Graph], Iterator[_Match]]) -> tvm.IRModule:
+def apply_rule(mod: tvm.IRModule, find: Callable[[RuleGraph], Iterator[RuleMatch]]) -> tvm.IRModule:
+    """Rewrite ``main`` by the matches ``find`` yields (the first of overlapping ones wins)."""
     func = mod["main"]
     if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
         return mod
     matches, claimed = {}, set()
-    for match in find(_Graph(func)):
+    for match in find(RuleGraph(func)):
         touched = {match.var, *match.dropped}
         if touched & claimed:
             continue  # overlapping matches: the first wins
@@ -151,10 +153,10 @@ def fold_affine_epilogues(mod: tvm.IRModule) -> tvm.IRModule:
     and its other operand is a floating-point constant that broadcasts along the output
     channels only. A chain that is already a single bias ``add`` is left as it is.
     """
-    return _apply(mod, _affine_chains)
+    return apply_rule(mod, _affine_chains)
 
 
-def _affine_chains(graph: _Graph) -> Iterator[_Match]:
+def _affine_chains(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         chain = _affine_chain(var, value, graph)
         if chain is None:
@@ -168,10 +170,10 @@ def _affine_chains(graph: _Graph) -> Iterator[_Match]:
             folded = relax.Call(conv.op, [visit(conv.args[0]), relax.const(scaled)], conv.attrs)
             return relax.op.add(folded, relax.const(bias))
 
-        yield _Match(last, make, tuple(members))
+        yield RuleMatch(last, make, tuple(members))
 
 
-def _affine_chain(var: relax.Var, value: relax.Expr, graph: _Graph):
+def _affine_chain(var: relax.Var, value: relax.Expr, graph: RuleGraph):
     """``(last var, scale[C], shift[C], folded vars)`` of the chain after conv ``var``, or None."""
     if op_name(value) not in FOLDABLE_CONVS or const_value(value.args[1]) is None:
         return None
@@ -190,7 +192,7 @@ def _affine_chain(var: relax.Var, value: relax.Expr, graph: _Graph):
     return current, scale, shift, members[:-1]
 
 
-def _per_channel(expr: relax.Expr, rank: int, channels: int) -> np.ndarray | None:
+def per_channel_vector(expr: relax.Expr, rank: int, channels: int) -> np.ndarray | None:
     """A constant broadcasting along axis 1 only, as a float64 vector of ``channels``; else None."""
     data = const_value(expr)
     if data is None or not np.issubdtype(data.dtype, np.floating) or data.ndim > rank:
@@ -207,10 +209,10 @@ def _per_channel(expr: relax.Expr, rank: int, channels: int) -> np.ndarray | Non
 
 def merge_clamps(mod: tvm.IRModule) -> tvm.IRModule:
     """``minimum(maximum(x, lo), hi)`` with scalar constants ``lo <= hi`` becomes ``clip(x, lo, hi)``."""
-    return _apply(mod, _clamps)
+    return apply_rule(mod, _clamps)
 
 
-def _clamps(graph: _Graph) -> Iterator[_Match]:
+def _clamps(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         if op_name(value) != "relax.minimum":
             continue
@@ -222,7 +224,7 @@ def _clamps(graph: _Graph) -> Iterator[_Match]:
         lo, hi = _scalar(lo), _scalar(hi)
         if lo is None or hi is None or lo > hi or static_shape(x) != static_shape(var):
             continue
-        yield _Match(var, lambda visit, x=x, lo=lo, hi=hi: relax.op.clip(visit(x), lo, hi), (inner,))
+        yield RuleMatch(var, lambda visit, x=x, lo=lo, hi=hi: relax.op.clip(visit(x), lo, hi), (inner,))
 
 
 def unit_dim_adds(mod: tvm.IRModule) -> tvm.IRModule:
@@ -232,10 +234,10 @@ def unit_dim_adds(mod: tvm.IRModule) -> tvm.IRModule:
     Swin adds its shifted-window mask to a view of the attention scores with a leading unit
     dim; the two reshapes around the add ended the scores' epilogue before the softmax.
     """
-    return _apply(mod, _unit_dim_adds)
+    return apply_rule(mod, _unit_dim_adds)
 
 
-def _unit_dim_adds(graph: _Graph) -> Iterator[_Match]:
+def _unit_dim_adds(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         add = graph.producer(value.args[0], "relax.add") if op_name(value) == "relax.reshape" else None
         if add is None or graph.only_user(value.args[0]) is None:
@@ -256,7 +258,7 @@ def _unit_dim_adds(graph: _Graph) -> Iterator[_Match]:
         if any(d != 1 for d in data.shape[:extra]):
             continue
         narrow = relax.const(np.ascontiguousarray(data.reshape(data.shape[extra:])), dtype_of(constant))
-        yield _Match(var, lambda visit, x=x, narrow=narrow: relax.op.add(visit(x), narrow), (view, value.args[0]))
+        yield RuleMatch(var, lambda visit, x=x, narrow=narrow: relax.op.add(visit(x), narrow), (view, value.args[0]))
 
 
 def _scalar(expr: relax.Expr) -> float | None:
@@ -277,10 +279,10 @@ def unflatten_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
     constant), ``shape`` is the shape of ``matmul(a, b)``, and ``f`` is a chain of element-
     wise ops whose constant operands have rank <= 2 (so they broadcast the same at either rank).
     """
-    return _apply(mod, _flattened_matmuls)
+    return apply_rule(mod, _flattened_matmuls)
 
 
-def _flattened_matmuls(graph: _Graph) -> Iterator[_Match]:
+def _flattened_matmuls(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         if op_name(value) != "relax.matmul":
             continue
@@ -304,7 +306,7 @@ def _flattened_matmuls(graph: _Graph) -> Iterator[_Match]:
             out = relax.op.matmul(visit(lhs), visit(rhs), out_dtype=value.attrs.out_dtype)
             return _replay(graph, chain, start, out, visit)
 
-        yield _Match(nxt, make, dropped)
+        yield RuleMatch(nxt, make, dropped)
 
 
 def unit_axis_views(mod: tvm.IRModule) -> tvm.IRModule:
@@ -316,10 +318,10 @@ def unit_axis_views(mod: tvm.IRModule) -> tvm.IRModule:
     ``(1, ..., M, N)``: the same values in the same memory order, so the matmul can produce
     that shape itself and an element-wise op reading the view joins its epilogue.
     """
-    return _apply(mod, _unit_axis_views)
+    return apply_rule(mod, _unit_axis_views)
 
 
-def _unit_axis_views(graph: _Graph) -> Iterator[_Match]:
+def _unit_axis_views(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         if op_name(value) != "relax.matmul":
             continue
@@ -349,10 +351,10 @@ def _unit_axis_views(graph: _Graph) -> Iterator[_Match]:
             return _replay(graph, chain, start, out, visit)
 
         dropped = (var, *chain, *views[:-1]) + ((a,) if flat is not a else ())
-        yield _Match(views[-1], make, dropped)
+        yield RuleMatch(views[-1], make, dropped)
 
 
-def _chain_to_reshape(graph: _Graph, var: relax.Var) -> tuple[list[relax.Var], relax.Var] | None:
+def _chain_to_reshape(graph: RuleGraph, var: relax.Var) -> tuple[list[relax.Var], relax.Var] | None:
     """The element-wise ops after ``var`` (:func:`_elementwise_step`, each the only user of
     the value before it) and the reshape that ends them; None if anything else comes first."""
     chain, current = [], var
@@ -366,7 +368,7 @@ def _chain_to_reshape(graph: _Graph, var: relax.Var) -> tuple[list[relax.Var], r
     return None
 
 
-def _replay(graph: _Graph, chain: Sequence[relax.Var], start: relax.Var, out: relax.Expr,
+def _replay(graph: RuleGraph, chain: Sequence[relax.Var], start: relax.Var, out: relax.Expr,
             visit: Callable[[relax.Expr], relax.Expr]) -> relax.Expr:
     """The element-wise ops of ``chain`` applied again, to ``out`` where they read ``start``."""
     current = start
@@ -388,7 +390,7 @@ def _keeps_memory_order(call: relax.Call) -> bool:
     return moved == sorted(moved)
 
 
-def _unflattened(graph: _Graph, arg: relax.Expr) -> relax.Expr | None:
+def _unflattened(graph: RuleGraph, arg: relax.Expr) -> relax.Expr | None:
     """The tensor a matmul operand flattens (the operand itself if it is no such reshape)."""
     reshape = graph.producer(arg, "relax.reshape")
     if reshape is None:
@@ -430,10 +432,10 @@ def _elementwise_step(call: relax.Call, current: relax.Var) -> bool:
 def merge_gelu(mod: tvm.IRModule) -> tvm.IRModule:
     """``x * 0.5 * (1 + erf(x / sqrt(2)))`` (any association of the products) becomes ``nn.gelu(x)``,
     and the tanh approximation (:func:`_tanh_term`) ``nn.gelu_tanh(x)``."""
-    return _apply(mod, _gelus)
+    return apply_rule(mod, _gelus)
 
 
-def _gelus(graph: _Graph) -> Iterator[_Match]:
+def _gelus(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         if op_name(value) != "relax.multiply":
             continue
@@ -451,10 +453,10 @@ def _gelus(graph: _Graph) -> Iterator[_Match]:
         (rest,) = [f for f in factors if f is not halves[0] and f is not factor]
         if not rest.same_as(x) or static_shape(x) != static_shape(var):
             continue
-        yield _Match(var, lambda visit, x=x, gelu=gelu: gelu(visit(x)), (*inner, *members))
+        yield RuleMatch(var, lambda visit, x=x, gelu=gelu: gelu(visit(x)), (*inner, *members))
 
 
-def _factors(graph: _Graph, call: relax.Call) -> tuple[list[relax.Expr], list[relax.Var]]:
+def _factors(graph: RuleGraph, call: relax.Call) -> tuple[list[relax.Expr], list[relax.Var]]:
     """The operands of a product tree of single-use ``multiply`` ops, and its inner vars."""
     factors, inner = [], []
     for arg in call.args:
@@ -468,7 +470,7 @@ def _factors(graph: _Graph, call: relax.Call) -> tuple[list[relax.Expr], list[re
     return factors, inner
 
 
-def _erf_term(graph: _Graph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.Var]] | None:
+def _erf_term(graph: RuleGraph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.Var]] | None:
     """``(x, its vars)`` if ``expr`` is ``1 + erf(x / sqrt(2))`` (or ``x * (1 / sqrt(2))``), else None."""
     add = graph.producer(expr, "relax.add")
     if add is None or graph.only_user(expr) is None:
@@ -487,7 +489,7 @@ def _erf_term(graph: _Graph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.V
     return None
 
 
-def _tanh_term(graph: _Graph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.Var]] | None:
+def _tanh_term(graph: RuleGraph, expr: relax.Expr) -> tuple[relax.Expr, list[relax.Var]] | None:
     """``(x, its vars)`` if ``expr`` is ``1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))`` (GPT-2's
     GELU, the cube as ``power(x, 3)``), else None."""
     add = graph.producer(expr, "relax.add")
@@ -528,10 +530,10 @@ def global_pools(mod: tvm.IRModule) -> tvm.IRModule:
     """A pooling whose one window per channel covers the whole input becomes a global ``mean``
     or ``max`` (channels-first layouts). An average that counts explicit padding is left alone;
     the part of a window past the input that ``ceil_mode`` adds never counts (PyTorch, ONNX)."""
-    return _apply(mod, _global_pools)
+    return apply_rule(mod, _global_pools)
 
 
-def _global_pools(graph: _Graph) -> Iterator[_Match]:
+def _global_pools(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         kind_rank = _POOLS.get(op_name(value))
         if kind_rank is None:
@@ -552,7 +554,7 @@ def _global_pools(graph: _Graph) -> Iterator[_Match]:
             continue  # explicit padded zeros would count (a ceil-mode overhang never counts)
         axes = list(range(2, 2 + rank))
         reduce = relax.op.mean if kind == "avg" else relax.op.max
-        yield _Match(var, lambda visit, x=x, reduce=reduce, axes=axes: reduce(visit(x), axes, keepdims=True), ())
+        yield RuleMatch(var, lambda visit, x=x, reduce=reduce, axes=axes: reduce(visit(x), axes, keepdims=True), ())
 
 
 # ----------------------------------------------------------------------------------------- group norms
@@ -564,10 +566,10 @@ def group_norms(mod: tvm.IRModule) -> tvm.IRModule:
     optional affine per channel becomes ``nn.group_norm(x, gamma, beta, G)`` over channel axis 1,
     the affines folded into ``gamma`` and ``beta``. Only constants that vary along the group
     (or channel) axis alone are folded; the intermediate values must have no other use."""
-    return _apply(mod, _group_norms)
+    return apply_rule(mod, _group_norms)
 
 
-def _group_norms(graph: _Graph) -> Iterator[_Match]:
+def _group_norms(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         found = _group_norm(var, value, graph)
         if found is None:
@@ -578,10 +580,10 @@ def _group_norms(graph: _Graph) -> Iterator[_Match]:
         def make(visit, x=x, gamma=gamma, beta=beta, groups=groups, axes=axes, eps=eps):
             return relax.op.nn.group_norm(visit(x), relax.const(gamma), relax.const(beta), groups, 1, axes, eps)
 
-        yield _Match(last, make, tuple(members))
+        yield RuleMatch(last, make, tuple(members))
 
 
-def _group_norm(var: relax.Var, value: relax.Expr, graph: _Graph):
+def _group_norm(var: relax.Var, value: relax.Expr, graph: RuleGraph):
     """``(last var, x, groups, eps, gamma[C], beta[C], replaced vars)`` of the norm whose first
     reshape is ``var``, or None."""
     if op_name(value) != "relax.reshape":
@@ -631,7 +633,7 @@ def _last_axis(call: relax.Call, rank: int) -> bool:
     return axes == [rank - 1] and bool(call.attrs.keepdims)
 
 
-def _affine_run(graph: _Graph, start: relax.Var, shape: Sequence[int], channels: int, members: list,
+def _affine_run(graph: RuleGraph, start: relax.Var, shape: Sequence[int], channels: int, members: list,
                 dtype: str | None = None) -> tuple[np.ndarray, np.ndarray, relax.Var, list[str]]:
     """``(scale, shift, last var, ops)`` of the run of ``x * c`` / ``x + c`` / ``x - c`` /
     ``x / c`` after ``start`` (each the single user of the last, of ``shape`` and, if given,
@@ -646,7 +648,7 @@ def _affine_run(graph: _Graph, start: relax.Var, shape: Sequence[int], channels:
         lhs, rhs = call.args
         if name in ("relax.add", "relax.multiply") and rhs.same_as(current):
             lhs, rhs = rhs, lhs
-        per_channel = _per_channel(rhs, len(shape), channels) if lhs.same_as(current) else None
+        per_channel = per_channel_vector(rhs, len(shape), channels) if lhs.same_as(current) else None
         if per_channel is None or (name == "relax.divide" and np.any(per_channel == 0)):
             break
         if name == "relax.add":

@@ -33,7 +33,7 @@ from tvm import relax
 
 from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 
-from .canonical import _apply, _Graph, _Match, _per_channel
+from .canonical import RuleGraph, RuleMatch, apply_rule, per_channel_vector
 
 __all__ = ["convs_before_resizes", "merge_parallel_convs", "reorder"]
 
@@ -59,10 +59,10 @@ def convs_before_resizes(mod: tvm.IRModule) -> tvm.IRModule:
     upsampling resize used by the concatenation alone gets its slice of the weight applied to
     its input, and the terms are summed (the convolution's epilogue takes the sums).
     """
-    return _apply(mod, _convs_over_concats)
+    return apply_rule(mod, _convs_over_concats)
 
 
-def _convs_over_concats(graph: _Graph) -> Iterator[_Match]:
+def _convs_over_concats(graph: RuleGraph) -> Iterator[RuleMatch]:
     for var, value in graph.values.items():
         weight = _pointwise_weight(value)
         if weight is None:
@@ -91,7 +91,7 @@ def _convs_over_concats(graph: _Graph) -> Iterator[_Match]:
                 total = relax.op.add(total, term)
             return total
 
-        yield _Match(var, make, (value.args[0], *dropped))
+        yield RuleMatch(var, make, (value.args[0], *dropped))
 
 
 def _pointwise_weight(value: relax.Expr) -> np.ndarray | None:
@@ -105,7 +105,7 @@ def _pointwise_weight(value: relax.Expr) -> np.ndarray | None:
     return weight
 
 
-def _split_parts(graph: _Graph, concat_var: relax.Var, parts, weight: np.ndarray):
+def _split_parts(graph: RuleGraph, concat_var: relax.Var, parts, weight: np.ndarray):
     """``(direct [(part, weight)], resized [(resize call, weight)], dropped vars)`` or None.
 
     None when no part is an upsampling resize (nothing to gain) or a shape is unknown.
@@ -172,10 +172,10 @@ def merge_parallel_convs(mod: tvm.IRModule) -> tvm.IRModule:
     another term, every smaller kernel lies inside the largest one's window, and ``x`` itself
     (if a term) has the output's shape and reads each output channel from its own input channel.
     """
-    return _apply(mod, _parallel_convs)
+    return apply_rule(mod, _parallel_convs)
 
 
-def _parallel_convs(graph: _Graph) -> Iterator[_Match]:
+def _parallel_convs(graph: RuleGraph) -> Iterator[RuleMatch]:
     found = {}
     for var, value in graph.values.items():
         if op_name(value) not in ("relax.add", "relax.subtract"):
@@ -193,13 +193,12 @@ def _parallel_convs(graph: _Graph) -> Iterator[_Match]:
             continue  # part of a larger sum
 
         def make(visit, x=x, conv=conv, weight=weight, bias=bias):
-            merged = relax.Call(conv.op, [visit(x), relax.const(weight)], conv.attrs)
-            return relax.op.add(merged, relax.const(bias))
+            return relax.op.add(_conv(conv, visit(x), weight), relax.const(bias))
 
-        yield _Match(var, make, tuple(members))
+        yield RuleMatch(var, make, tuple(members))
 
 
-def _sum_tree(graph: _Graph, root: relax.Var, shape) -> set:
+def _sum_tree(graph: RuleGraph, root: relax.Var, shape) -> set:
     """The values a sum at ``root`` may read through: ``root``, and each ``add``,
     ``subtract``, ``multiply`` or ``conv2d`` of ``shape`` that only values of the tree use (a
     value used twice in the sum, as PyTorch's dynamo export shares a batch norm, is one)."""
@@ -220,9 +219,9 @@ def _sum_tree(graph: _Graph, root: relax.Var, shape) -> set:
     return tree
 
 
-def _linear_terms(graph: _Graph, expr: relax.Expr, scale: np.ndarray, shape, tree: set) -> list[_Term]:
+def _linear_terms(graph: RuleGraph, expr: relax.Expr, scale: np.ndarray, shape, tree: set) -> list[_Term]:
     """The terms of ``expr`` times ``scale``, read down through the values of ``tree``."""
-    constant = _per_channel(expr, 4, shape[1])
+    constant = per_channel_vector(expr, 4, shape[1])
     if constant is not None:
         return [_Term(scale * constant)]
     if expr not in tree:
@@ -233,9 +232,9 @@ def _linear_terms(graph: _Graph, expr: relax.Expr, scale: np.ndarray, shape, tre
         return [_Term(scale, conv=value)] if _plain_weight(value) is not None else [_Term(scale, x=expr)]
     lhs, rhs = value.args
     if name == "relax.multiply":
-        factor = _per_channel(rhs, 4, shape[1])
+        factor = per_channel_vector(rhs, 4, shape[1])
         if factor is None:
-            lhs, factor = rhs, _per_channel(lhs, 4, shape[1])
+            lhs, factor = rhs, per_channel_vector(lhs, 4, shape[1])
         if factor is None:
             return [_Term(scale, x=expr)]
         parts = [(lhs, scale * factor)]
