@@ -125,13 +125,20 @@ def other_peers(path, arrays, want, *, threads: int, tolerance: dict, name: str)
     return checked
 
 
-def faster_peer_fields(times_ms: dict, alt_ms: float) -> dict:
+def faster_peer_fields(times_ms: dict, alt_ms: float, *, rounds_ms: dict | None = None,
+                       alt_rounds_ms: list | None = None) -> dict:
     """alt-tvm at ``alt_ms`` against the faster CPU peer of ``times_ms`` (label -> median ms): the
-    :class:`~alt_tvm.bench.peers.FasterPeer` fields of a results row, empty without a peer."""
+    :class:`~alt_tvm.bench.peers.FasterPeer` fields of a results row, empty without a peer; with
+    the rounds' times (label -> list, and alt-tvm's), also the ratio's interval."""
     from alt_tvm.bench import faster_peer
 
-    against = faster_peer(times_ms=times_ms, alt_ms=alt_ms)
+    against = faster_peer(times_ms=times_ms, alt_ms=alt_ms, rounds_ms=rounds_ms, alt_rounds_ms=alt_rounds_ms)
     return against.to_json() if against is not None else {}
+
+
+def _interval(row: dict) -> str:
+    low, high = row.get("ratio_interval") or (None, None)
+    return f" [{low:.2f}, {high:.2f}]" if low is not None else ""
 
 
 def add_at_peak(rows: list, *, gflop: dict, peak_gflops: float) -> None:
@@ -152,12 +159,16 @@ def summaries(rows: list) -> dict:
 
     ratios: dict = {}
     ceilings: dict = {}
+    intervals: dict = {}
     for row in rows:
         if row.get("ratio_vs_faster_peer"):
             ratios.setdefault(row["runner"], {})[row["model"]] = row["ratio_vs_faster_peer"]
             if row.get("ceiling_vs_faster_peer"):
                 ceilings.setdefault(row["runner"], {})[row["model"]] = row["ceiling_vs_faster_peer"]
-    return {label: against_faster_peer(ratios=values, ceilings=ceilings.get(label)) for label, values in ratios.items()}
+            if row.get("ratio_interval"):
+                intervals.setdefault(row["runner"], {})[row["model"]] = row["ratio_interval"]
+    return {label: against_faster_peer(ratios=values, ceilings=ceilings.get(label), intervals=intervals.get(label))
+            for label, values in ratios.items()}
 
 
 def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: tuple[dict, dict]) -> int:
@@ -207,7 +218,7 @@ def compare_builds(args: argparse.Namespace, labels: tuple[str, str], settings: 
         medians = {key: rounds for key, (_, rounds) in timed.items()}
         times = {key: ms for key, (ms, _) in timed.items()}
         first, second, ort_ms = times["first"], times["second"], times["onnxruntime"]
-        against = faster_peer_fields(times, second)
+        against = faster_peer_fields(times, second, rounds_ms=medians, alt_rounds_ms=medians["second"])
         openvino = f"{times['openvino']:11.3f}" if "openvino" in times else f"{'-':>11s}"
         shown = os.path.basename(name)
         print(f"  {shown[:24]:24s} {first:12.3f} {second:12.3f} {first / second:12.3f}x {ort_ms:8.3f} {openvino} "
@@ -271,6 +282,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from alt_tvm.bench import (
+        INTERVAL_CONFIDENCE,
         AtPeak,
         PeakReadings,
         TVMRunner,
@@ -388,18 +400,22 @@ def main(argv=None) -> int:
         print(f"  {'runner':22s} {'median ms':>10s} {'min ms':>9s} {'build s':>8s} {'time / alt':>11s} "
               f"{'% of peak':>9s}")
         medians = {runner: med for runner, (_, med, _) in table.items()}
+        rounds = {label: times for label, (_, times) in timed.items()}
         for runner, (low, med, build_s) in table.items():
             built = f"{build_s:8.1f}" if build_s is not None else " " * 8
             print(f"  {runner:22s} {med:10.3f} {low:9.3f} {built} {med / alt_ms:10.2f}x "
                   f"{100 * at_peak.share(med):8.0f}%")
-            against = faster_peer_fields(medians, med) if runner.startswith("alt-tvm") else {}
+            against = faster_peer_fields(medians, med, rounds_ms=rounds, alt_rounds_ms=rounds.get(runner)) \
+                if runner.startswith("alt-tvm") else {}
             results.append({"model": name, "runner": runner, "median_ms": med, "min_ms": low, "build_s": build_s,
                             "ratio_to_alt": med / alt_ms, **against, "threads": args.threads,
                             "trials": args.trials})
         against = faster_peer_fields(medians, alt_ms)
         print(f"  faster peer: {against['faster_peer']}; " + ", ".join(
-            f"{r['runner']} {r['ratio_vs_faster_peer']:.2f}x" for r in results
-            if r.get("model") == name and "ratio_vs_faster_peer" in r) + " (peer ms / alt-tvm ms)")
+            f"{r['runner']} {r['ratio_vs_faster_peer']:.2f}x{_interval(r)}" for r in results
+            if r.get("model") == name and "ratio_vs_faster_peer" in r)
+            + f" (peer ms / alt-tvm ms; in brackets the {INTERVAL_CONFIDENCE:.0%} interval of the median of the "
+            "rounds' paired ratios)")
         print(f"  {gflop[name]:.2f} GFLOP of convolutions and matrix products; at the run's FP32 FMA peak a runtime "
               f"would be {at_peak.ceiling(medians[against['faster_peer']]):.2f}x the faster peer")
         if log:

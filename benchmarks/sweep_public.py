@@ -183,6 +183,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     if args.rounds and runners:
         times = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat, warmup=2)
         row["ms"] = {label: round(ms, 3) for label, (ms, _) in times.items()}
+        row["rounds_ms"] = {label: [round(t, 4) for t in rounds] for label, (_, rounds) in times.items()}
         add_faster_peer(row)
     return row
 
@@ -225,11 +226,12 @@ def add_faster_peer(row: dict, *, peak_gflops: float | None = None) -> dict:
     (:meth:`~alt_tvm.bench.peers.FasterPeer.to_json` fields) and, given the run's peak and the
     row's ``gflop``, both read against that peak (:meth:`~alt_tvm.bench.peers.AtPeak.to_json`);
     ``row`` itself."""
-    ms = row.get("ms") or {}
+    ms, rounds = row.get("ms") or {}, row.get("rounds_ms") or {}
     at_peak = AtPeak(row["gflop"], peak_gflops) if peak_gflops and row.get("gflop") else None
     for exporter, entry in row.get("exporters", {}).items():
         alt = ms.get(f"alt-tvm {exporter}")
-        against = faster_peer(times_ms=ms, alt_ms=alt) if alt else None
+        against = faster_peer(times_ms=ms, alt_ms=alt, rounds_ms=rounds,
+                              alt_rounds_ms=rounds.get(f"alt-tvm {exporter}")) if alt else None
         if against is not None:
             entry.update(against.to_json(), **(at_peak.to_json(against) if at_peak else {}))
     return row
@@ -240,13 +242,17 @@ def summary(rows: list[dict]) -> dict:
     (:func:`~alt_tvm.bench.peers.against_faster_peer`)."""
     ratios: dict[str, dict[str, float]] = {}
     ceilings: dict[str, dict[str, float]] = {}
+    intervals: dict[str, dict[str, list]] = {}
     for row in rows:
         for exporter, entry in row.get("exporters", {}).items():
             if entry.get("status") == "ok" and entry.get("ratio_vs_faster_peer"):
                 ratios.setdefault(exporter, {})[row["model"]] = entry["ratio_vs_faster_peer"]
                 if entry.get("ceiling_vs_faster_peer"):
                     ceilings.setdefault(exporter, {})[row["model"]] = entry["ceiling_vs_faster_peer"]
-    return {exporter: against_faster_peer(ratios=values, ceilings=ceilings.get(exporter))
+                if entry.get("ratio_interval"):
+                    intervals.setdefault(exporter, {})[row["model"]] = entry["ratio_interval"]
+    return {exporter: against_faster_peer(ratios=values, ceilings=ceilings.get(exporter),
+                                          intervals=intervals.get(exporter))
             for exporter, values in ratios.items()}
 
 
@@ -286,7 +292,7 @@ def _peer_cell(row: dict, peer: str) -> str:
 def markdown(rows: list[dict]) -> str:
     """The sweep's table: per export, alt-tvm's time, the peers', and the faster peer's over alt-tvm's."""
     head = ("| model | kind | built for | exporter | status | build s | partitions | fallbacks | conversions "
-            "| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm "
+            "| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm [90% interval] "
             "| % of FP32 peak: alt-tvm, peer |\n" + "|---" * 16 + "|\n")
     blank = " |" * 11
     lines = []
@@ -304,6 +310,8 @@ def markdown(rows: list[dict]) -> str:
             alt = ms.get(f"alt-tvm {exporter}")
             peer = entry.get("faster_peer", "")
             ratio = f"{entry['ratio_vs_faster_peer']:.2f}x" if "ratio_vs_faster_peer" in entry else ""
+            if entry.get("ratio_interval"):
+                ratio += " [{:.2f}, {:.2f}]".format(*entry["ratio_interval"])
             shares = (f"{100 * entry['alt_share_of_peak']:.0f}, {100 * entry['peer_share_of_peak']:.0f}"
                       if "alt_share_of_peak" in entry else "")
             lines.append(

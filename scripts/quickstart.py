@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from alt_tvm.bench import (
+        INTERVAL_CONFIDENCE,
         cpu_peers,
         faster_peer,
         time_callable,
@@ -95,9 +96,12 @@ def main(argv=None) -> int:
         print(f"  {label:18s} {median:9.3f} ms (rounds {min(rounds):.3f}-{max(rounds):.3f})   "
               f"{median / base:6.2f}x the tuned time")
     medians = {label: median for label, (median, _) in timed.items()}
-    against = faster_peer(times_ms=medians, alt_ms=base)
-    print(f"  faster peer: {against.peer}; its time / alt-tvm's: tuned {against.ratio:.2f}x, untuned "
-          f"{against.peer_ms / medians['alt-tvm untuned']:.2f}x (above 1: alt-tvm faster)")
+    rounds = {label: times for label, (_, times) in timed.items()}
+    tuned_vs, untuned_vs = (faster_peer(times_ms=medians, alt_ms=medians[label], rounds_ms=rounds,
+                                        alt_rounds_ms=rounds[label]) for label in ("alt-tvm tuned", "alt-tvm untuned"))
+    print(f"  faster peer: {tuned_vs.peer}; its time / alt-tvm's: tuned {tuned_vs.describe()}, untuned "
+          f"{untuned_vs.describe()} (above 1: alt-tvm faster; in brackets the {INTERVAL_CONFIDENCE:.0%} interval "
+          f"of the median of the rounds' paired ratios)")
     if not tuned.report.changed_by_log:
         print("  (the log changed no kernel: its in-model check kept every default, so the two alt-tvm rows "
               "time the same kernels and differ only by this run's noise)")

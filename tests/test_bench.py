@@ -217,6 +217,39 @@ def test_the_faster_peer_is_the_one_with_the_lower_time_and_the_ratio_its_time_o
         faster_peer(times_ms={"openvino": float("nan")}, alt_ms=1.0)
 
 
+def test_the_median_interval_takes_the_order_statistics_that_cover_the_median():
+    from alt_tvm.bench import median_interval
+
+    # Twelve values at 0.9: P(B <= 2) = 79 / 4096, so the 3rd and 10th (coverage 96%); the 4th
+    # and 9th would cover only 85%.
+    values = [float(v) for v in (12, 3, 7, 1, 9, 5, 11, 2, 8, 4, 10, 6)]
+    assert median_interval(values) == (3.0, 10.0)
+    assert median_interval(values, confidence=0.8) == (4.0, 9.0)
+    # Too few values for the coverage: their whole range.
+    assert median_interval([2.0, 1.0, 3.0]) == (1.0, 3.0)
+    assert median_interval([5.0]) == (5.0, 5.0)
+    with pytest.raises(ValueError, match="at least one value"):
+        median_interval([])
+    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\), got 1.0"):
+        median_interval(values, confidence=1.0)
+
+
+def test_with_each_rounds_times_the_faster_peer_has_the_interval_of_the_paired_ratios():
+    # Rounds pair up: the ratio of each round (peer / alt-tvm), not of sorted times.
+    alt, ort, ov = [1.0, 2.0, 1.0, 1.0, 1.0], [1.1, 2.2, 1.2, 1.3, 1.0], [3.0] * 5
+    against = faster_peer(times_ms={"onnxruntime": 1.2, "openvino": 3.0}, alt_ms=1.0,
+                          rounds_ms={"onnxruntime": ort, "openvino": ov}, alt_rounds_ms=alt)
+    assert against.peer == "onnxruntime" and against.interval == pytest.approx((1.0, 1.3))
+    assert against.to_json()["ratio_interval"] == pytest.approx([1.0, 1.3])
+    assert against.describe() == "1.20x [1.00, 1.30]"
+    assert faster_peer(times_ms={"onnxruntime": 1.2}, alt_ms=1.0).describe() == "1.20x"
+    with pytest.raises(ValueError, match="the rounds of onnxruntime and of alt-tvm must pair up, got 5 and 4"):
+        faster_peer(times_ms={"onnxruntime": 1.2}, alt_ms=1.0, rounds_ms={"onnxruntime": ort}, alt_rounds_ms=alt[:4])
+    with pytest.raises(ValueError, match="a round of alt-tvm must be a positive finite number, got 0"):
+        faster_peer(times_ms={"onnxruntime": 1.2}, alt_ms=1.0, rounds_ms={"onnxruntime": ort},
+                    alt_rounds_ms=[0, 1, 1, 1, 1])
+
+
 def test_over_a_run_the_geometric_mean_and_the_models_behind_the_faster_peer():
     summary = against_faster_peer(ratios={"a": 2.0, "b": 0.5, "c": 1.0, "d": 4.0})
     assert summary["models"] == 4
@@ -225,6 +258,14 @@ def test_over_a_run_the_geometric_mean_and_the_models_behind_the_faster_peer():
     line = describe_against_faster_peer(summary, what="alt-tvm (alt)")
     assert "alt-tvm (alt) against the faster peer" in line and "over 4 model(s): geometric mean 1.41x" in line
     assert line.endswith("behind on 1 (b)")
+    assert "beyond the rounds' spread" not in line  # no intervals given
+    with_intervals = against_faster_peer(ratios={"a": 2.0, "b": 0.5, "c": 0.98},
+                                         intervals={"a": (1.9, 2.1), "b": (0.4, 0.6), "c": (0.95, 1.01)})
+    assert with_intervals["behind"] == ["b", "c"] and with_intervals["behind_beyond_noise"] == ["b"]
+    assert describe_against_faster_peer(with_intervals).endswith(
+        "behind on 2 (b, c), 1 beyond the rounds' spread (its whole interval below 1: b)")
+    # An interval for only some of the models says nothing of the run's.
+    assert "behind_beyond_noise" not in against_faster_peer(ratios={"a": 1.0, "b": 0.9}, intervals={"b": (0.8, 0.95)})
     assert against_faster_peer(ratios={}) == {"models": 0, "geomean_ratio_vs_faster_peer": None,
                                               "models_behind_faster_peer": 0, "behind": []}
     assert "no model timed with a peer" in describe_against_faster_peer(against_faster_peer(ratios={}))

@@ -57,6 +57,8 @@ def test_a_budget_too_small_for_a_models_tasks_times_it_untuned_and_keeps_the_re
     faster = min(peers, key=times.get)
     assert alt["faster_peer"] == faster
     assert alt["ratio_vs_faster_peer"] == pytest.approx(times[faster] / times["alt-tvm (alt)"])
+    low, high = alt["ratio_interval"]  # from the same rounds, paired
+    assert 0 < low <= high
     summary = json.loads(out.read_text())["results"]["against_faster_peer"]["alt-tvm (alt)"]
     assert summary["models"] == 1
     assert summary["geomean_ratio_vs_faster_peer"] == pytest.approx(alt["ratio_vs_faster_peer"])
@@ -78,6 +80,11 @@ def test_the_run_is_summed_up_per_build_against_the_faster_peer(script):
         "faster_peer": "openvino", "faster_peer_ms": 1.5, "ratio_vs_faster_peer": 0.75,
         "ratios_vs_peers": {"onnxruntime": 1.5, "openvino": 0.75}}
     assert script.faster_peer_fields({"pytorch": 1.0}, 2.0) == {}
+    fields = script.faster_peer_fields({"onnxruntime": 3.0}, 2.0, rounds_ms={"onnxruntime": [3.0, 2.0, 4.0]},
+                                       alt_rounds_ms=[2.0, 2.0, 2.0])
+    assert fields["ratio_interval"] == [1.0, 2.0]  # three rounds: their range
+    rows[1]["ratio_interval"], rows[4]["ratio_interval"] = [1.2, 1.4], [0.4, 0.6]
+    assert script.summaries(rows)["alt-tvm (alt)"]["behind_beyond_noise"] == ["b"]
 
 
 def test_alt_tvm_rows_are_read_against_the_runs_peak(script):

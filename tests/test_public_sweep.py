@@ -116,7 +116,8 @@ def test_each_export_is_read_against_the_faster_peer_and_the_run_summed_up():
     rows[2]["peers"] = {"openvino": {"status": "skipped", "reason": "OpenVINO is not installed (no module)"}}
     table = sweep_public.markdown(rows)
     head, _, first, second, third, fourth, _ = table.split("\n")
-    assert "| ORT ms | OpenVINO ms | faster peer | peer / alt-tvm | % of FP32 peak: alt-tvm, peer |" in head
+    assert "| ORT ms | OpenVINO ms | faster peer | peer / alt-tvm [90% interval] | % of FP32 peak: alt-tvm, peer |" \
+        in head
     assert first.endswith("| 2.0 | 3.0 | 2.5 | openvino | 1.25x |  |")
     assert third.endswith("| 1.0 | 2.0 | skipped | onnxruntime | 2.00x |  |")
     assert all(line.count("|") == head.count("|") for line in (first, second, third, fourth))
@@ -124,6 +125,24 @@ def test_each_export_is_read_against_the_faster_peer_and_the_run_summed_up():
     assert "alt-tvm (torchscript) against the faster peer" in foot and "geometric mean 1.08x, behind on 1 (b)" in foot
     assert "openvino skipped: OpenVINO is not installed (no module)" in foot
     assert "FP32 FMA peak" not in foot  # no model's arithmetic counted
+
+
+def test_with_the_rounds_each_ratio_gets_its_interval_and_the_run_tells_noise_from_behind():
+    # Five paired rounds each (the interval is their range): a is behind in every round, b in
+    # its median only, c ahead; b reads behind, but not beyond the rounds' spread.
+    rounds = {"a": ([2.0] * 5, [1.8, 1.9, 1.7, 1.8, 1.85]), "b": ([2.0] * 5, [1.9, 2.1, 1.95, 2.2, 1.9]),
+              "c": ([1.0] * 5, [2.0] * 5)}
+    rows = []
+    for model, (alt, peer) in rounds.items():
+        row = _row(model, {"alt-tvm torchscript": sorted(alt)[2], "onnxruntime": sorted(peer)[2]})
+        row["rounds_ms"] = {"alt-tvm torchscript": alt, "onnxruntime": peer}
+        rows.append(sweep_public.add_faster_peer(row))
+    intervals = [bound for row in rows for bound in row["exporters"]["torchscript"]["ratio_interval"]]
+    assert intervals == pytest.approx([0.85, 0.95, 0.95, 1.1, 2.0, 2.0])
+    (summary,) = sweep_public.summary(rows).values()
+    assert summary["behind"] == ["a", "b"] and summary["behind_beyond_noise"] == ["a"]
+    assert sweep_public.markdown(rows).split("\n")[2].endswith("| onnxruntime | 0.90x [0.85, 0.95] |  |")
+    assert "behind on 2 (a, b), 1 beyond the rounds' spread (its whole interval below 1: a)" in sweep_public.foot(rows)
 
 
 def test_with_the_runs_peak_each_export_is_read_against_it_and_the_run_gets_its_ceiling():

@@ -28,12 +28,14 @@ from .openvino import OpenVINORunner, openvino_available, openvino_kernel_isas, 
 from .peak import PeakReadings, measure_memory_bandwidth, measure_peak_gflops
 from .peers import (
     CPU_PEERS,
+    INTERVAL_CONFIDENCE,
     AtPeak,
     FasterPeer,
     against_faster_peer,
     cpu_peers,
     describe_against_faster_peer,
     faster_peer,
+    median_interval,
 )
 from .results import machine_kind, results_path, write_results
 from .timing import (
@@ -50,9 +52,10 @@ from .timing import (
 from .torch import TorchRunner, torch_runner
 from .tvm import TVMRunner, tvm_default_build
 
-__all__ = ["CPU_PEERS", "AtPeak", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings", "Runner", "TVMRunner",
-           "Timing", "TimingPolicy", "TorchRunner", "against_faster_peer", "balanced_rounds", "check_threads",
-           "cpu_peers", "describe_against_faster_peer", "faster_peer", "machine_kind", "measure_memory_bandwidth",
-           "measure_peak_gflops", "onnxruntime_session", "openvino_available", "openvino_kernel_isas",
-           "openvino_session", "quiet_tvm_pool", "results_path", "round_order", "run_interleaved", "time_callable",
-           "time_compiled", "time_interleaved", "torch_runner", "tvm_default_build", "write_results"]
+__all__ = ["CPU_PEERS", "INTERVAL_CONFIDENCE", "AtPeak", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings",
+           "Runner", "TVMRunner", "Timing", "TimingPolicy", "TorchRunner", "against_faster_peer", "balanced_rounds",
+           "check_threads", "cpu_peers", "describe_against_faster_peer", "faster_peer", "machine_kind",
+           "measure_memory_bandwidth", "measure_peak_gflops", "median_interval", "onnxruntime_session",
+           "openvino_available", "openvino_kernel_isas", "openvino_session", "quiet_tvm_pool", "results_path",
+           "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved", "torch_runner",
+           "tvm_default_build", "write_results"]

@@ -8,7 +8,10 @@ slow one on a model, and beating it there says little. Over a run, :func:`agains
 gives the geometric mean of those ratios and the models where alt-tvm is behind.
 
 Every ratio is a peer's time over alt-tvm's, measured in the same interleaved rounds: above 1,
-alt-tvm is faster.
+alt-tvm is faster. Given each round's times, a ratio also has an interval: the distribution-free
+confidence interval of the median of the rounds' paired ratios (:func:`median_interval`). A
+model whose whole interval is below 1 is behind beyond the run's noise; one behind with the
+interval reaching 1 is not distinguishable from level in that run.
 
 :class:`AtPeak` reads the same times against the run's FP32 FMA peak: each runner's share of it
 on the model's convolution and matrix-product arithmetic, and the *ceiling*, the most any
@@ -28,11 +31,14 @@ from .base import Runner
 from .onnxruntime import onnxruntime_session
 from .openvino import openvino_available, openvino_session
 
-__all__ = ["CPU_PEERS", "AtPeak", "FasterPeer", "against_faster_peer", "cpu_peers", "describe_against_faster_peer",
-           "faster_peer"]
+__all__ = ["CPU_PEERS", "INTERVAL_CONFIDENCE", "AtPeak", "FasterPeer", "against_faster_peer", "cpu_peers",
+           "describe_against_faster_peer", "faster_peer", "median_interval"]
 
 #: The CPU peers, in the order a tie between their times is broken.
 CPU_PEERS = ("onnxruntime", "openvino")
+
+#: The coverage :func:`median_interval` aims for (at least, where the rounds allow it).
+INTERVAL_CONFIDENCE = 0.9
 
 
 def cpu_peers(path: str | os.PathLike, *, threads: int,
@@ -87,6 +93,34 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
+def median_interval(values: Sequence[float], *, confidence: float = INTERVAL_CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of ``values``.
+
+    Sorted, the ``k``-th smallest and ``k``-th largest values bound the median with probability
+    ``1 - 2 P(B < k)``, ``B`` binomial with ``n = len(values)`` trials of one half, whatever the
+    distribution (Conover, *Practical Nonparametric Statistics*, 3rd ed., Sec. 3.2). ``k`` is the
+    largest giving at least ``confidence``; with too few values for that (fewer than 5 at 0.9),
+    the interval is their whole range. Twelve rounds at 0.9: the 3rd to the 10th (96%).
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is empty or ``confidence`` is not in (0, 1).
+    """
+    if not values:
+        raise ValueError("median_interval needs at least one value, got none")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    ordered, n = sorted(values), len(values)
+    k, below = 1, 1 / 2 ** n  # below: P(B < k)
+    while k < (n + 1) // 2:
+        below_next = below + math.comb(n, k) / 2 ** n
+        if 1 - 2 * below_next < confidence:
+            break
+        k, below = k + 1, below_next
+    return ordered[k - 1], ordered[n - k]
+
+
 @dataclass(frozen=True)
 class FasterPeer:
     """alt-tvm against the faster CPU peer on one model.
@@ -99,12 +133,16 @@ class FasterPeer:
         Its median time and alt-tvm's.
     ratios : dict
         Every peer timed -> its time / alt-tvm's time.
+    interval : tuple of float, optional
+        :func:`median_interval` of the faster peer's time over alt-tvm's, round by round (None
+        without the rounds' times).
     """
 
     peer: str
     peer_ms: float
     alt_ms: float
     ratios: dict[str, float]
+    interval: tuple[float, float] | None = None
 
     @property
     def ratio(self) -> float:
@@ -113,12 +151,21 @@ class FasterPeer:
 
     def to_json(self) -> dict[str, Any]:
         """The fields every results file uses for it."""
-        return {"faster_peer": self.peer, "faster_peer_ms": self.peer_ms, "ratio_vs_faster_peer": self.ratio,
-                "ratios_vs_peers": dict(self.ratios)}
+        fields = {"faster_peer": self.peer, "faster_peer_ms": self.peer_ms, "ratio_vs_faster_peer": self.ratio,
+                  "ratios_vs_peers": dict(self.ratios)}
+        if self.interval is not None:
+            fields["ratio_interval"] = list(self.interval)
+        return fields
+
+    def describe(self) -> str:
+        """``1.04x`` or, with its interval, ``1.04x [0.98, 1.07]``."""
+        interval = f" [{self.interval[0]:.2f}, {self.interval[1]:.2f}]" if self.interval is not None else ""
+        return f"{self.ratio:.2f}x{interval}"
 
 
-def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float,
-                peers: Sequence[str] = CPU_PEERS) -> FasterPeer | None:
+def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float, peers: Sequence[str] = CPU_PEERS,
+                rounds_ms: Mapping[str, Sequence[float]] | None = None,
+                alt_rounds_ms: Sequence[float] | None = None) -> FasterPeer | None:
     """alt-tvm's time against the fastest of ``peers`` found in ``times_ms``.
 
     Parameters
@@ -130,6 +177,9 @@ def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float,
         alt-tvm's median ms in the same rounds.
     peers : sequence of str
         The peers' labels; on equal times the first listed is named.
+    rounds_ms, alt_rounds_ms : optional
+        Label -> each round's time, and alt-tvm's in the same rounds: with both, the result
+        has its :attr:`FasterPeer.interval`.
 
     Returns
     -------
@@ -139,14 +189,23 @@ def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float,
     Raises
     ------
     ValueError
-        If ``alt_ms`` or a peer's time is not a positive finite number.
+        If ``alt_ms`` or a time is not a positive finite number, or the faster peer's rounds
+        and alt-tvm's differ in number.
     """
     alt_ms = _positive("alt_ms", alt_ms)
     timed = {p: _positive(f"the time of {p}", times_ms[p]) for p in peers if times_ms.get(p) is not None}
     if not timed:
         return None
     best = min(timed, key=lambda p: timed[p])  # min keeps the first of equal times
-    return FasterPeer(best, timed[best], alt_ms, {p: ms / alt_ms for p, ms in timed.items()})
+    interval = None
+    peer_rounds = (rounds_ms or {}).get(best)
+    if peer_rounds is not None and alt_rounds_ms is not None:
+        if len(peer_rounds) != len(alt_rounds_ms) or not peer_rounds:
+            raise ValueError(f"the rounds of {best} and of alt-tvm must pair up, got {len(peer_rounds)} and "
+                             f"{len(alt_rounds_ms)} times")
+        interval = median_interval([_positive(f"a round of {best}", p) / _positive("a round of alt-tvm", a)
+                                    for p, a in zip(peer_rounds, alt_rounds_ms)])
+    return FasterPeer(best, timed[best], alt_ms, {p: ms / alt_ms for p, ms in timed.items()}, interval)
 
 
 @dataclass(frozen=True)
@@ -195,7 +254,8 @@ def _geomean(values: Sequence[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def against_faster_peer(*, ratios: Mapping[str, float], ceilings: Mapping[str, float] | None = None) -> dict[str, Any]:
+def against_faster_peer(*, ratios: Mapping[str, float], ceilings: Mapping[str, float] | None = None,
+                        intervals: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """alt-tvm against the faster peer over a run's models.
 
     Parameters
@@ -205,13 +265,17 @@ def against_faster_peer(*, ratios: Mapping[str, float], ceilings: Mapping[str, f
     ceilings : mapping, optional
         Model -> :meth:`AtPeak.ceiling` of its faster peer, for the models whose arithmetic
         was counted.
+    intervals : mapping, optional
+        Model -> :attr:`FasterPeer.interval` ``(low, high)``, for the models timed in rounds.
 
     Returns
     -------
     dict
         ``models`` (count), ``geomean_ratio_vs_faster_peer`` (None without models),
         ``models_behind_faster_peer`` (count of ratios below 1) and ``behind`` (those models);
-        with ``ceilings`` for every model of ``ratios``, also ``geomean_ceiling_vs_faster_peer``.
+        with ``ceilings`` for every model of ``ratios``, also ``geomean_ceiling_vs_faster_peer``;
+        with ``intervals`` for every model, also ``behind_beyond_noise``: the models whose whole
+        interval is below 1.
 
     Raises
     ------
@@ -225,6 +289,9 @@ def against_faster_peer(*, ratios: Mapping[str, float], ceilings: Mapping[str, f
     ceilings = {m: _positive(f"the ceiling of {m}", c) for m, c in (ceilings or {}).items() if m in values}
     if values and len(ceilings) == len(values):
         summary["geomean_ceiling_vs_faster_peer"] = _geomean(list(ceilings.values()))
+    intervals = {m: tuple(i) for m, i in (intervals or {}).items() if m in values}
+    if values and len(intervals) == len(values):
+        summary["behind_beyond_noise"] = [m for m in values if intervals[m][1] < 1]
     return summary
 
 
@@ -244,6 +311,9 @@ def describe_against_faster_peer(summary: Mapping[str, Any], *, what: str = "alt
     names = f" ({', '.join(behind)})" if behind else ""
     ceiling = summary.get("geomean_ceiling_vs_faster_peer")
     at_peak = f"; a runtime at the run's FP32 FMA peak: {ceiling:.2f}x" if ceiling is not None else ""
+    beyond = summary.get("behind_beyond_noise")
+    noise = "" if beyond is None else (f", {len(beyond)} beyond the rounds' spread (its whole interval below 1"
+                                       f"{': ' + ', '.join(beyond) if beyond else ''})")
     return (f"{what} against the faster peer (peer ms / alt-tvm ms, above 1: alt-tvm faster) over "
             f"{summary['models']} model(s): geometric mean {summary['geomean_ratio_vs_faster_peer']:.2f}x, "
-            f"behind on {summary['models_behind_faster_peer']}{names}{at_peak}")
+            f"behind on {summary['models_behind_faster_peer']}{names}{noise}{at_peak}")

@@ -14,8 +14,9 @@ one being timed; runners are timed in interleaved rounds (each first once and af
 equally often, a pause and an untimed call before each turn) and the median of the rounds is
 reported. Every baseline's outputs are checked against alt-tvm's
 first (a mismatch is an error, not a row). Where a CPU peer (``onnxruntime``, ``openvino``) is
-timed, the faster of them is named with its time over alt-tvm's (above 1: alt-tvm faster).
-``tvm`` is TVM's own untuned build of the same
+timed, the faster of them is named with its time over alt-tvm's (above 1: alt-tvm faster)
+and, in brackets, the 90% interval of the median of the rounds' paired ratios: where it
+reaches across 1, the run does not tell the two apart. ``tvm`` is TVM's own untuned build of the same
 Relax module (``tvm.compile``); ``torch`` needs a reference model (an ONNX file has no
 PyTorch module); ``openvino`` needs OpenVINO (``pip install 'alt-tvm[bench]'``); an
 artifact is compared with the model it was built from.
@@ -192,9 +193,10 @@ def main(argv=None) -> int:
         timed = time_interleaved(runners, rounds=args.rounds, repeat=args.repeat)
     medians = {label: ms for label, (ms, _) in timed.items()}
     mine = medians["alt-tvm"]
-    from alt_tvm.bench import faster_peer
+    from alt_tvm.bench import INTERVAL_CONFIDENCE, faster_peer
 
-    against = faster_peer(times_ms=medians, alt_ms=mine)
+    against = faster_peer(times_ms=medians, alt_ms=mine, rounds_ms={label: r for label, (_, r) in timed.items()},
+                          alt_rounds_ms=timed["alt-tvm"][1])
     if args.png is not None:
         _plot(args.png, f"{model.name}, {args.threads} thread(s)", medians)
     if args.json:
@@ -208,7 +210,8 @@ def main(argv=None) -> int:
     for label, ms in medians.items():
         print(f"{label:14s} {ms:9.3f} {ms / mine:18.2f}x")
     if against is not None:
-        print(f"faster peer: {against.peer}, its time / alt-tvm's {against.ratio:.2f}x (above 1: alt-tvm faster)")
+        print(f"faster peer: {against.peer}, its time / alt-tvm's {against.describe()} (above 1: alt-tvm faster; "
+              f"in brackets the {INTERVAL_CONFIDENCE:.0%} interval of the rounds' paired ratios' median)")
     if args.png is not None:
         print(f"chart: {args.png}")
     return 0
