@@ -74,6 +74,31 @@ def test_fitting_keeps_checked_decisions_and_answers_with_the_nearest_of_the_sam
     assert Priors.read(path) == priors
 
 
+def test_a_finding_needs_the_same_choice_in_enough_logs_to_be_kept(tmp_path):
+    target = '{"kind":"llvm","mcpu":"somecpu","num-cores":2}'
+    logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "c")}
+    with RecordWriter(logs["a"]) as writer:
+        _decision(writer, _conv_key(64, 64, 56), target, strategy="sconv", ratio=0.6)
+        _decision(writer, _conv_key(32, 32, 112, window=1), target, strategy="sconv", ratio=0.5)
+        _decision(writer, _conv_key(512, 512, 7), target, strategy="alt", ratio=1.0, label="default")
+    with RecordWriter(logs["b"]) as writer:
+        _decision(writer, _conv_key(96, 96, 40), target, strategy="sconv", ratio=0.8)  # agrees with a's 3x3
+        _decision(writer, _conv_key(32, 32, 112, window=1), target, strategy="alt", ratio=0.7,
+                  params={"prefetch": True})  # another choice on a's 1x1
+    with RecordWriter(logs["c"]) as writer:
+        _decision(writer, _conv_key(256, 256, 14), target, strategy="sconv", ratio=0.7)  # 4x a's channels: too far
+    both = [logs["a"], logs["b"]]
+    assert len(fit_priors(both).decisions) == 4  # one log is enough by default
+    kept = fit_priors(both, min_logs=2)
+    assert {(d.workload, d.strategy) for d in kept.decisions if d.finding} == {
+        (_conv_key(64, 64, 56), "sconv"), (_conv_key(96, 96, 40), "sconv")}
+    assert not kept.nearest(_conv_key(512, 512, 7), target=target).finding  # kept defaults stay
+    assert not any(d.finding for d in fit_priors([logs["a"], logs["c"]], min_logs=2).decisions)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"min_logs must be an int >= 1, got {bad!r}"):
+            fit_priors(both, min_logs=bad)
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
