@@ -335,6 +335,8 @@ def test_two_builds_are_checked_then_timed_with_their_unchanged_kernels_as_contr
     whole = compare_builds(models["a"], models["b"], rounds=2, repeat=1)
     assert whole.rounds == 2 and 0 <= whole.rounds_b_faster <= 2 and whole.changed == (first,)
     assert whole.a_ms > 0 and whole.b_ms > 0 and np.isfinite(whole.b_over_a) and whole.b_over_a > 0
+    low, high = whole.b_over_a_interval  # two rounds: their paired ratios' range
+    assert 0 < low <= whole.b_over_a <= high
     kernels = compare_builds(built["a"], built["b"], labels=("ieee", "fast"), rounds=2, repeat=1, per_kernel=True)
     assert kernels.labels == ("ieee", "fast") and second in kernels.kernels
     assert all(np.isfinite(r) and r > 0 for r in (kernels.changed_b_over_a, kernels.unchanged_b_over_a))

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .peers import median_interval
 from .timing import run_interleaved, time_callable
 
 __all__ = ["Comparison", "changed_kernels", "compare_builds", "output_mismatch"]
@@ -77,6 +78,9 @@ class Comparison:
         rest's (the noise control); NaN where a build has none of them.
     kernels : dict
         With ``per_kernel``: kernel -> (median ms in ``a``, median ms in ``b``).
+    b_over_a_interval : tuple of float or None
+        :func:`~alt_tvm.bench.peers.median_interval` of the rounds' paired ratios ``b / a``
+        (where it holds 1, the run does not tell the two apart).
     """
 
     labels: tuple[str, str]
@@ -89,11 +93,14 @@ class Comparison:
     changed_b_over_a: float | None = None
     unchanged_b_over_a: float | None = None
     kernels: dict[str, tuple[float, float]] = field(default_factory=dict)
+    b_over_a_interval: tuple[float, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
+        interval = list(self.b_over_a_interval) if self.b_over_a_interval is not None else None
         return {"a": self.labels[0], "b": self.labels[1], "a_ms": self.a_ms, "b_ms": self.b_ms,
-                "b_over_a": self.b_over_a, "rounds_b_faster": self.rounds_b_faster, "rounds": self.rounds,
+                "b_over_a": self.b_over_a, "b_over_a_interval": interval,
+                "rounds_b_faster": self.rounds_b_faster, "rounds": self.rounds,
                 "changed_kernels": list(self.changed) if self.changed is not None else None,
                 "changed_b_over_a": self.changed_b_over_a, "unchanged_b_over_a": self.unchanged_b_over_a,
                 "kernels": {k: list(v) for k, v in self.kernels.items()}}
@@ -105,6 +112,10 @@ def _summed(kernels: dict[str, list[float]], *, rounds: int, keep: Callable[[str
 
 def _paired(top: np.ndarray, bottom: np.ndarray) -> float:
     return float(np.median(top / bottom)) if len(bottom) and bottom.all() else float("nan")
+
+
+def _paired_interval(top: np.ndarray, bottom: np.ndarray) -> tuple[float, float] | None:
+    return median_interval([float(r) for r in top / bottom]) if len(bottom) and bottom.all() else None
 
 
 def compare_builds(a: Any, b: Any, *, labels: tuple[str, str] = ("a", "b"), arrays: Sequence[np.ndarray] | None = None,
@@ -157,7 +168,8 @@ def compare_builds(a: Any, b: Any, *, labels: tuple[str, str] = ("a", "b"), arra
 
         ta, tb = (np.array(samples) for samples in run_interleaved(2, rounds=rounds, run=turn))
         return Comparison(labels, statistics.median(ta), statistics.median(tb), _paired(tb, ta),
-                          int((tb < ta).sum()), rounds, tuple(sorted(changed)) if changed is not None else None)
+                          int((tb < ta).sum()), rounds, tuple(sorted(changed)) if changed is not None else None,
+                          b_over_a_interval=_paired_interval(tb, ta))
     for model in models:
         model.profile(*arrays, repeat=2)
     runs = run_interleaved(2, rounds=rounds, run=lambda i: models[i].profile(*arrays, repeat=repeat))
@@ -178,7 +190,7 @@ def compare_builds(a: Any, b: Any, *, labels: tuple[str, str] = ("a", "b"), arra
     ta, tb = totals
     return Comparison(labels, statistics.median(ta), statistics.median(tb), _paired(tb, ta), int((tb < ta).sum()),
                       rounds, tuple(sorted(changed)) if changed is not None else None, parts["changed"],
-                      parts["unchanged"], medians)
+                      parts["unchanged"], medians, _paired_interval(tb, ta))
 
 
 #: The build keywords a configuration of :func:`parse_config` may set, and how each value is read.

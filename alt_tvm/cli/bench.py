@@ -233,6 +233,7 @@ def _build_config(model: ModelArgument, config: dict, threads: int):
 
 def _compare(parser, args) -> int:
     """``--compare A B``: two configurations of MODEL, checked, then timed interleaved."""
+    from alt_tvm.bench import INTERVAL_CONFIDENCE
     from alt_tvm.bench.compare import compare_builds, parse_config
 
     configs = []
@@ -268,8 +269,10 @@ def _compare(parser, args) -> int:
     print(f"{model.name}: {args.threads} thread(s), {result.rounds} interleaved rounds of {what}")
     print(f"  A {args.compare[0]}: {result.a_ms:9.3f} ms (median)")
     print(f"  B {args.compare[1]}: {result.b_ms:9.3f} ms (median)")
-    print(f"  B/A {result.b_over_a:.3f} (paired median), "
-          f"B faster in {result.rounds_b_faster} of {result.rounds} rounds")
+    interval = result.b_over_a_interval
+    within = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval is not None else ""
+    print(f"  B/A {result.b_over_a:.3f}{within} (paired median; in brackets its {INTERVAL_CONFIDENCE:.0%} "
+          f"interval), B faster in {result.rounds_b_faster} of {result.rounds} rounds")
     if result.changed is not None:
         print(f"  kernels whose code differs: {len(result.changed)}")
     if args.per_kernel and result.changed_b_over_a is not None:
