@@ -50,7 +50,14 @@ import time
 from pathlib import Path
 
 from alt_tvm.bench.openvino import ISA_CAPS, ISA_ENV
-from alt_tvm.bench.peers import CPU_PEERS, AtPeak, against_faster_peer, describe_against_faster_peer, faster_peer
+from alt_tvm.bench.peers import (
+    CPU_PEERS,
+    INTERVAL_CONFIDENCE,
+    AtPeak,
+    against_faster_peer,
+    describe_against_faster_peer,
+    faster_peer,
+)
 from alt_tvm.bench.results import SUITES, results_path, write_results
 from alt_tvm.models.public import (
     EXPORTERS,
@@ -292,7 +299,8 @@ def _peer_cell(row: dict, peer: str) -> str:
 def markdown(rows: list[dict]) -> str:
     """The sweep's table: per export, alt-tvm's time, the peers', and the faster peer's over alt-tvm's."""
     head = ("| model | kind | built for | exporter | status | build s | partitions | fallbacks | conversions "
-            "| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm [90% interval] "
+            f"| max rel. error | alt-tvm ms | ORT ms | OpenVINO ms | faster peer | peer / alt-tvm "
+            f"[{INTERVAL_CONFIDENCE:.0%} interval] "
             "| % of FP32 peak: alt-tvm, peer |\n" + "|---" * 16 + "|\n")
     blank = " |" * 11
     lines = []
