@@ -25,6 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 Ratios = dict[str, dict[str, float]]
+#: Model -> series -> ``(low, high)``: a ratio's interval where the results give one.
+Intervals = dict[str, dict[str, tuple[float, float]]]
 """Model (or layer) -> series name -> ratio; above 1 means alt-tvm is faster."""
 
 
@@ -70,7 +72,7 @@ def short_model_name(*, model: str) -> str:
     return name
 
 
-def suite_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
+def suite_ratios(*, rows: Sequence[Mapping[str, Any]], intervals: Intervals | None = None) -> Ratios:
     """Peer time over alt-tvm time per model, from the suite scripts' rows.
 
     Each row has ``model`` and ``ms``: runner -> median ms, where alt-tvm's runners are
@@ -81,6 +83,8 @@ def suite_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
     ----------
     rows
         The rows of ``cnn_suite``, ``transformers`` or ``public_sweep``.
+    intervals
+        Filled with the faster-peer series' ``ratio_interval`` where an entry has one.
     """
     out: Ratios = {}
     for row in rows:
@@ -93,15 +97,22 @@ def suite_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
             suffix = f" ({exporter})" if len(alts) > 1 else ""
             for peer, peer_ms in peers.items():
                 series[f"{peer} / alt-tvm{suffix}"] = peer_ms / alt_ms
-            faster = (row.get("exporters") or {}).get(exporter, {}).get("ratio_vs_faster_peer")
-            if faster:
-                series[f"faster peer / alt-tvm{suffix}"] = faster
+            entry = (row.get("exporters") or {}).get(exporter, {})
+            if entry.get("ratio_vs_faster_peer"):
+                series[f"faster peer / alt-tvm{suffix}"] = entry["ratio_vs_faster_peer"]
+                _add_interval(intervals, row["model"], f"faster peer / alt-tvm{suffix}", entry)
         if series:
             out[short_model_name(model=row["model"])] = series
     return out
 
 
-def runner_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
+def _add_interval(intervals: Intervals | None, model: str, series: str, row: Mapping[str, Any]) -> None:
+    if intervals is not None and row.get("ratio_interval"):
+        low, high = row["ratio_interval"]
+        intervals.setdefault(short_model_name(model=model), {})[series] = (float(low), float(high))
+
+
+def runner_ratios(*, rows: Sequence[Mapping[str, Any]], intervals: Intervals | None = None) -> Ratios:
     """Every runner's median time over alt-tvm's per model, from ``bench_e2e``-style rows.
 
     The reference is ``alt-tvm (alt, tuned)`` where a model has it, else ``alt-tvm (alt)``,
@@ -113,15 +124,17 @@ def runner_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
     ----------
     rows
         Rows with ``model``, ``runner`` and ``median_ms``.
+    intervals
+        Filled with the faster-peer series' ``ratio_interval`` where the reference's row has one.
     """
     by_model: dict[str, dict[str, float]] = {}
-    faster: dict[str, dict[str, float]] = {}
+    faster: dict[str, dict[str, Mapping[str, Any]]] = {}
     for row in rows:
         if "model" not in row or not row.get("median_ms"):
             continue
         by_model.setdefault(row["model"], {})[row["runner"]] = float(row["median_ms"])
         if row.get("ratio_vs_faster_peer"):
-            faster.setdefault(row["model"], {})[row["runner"]] = float(row["ratio_vs_faster_peer"])
+            faster.setdefault(row["model"], {})[row["runner"]] = row
     out: Ratios = {}
     for model, times in by_model.items():
         alts = [r for r in times if r.startswith("alt-tvm")]
@@ -130,7 +143,8 @@ def runner_ratios(*, rows: Sequence[Mapping[str, Any]]) -> Ratios:
         ref = next((r for r in ("alt-tvm (alt, tuned)", "alt-tvm (alt)") if r in times), alts[0])
         series = {f"{runner} / {ref}": ms / times[ref] for runner, ms in times.items() if runner != ref}
         if ref in faster.get(model, {}):
-            series[f"faster peer / {ref}"] = faster[model][ref]
+            series[f"faster peer / {ref}"] = float(faster[model][ref]["ratio_vs_faster_peer"])
+            _add_interval(intervals, model, f"faster peer / {ref}", faster[model][ref])
         out[short_model_name(model=model)] = series
     return out
 
@@ -300,8 +314,10 @@ def fleet_lines(*, data: Mapping[str, Any]) -> dict[str, list[tuple[float, float
     return lines
 
 
-def bar_chart(*, ratios: Ratios, title: str, ylabel: str, path: str, log_scale: bool = False) -> None:
-    """Draw grouped bars, one group per model, one bar per series, with a line at 1.
+def bar_chart(*, ratios: Ratios, title: str, ylabel: str, path: str, log_scale: bool = False,
+              intervals: Intervals | None = None) -> None:
+    """Draw grouped bars, one group per model, one bar per series, with a line at 1, and a
+    whisker over each bar that has an interval (a ratio's, from the rounds' paired ratios).
 
     Parameters
     ----------
@@ -313,6 +329,8 @@ def bar_chart(*, ratios: Ratios, title: str, ylabel: str, path: str, log_scale: 
         The PNG to write.
     log_scale
         A logarithmic value axis (for ratios spanning orders of magnitude).
+    intervals
+        Model -> series -> ``(low, high)``, for the bars that have one.
     """
     models = list(ratios)
     series = sorted({s for v in ratios.values() for s in v})
@@ -321,6 +339,11 @@ def bar_chart(*, ratios: Ratios, title: str, ylabel: str, path: str, log_scale: 
     for i, name in enumerate(series):
         xs = [m + (i - (len(series) - 1) / 2) * width for m in range(len(models))]
         ax.bar(xs, [ratios[m].get(name, 0.0) for m in models], width, label=name)
+        spans = [(x, (intervals or {}).get(m, {}).get(name)) for x, m in zip(xs, models)]
+        spans = [(x, span) for x, span in spans if span is not None]
+        if spans:
+            ax.vlines([x for x, _ in spans], [lo for _, (lo, _) in spans], [hi for _, (_, hi) in spans],
+                      color="black", linewidth=1.2)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, rotation=40, ha="right")
@@ -364,31 +387,41 @@ _FASTER = "peer time / alt-tvm time (above 1: alt-tvm faster)"
 _RUNNER = "runner time / alt-tvm time"
 
 # suite -> (data -> values, chart kind, title, axis label, log scale)
-_PLOTS: dict[str, tuple[Callable[[Any], Any], str, str, str, bool]] = {
-    "cnn_suite": (lambda d: suite_ratios(rows=_rows(d)), "bar", "CNNs, untuned", _FASTER, False),
-    "transformers": (lambda d: suite_ratios(rows=_rows(d)), "bar", "Transformers, untuned", _FASTER, False),
-    "public_sweep": (lambda d: suite_ratios(rows=_rows(d)), "bar", "Public architectures, untuned", _FASTER, False),
-    "cnn_tuned": (lambda d: runner_ratios(rows=_rows(d)), "bar", "CNNs, tuned", _RUNNER, False),
-    "transformers_tuned": (lambda d: runner_ratios(rows=_rows(d)), "bar", "Transformers, tuned",
+def _suite(data: Any, intervals: Intervals) -> Ratios:
+    return suite_ratios(rows=_rows(data), intervals=intervals)
+
+
+def _runners(data: Any, intervals: Intervals) -> Ratios:
+    return runner_ratios(rows=_rows(data), intervals=intervals)
+
+
+#: Suite -> (extract(data, intervals to fill), chart kind, title, value label, log scale).
+_PLOTS: dict[str, tuple[Callable[[Any, Intervals], Any], str, str, str, bool]] = {
+    "cnn_suite": (_suite, "bar", "CNNs, untuned", _FASTER, False),
+    "transformers": (_suite, "bar", "Transformers, untuned", _FASTER, False),
+    "public_sweep": (_suite, "bar", "Public architectures, untuned", _FASTER, False),
+    "cnn_tuned": (_runners, "bar", "CNNs, tuned", _RUNNER, False),
+    "transformers_tuned": (_runners, "bar", "Transformers, tuned",
                            _RUNNER, False),
-    "e2e": (lambda d: runner_ratios(rows=_rows(d)), "bar", "Whole models, untuned", _RUNNER, True),
-    "e2e_tuned": (lambda d: runner_ratios(rows=_rows(d)), "bar", "Whole models, tuned", _RUNNER, True),
-    "e2e_sconv": (lambda d: runner_ratios(rows=_rows(d)), "bar", "ResNet-18 through SConv",
+    "public_tuned": (_runners, "bar", "Public architectures, tuned", _RUNNER, False),
+    "e2e": (_runners, "bar", "Whole models, untuned", _RUNNER, True),
+    "e2e_tuned": (_runners, "bar", "Whole models, tuned", _RUNNER, True),
+    "e2e_sconv": (_runners, "bar", "ResNet-18 through SConv",
                   _RUNNER, False),
-    "gpu": (lambda d: gpu_ratios(data=d), "bar", "ResNet-18 layers on the GPU", _FASTER, False),
-    "gpu_models": (lambda d: gpu_model_ratios(data=d), "bar", "Whole models on the GPU, untuned", _FASTER, True),
-    "ops": (lambda d: ops_ratios(data=d), "bar", "Operators, tuned (ALT paper §7.1)", _FASTER, True),
-    "load": (lambda d: load_ratios(rows=_rows(d)), "bar", "Beside one busy process",
+    "gpu": (lambda d, _: gpu_ratios(data=d), "bar", "ResNet-18 layers on the GPU", _FASTER, False),
+    "gpu_models": (lambda d, _: gpu_model_ratios(data=d), "bar", "Whole models on the GPU, untuned", _FASTER, True),
+    "ops": (lambda d, _: ops_ratios(data=d), "bar", "Operators, tuned (ALT paper §7.1)", _FASTER, True),
+    "load": (lambda d, _: load_ratios(rows=_rows(d)), "bar", "Beside one busy process",
              "busy latency / quiet latency (lower is better)", False),
-    "r18_first_layer": (lambda d: r18_ratios(data=d), "bar", "ResNet-18 first layer, one schedule, four layouts",
+    "r18_first_layer": (lambda d, _: r18_ratios(data=d), "bar", "ResNet-18 first layer, one schedule, four layouts",
                         "time / tiled layout's time", True),
-    "lookahead": (lambda d: lookahead_ratios(data=d), "bar", "Search quality a round ahead",
+    "lookahead": (lambda d, _: lookahead_ratios(data=d), "bar", "Search quality a round ahead",
                   "best ms with lookahead / without (below 1: better)", False),
-    "vta": (lambda d: vta_ratios(data=d), "bar", "VTA mappings, simulated cycles", "static cycles / CP-SAT cycles",
+    "vta": (lambda d, _: vta_ratios(data=d), "bar", "VTA mappings, simulated cycles", "static cycles / CP-SAT cycles",
             True),
-    "sconv": (lambda d: sconv_ratios(data=d), "bar", "SConv per model (geometric mean over its convs)",
+    "sconv": (lambda d, _: sconv_ratios(data=d), "bar", "SConv per model (geometric mean over its convs)",
               "time / SConv time", False),
-    "fleet": (lambda d: fleet_lines(data=d), "line", "Tuning on simulated boards", "share of linear scaling", False),
+    "fleet": (lambda d, _: fleet_lines(data=d), "line", "Tuning on simulated boards", "share of linear scaling", False),
 }
 
 
@@ -409,7 +442,8 @@ def plot_suite(*, path: str) -> str | None:
         return None
     extract, kind, title, label, log_scale = _PLOTS[suite]
     machine_kind = os.path.basename(os.path.dirname(path))
-    values = extract(load_results(path=path))
+    intervals: Intervals = {}
+    values = extract(load_results(path=path), intervals)
     if not values:
         return None
     out = os.path.splitext(path)[0] + ".png"
@@ -417,7 +451,7 @@ def plot_suite(*, path: str) -> str | None:
     if kind == "line":
         line_chart(lines=values, title=full_title, xlabel="boards", ylabel=label, path=out)
     else:
-        bar_chart(ratios=values, title=full_title, ylabel=label, path=out, log_scale=log_scale)
+        bar_chart(ratios=values, title=full_title, ylabel=label, path=out, log_scale=log_scale, intervals=intervals)
     return out
 
 
