@@ -57,8 +57,8 @@ from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 from .partition import consumers
 
 __all__ = ["FOLDABLE_CONVS", "RuleGraph", "RuleMatch", "apply_rule", "canonicalize", "fold_affine_epilogues",
-           "global_pools", "group_norms", "merge_clamps", "merge_gelu", "per_channel_vector", "unflatten_matmuls",
-           "unit_axis_views", "unit_dim_adds"]
+           "global_pools", "group_norms", "merge_clamps", "merge_gelu", "per_channel_vector", "plain_layouts",
+           "unflatten_matmuls", "unit_axis_views", "unit_dim_adds"]
 
 #: Convolutions whose weights fold a per-output-channel scale (channel axis 1, kernel axis 0).
 FOLDABLE_CONVS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW"),
@@ -177,10 +177,7 @@ def _affine_chain(var: relax.Var, value: relax.Expr, graph: RuleGraph):
     """``(last var, scale[C], shift[C], folded vars)`` of the chain after conv ``var``, or None."""
     if op_name(value) not in FOLDABLE_CONVS or const_value(value.args[1]) is None:
         return None
-    data_layout, kernel_layout = FOLDABLE_CONVS[op_name(value)]
-    attrs = value.attrs
-    out_layout = str(attrs.out_layout) if attrs.out_layout else str(attrs.data_layout)
-    if (str(attrs.data_layout), str(attrs.kernel_layout), out_layout) != (data_layout, kernel_layout, data_layout):
+    if not plain_layouts(value):
         return None
     shape, dtype = static_shape(var), dtype_of(var)
     if shape is None or not dtype.startswith("float") or dtype != dtype_of(value.args[1]):
@@ -190,6 +187,16 @@ def _affine_chain(var: relax.Var, value: relax.Expr, graph: RuleGraph):
     if not ops or ops == ["relax.add"]:
         return None
     return current, scale, shift, members[:-1]
+
+
+def plain_layouts(conv: relax.Call) -> bool:
+    """Whether a convolution of :data:`FOLDABLE_CONVS` reads, weighs and writes in the plain
+    layouts (channels at axis 1 of its data and output, output channels first in its weight),
+    the layouts the rules here read weights and per-channel constants in."""
+    data_layout, kernel_layout = FOLDABLE_CONVS[op_name(conv)]
+    attrs = conv.attrs
+    out_layout = str(attrs.out_layout) if attrs.out_layout else str(attrs.data_layout)
+    return (str(attrs.data_layout), str(attrs.kernel_layout), out_layout) == (data_layout, kernel_layout, data_layout)
 
 
 def per_channel_vector(expr: relax.Expr, rank: int, channels: int) -> np.ndarray | None:

@@ -33,7 +33,7 @@ from tvm import relax
 
 from alt_tvm.strategies.base import const_value, dtype_of, op_name, static_shape
 
-from .canonical import RuleGraph, RuleMatch, apply_rule, per_channel_vector
+from .canonical import RuleGraph, RuleMatch, apply_rule, per_channel_vector, plain_layouts
 
 __all__ = ["convs_before_resizes", "merge_parallel_convs", "reorder"]
 
@@ -246,13 +246,9 @@ def _linear_terms(graph: RuleGraph, expr: relax.Expr, scale: np.ndarray, shape, 
 def _plain_weight(conv: relax.Call) -> np.ndarray | None:
     """The constant weight of a plain NCHW ``conv2d`` with unit dilation (else None)."""
     weight = const_value(conv.args[1])
-    attrs = conv.attrs
-    out_layout = str(attrs.out_layout) if attrs.out_layout else str(attrs.data_layout)
-    if weight is None or weight.ndim != 4 or any(int(d) != 1 for d in attrs.dilation):
+    if weight is None or weight.ndim != 4 or any(int(d) != 1 for d in conv.attrs.dilation):
         return None
-    if (str(attrs.data_layout), str(attrs.kernel_layout), out_layout) != ("NCHW", "OIHW", "NCHW"):
-        return None
-    return weight
+    return weight if plain_layouts(conv) else None
 
 
 def _merged(terms: list[_Term], shape) -> tuple | None:
