@@ -136,11 +136,6 @@ def faster_peer_fields(times_ms: dict, alt_ms: float, *, rounds_ms: dict | None 
     return against.to_json() if against is not None else {}
 
 
-def _interval(row: dict) -> str:
-    low, high = row.get("ratio_interval") or (None, None)
-    return f" [{low:.2f}, {high:.2f}]" if low is not None else ""
-
-
 def add_at_peak(rows: list, *, gflop: dict, peak_gflops: float) -> None:
     """Each alt-tvm row of ``rows`` that has a faster peer, read against the run's FMA peak on its
     model's ``gflop`` (model -> GFLOP; :meth:`~alt_tvm.bench.peers.AtPeak.to_json` fields)."""
@@ -287,6 +282,7 @@ def main(argv=None) -> int:
         PeakReadings,
         TVMRunner,
         describe_against_faster_peer,
+        describe_interval,
         time_callable,
         time_interleaved,
         torch_runner,
@@ -412,8 +408,8 @@ def main(argv=None) -> int:
                             "trials": args.trials})
         against = faster_peer_fields(medians, alt_ms)
         print(f"  faster peer: {against['faster_peer']}; " + ", ".join(
-            f"{r['runner']} {r['ratio_vs_faster_peer']:.2f}x{_interval(r)}" for r in results
-            if r.get("model") == name and "ratio_vs_faster_peer" in r)
+            f"{r['runner']} {r['ratio_vs_faster_peer']:.2f}x{describe_interval(r.get('ratio_interval'))}"
+            for r in results if r.get("model") == name and "ratio_vs_faster_peer" in r)
             + f" (peer ms / alt-tvm ms; in brackets the {INTERVAL_CONFIDENCE:.0%} interval of the median of the "
             "rounds' paired ratios)")
         print(f"  {gflop[name]:.2f} GFLOP of convolutions and matrix products; at the run's FP32 FMA peak a runtime "

@@ -56,6 +56,7 @@ from alt_tvm.bench.peers import (
     AtPeak,
     against_faster_peer,
     describe_against_faster_peer,
+    describe_interval,
     faster_peer,
 )
 from alt_tvm.bench.results import SUITES, results_path, write_results
@@ -317,9 +318,8 @@ def markdown(rows: list[dict]) -> str:
             parts = ", ".join(f"{k} {v}" for k, v in sorted(entry["partitions"].items())) or "none"
             alt = ms.get(f"alt-tvm {exporter}")
             peer = entry.get("faster_peer", "")
-            ratio = f"{entry['ratio_vs_faster_peer']:.2f}x" if "ratio_vs_faster_peer" in entry else ""
-            if entry.get("ratio_interval"):
-                ratio += " [{:.2f}, {:.2f}]".format(*entry["ratio_interval"])
+            ratio = (f"{entry['ratio_vs_faster_peer']:.2f}x{describe_interval(entry.get('ratio_interval'))}"
+                     if "ratio_vs_faster_peer" in entry else "")
             shares = (f"{100 * entry['alt_share_of_peak']:.0f}, {100 * entry['peer_share_of_peak']:.0f}"
                       if "alt_share_of_peak" in entry else "")
             lines.append(

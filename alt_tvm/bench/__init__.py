@@ -34,6 +34,7 @@ from .peers import (
     against_faster_peer,
     cpu_peers,
     describe_against_faster_peer,
+    describe_interval,
     faster_peer,
     median_interval,
 )
@@ -54,8 +55,8 @@ from .tvm import TVMRunner, tvm_default_build
 
 __all__ = ["CPU_PEERS", "INTERVAL_CONFIDENCE", "AtPeak", "FasterPeer", "ORTRunner", "OpenVINORunner", "PeakReadings",
            "Runner", "TVMRunner", "Timing", "TimingPolicy", "TorchRunner", "against_faster_peer", "balanced_rounds",
-           "check_threads", "cpu_peers", "describe_against_faster_peer", "faster_peer", "machine_kind",
-           "measure_memory_bandwidth", "measure_peak_gflops", "median_interval", "onnxruntime_session",
-           "openvino_available", "openvino_kernel_isas", "openvino_session", "quiet_tvm_pool", "results_path",
-           "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved", "torch_runner",
-           "tvm_default_build", "write_results"]
+           "check_threads", "cpu_peers", "describe_against_faster_peer", "describe_interval", "faster_peer",
+           "machine_kind", "measure_memory_bandwidth", "measure_peak_gflops", "median_interval",
+           "onnxruntime_session", "openvino_available", "openvino_kernel_isas", "openvino_session", "quiet_tvm_pool",
+           "results_path", "round_order", "run_interleaved", "time_callable", "time_compiled", "time_interleaved",
+           "torch_runner", "tvm_default_build", "write_results"]

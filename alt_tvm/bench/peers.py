@@ -32,7 +32,7 @@ from .onnxruntime import onnxruntime_session
 from .openvino import openvino_available, openvino_session
 
 __all__ = ["CPU_PEERS", "INTERVAL_CONFIDENCE", "AtPeak", "FasterPeer", "against_faster_peer", "cpu_peers",
-           "describe_against_faster_peer", "faster_peer", "median_interval"]
+           "describe_against_faster_peer", "describe_interval", "faster_peer", "median_interval"]
 
 #: The CPU peers, in the order a tie between their times is broken.
 CPU_PEERS = ("onnxruntime", "openvino")
@@ -159,8 +159,12 @@ class FasterPeer:
 
     def describe(self) -> str:
         """``1.04x`` or, with its interval, ``1.04x [0.98, 1.07]``."""
-        interval = f" [{self.interval[0]:.2f}, {self.interval[1]:.2f}]" if self.interval is not None else ""
-        return f"{self.ratio:.2f}x{interval}"
+        return f"{self.ratio:.2f}x{describe_interval(self.interval)}"
+
+
+def describe_interval(interval: Sequence[float] | None) -> str:
+    """`` [0.98, 1.07]`` for an interval (a results row's ``ratio_interval``), ``""`` for None."""
+    return "" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def faster_peer(*, times_ms: Mapping[str, float], alt_ms: float, peers: Sequence[str] = CPU_PEERS,
